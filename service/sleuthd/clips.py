@@ -1,0 +1,82 @@
+"""From client audio to encoder windows: decode, downmix, resample, loudness, silence trimming, windows.
+
+This is the CPU-bound half of scoring a clip; the engine runs it on worker threads. A clip whose
+speech is shorter than the encoder's minimum comes back unusable with the reason, never with
+made-up windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sleuthd.audio import Waveform, decode_encoded, decode_pcm, normalize_loudness, to_model_rate
+from sleuthd.domain import AudioInput
+from sleuthd.features import make_windows
+from sleuthd.manifest import EncoderManifest
+from sleuthd.vad import SileroVad
+
+
+@dataclass(frozen=True)
+class PreparedClip:
+    """A clip ready for the encoder, or the reason it cannot be scored."""
+
+    audio_seconds: float  # after decoding, before trimming
+    speech_seconds: float  # detected speech (VAD), without padding
+    windows: np.ndarray | None  # (n_windows, window_samples) float32; None when not usable
+    window_times: np.ndarray | None  # (n_windows, 2) start/end seconds in the ORIGINAL clip's time
+    detail: str = ""  # why the clip is not usable
+
+    @property
+    def usable(self) -> bool:
+        return self.windows is not None
+
+
+def decode(audio: AudioInput, max_seconds: float) -> Waveform:
+    """Decode and resample to 16 kHz mono."""
+    wave = decode_pcm(audio.data, audio.pcm, max_seconds) if audio.pcm else decode_encoded(audio.data, max_seconds)
+    return to_model_rate(wave)
+
+
+def prepare(audio: AudioInput, manifest: EncoderManifest, vad: SileroVad, max_seconds: float) -> PreparedClip:
+    """Decode, normalise, trim silence and cut windows. Raises AudioError for unusable bytes."""
+    wave = decode(audio, max_seconds)
+    return prepare_waveform(wave.samples, manifest, vad)
+
+
+def prepare_waveform(samples: np.ndarray, manifest: EncoderManifest, vad: SileroVad) -> PreparedClip:
+    """The same as :func:`prepare` for a 16 kHz mono float32 waveform already in memory."""
+    audio_seconds = len(samples) / 16_000
+    samples = normalize_loudness(samples, manifest.loudness_target_dbfs)
+    mask = vad.speech_mask(samples)
+    if mask.speech_seconds < manifest.min_speech_seconds:
+        return PreparedClip(
+            audio_seconds=audio_seconds,
+            speech_seconds=mask.speech_seconds,
+            windows=None,
+            window_times=None,
+            detail=(
+                f"{mask.speech_seconds:.2f} s of speech after silence trimming; the {manifest.name} encoder "
+                f"needs at least {manifest.min_speech_seconds:.2f} s to give a meaningful embedding"
+            ),
+        )
+    kept_index = np.flatnonzero(mask.keep)
+    windows, starts = make_windows(samples[kept_index], manifest.window)
+    # Map each window's span in the trimmed clip back to the original clip's clock.
+    span = manifest.window.span_samples
+    first = starts * manifest.window.hop_samples
+    last = np.minimum(first + span, len(kept_index)) - 1
+    times = np.stack([kept_index[first], kept_index[np.maximum(last, first)] + 1], axis=1) / 16_000
+    return PreparedClip(
+        audio_seconds=audio_seconds,
+        speech_seconds=mask.speech_seconds,
+        windows=windows,
+        window_times=times,
+    )
+
+
+def pool(window_embeddings: np.ndarray) -> np.ndarray:
+    """Clip embedding: the L2-normalised mean of its window embeddings (GE2E's utterance embedding)."""
+    mean = window_embeddings.mean(axis=0)
+    return np.asarray(mean / max(float(np.linalg.norm(mean)), 1e-12), dtype=np.float32)

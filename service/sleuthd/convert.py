@@ -1,0 +1,169 @@
+"""Small pure conversions between protobuf messages and engine dataclasses.
+
+Bad field values raise :class:`InvalidRequest` naming the field, so the servicer can answer
+INVALID_ARGUMENT with a message that says what to fix.
+"""
+
+from __future__ import annotations
+
+from sleuthd import domain
+from sleuthd.audio import PcmEncoding, PcmSpec
+from sleuthd.errors import InvalidRequest
+from sleuthd.scoring import Method
+from sleuthd.v1 import sleuthd_pb2 as pb
+
+_METHOD_FROM_PB = {
+    pb.METHOD_UNSPECIFIED: None,
+    pb.METHOD_PAIRWISE: Method.PAIRWISE,
+    pb.METHOD_CENTROID: Method.CENTROID,
+    pb.METHOD_REFERENCE: Method.REFERENCE,
+}
+_METHOD_TO_PB = {m: p for p, m in _METHOD_FROM_PB.items() if m is not None}
+_THRESHOLD_SET_FROM_PB = {
+    pb.THRESHOLD_SET_UNSPECIFIED: domain.ThresholdSet.DEFAULT,
+    pb.THRESHOLD_SET_DEFAULT: domain.ThresholdSet.DEFAULT,
+    pb.THRESHOLD_SET_PAPER: domain.ThresholdSet.PAPER,
+}
+_THRESHOLD_SET_TO_PB = {
+    domain.ThresholdSet.DEFAULT: pb.THRESHOLD_SET_DEFAULT,
+    domain.ThresholdSet.PAPER: pb.THRESHOLD_SET_PAPER,
+}
+_PCM_FROM_PB = {pb.PCM_S16LE: PcmEncoding.S16LE, pb.PCM_F32LE: PcmEncoding.F32LE}
+_STATUS_TO_PB = {
+    domain.TurnStatus.CONSISTENT: pb.CONSISTENT,
+    domain.TurnStatus.INCONSISTENT: pb.INCONSISTENT,
+    domain.TurnStatus.INSUFFICIENT_AUDIO: pb.INSUFFICIENT_AUDIO,
+    domain.TurnStatus.INSUFFICIENT_CONTEXT: pb.INSUFFICIENT_CONTEXT,
+}
+
+
+def method_to_pb(method: Method) -> int:
+    return _METHOD_TO_PB[method]
+
+
+def method_from_name(name: str) -> int:
+    """CLI helper: "pairwise" -> METHOD_PAIRWISE."""
+    try:
+        return _METHOD_TO_PB[Method(name)]
+    except ValueError:
+        raise InvalidRequest(f"unknown method {name!r}; choose from {', '.join(m.value for m in Method)}") from None
+
+
+def audio_from_pb(msg: pb.Audio, field: str) -> domain.AudioInput:
+    kind = msg.WhichOneof("source")
+    if kind == "encoded":
+        return domain.AudioInput(data=msg.encoded)
+    if kind == "pcm":
+        p = msg.pcm
+        if p.encoding not in _PCM_FROM_PB:
+            raise InvalidRequest(f"{field}.pcm.encoding is not set: use PCM_S16LE or PCM_F32LE")
+        return domain.AudioInput(
+            data=p.data, pcm=PcmSpec(_PCM_FROM_PB[p.encoding], int(p.sample_rate_hz), int(p.channels))
+        )
+    raise InvalidRequest(f"{field} has no audio: set either encoded or pcm")
+
+
+def options_from_pb(msg: pb.CheckOptions) -> domain.CheckOptions:
+    if msg.method not in _METHOD_FROM_PB:
+        raise InvalidRequest(f"options.method {msg.method} is not a known method")
+    if msg.threshold_set not in _THRESHOLD_SET_FROM_PB:
+        raise InvalidRequest(f"options.threshold_set {msg.threshold_set} is not a known threshold set")
+    return domain.CheckOptions(
+        encoder=msg.encoder,
+        method=_METHOD_FROM_PB[msg.method],
+        threshold_set=_THRESHOLD_SET_FROM_PB[msg.threshold_set],
+        threshold=msg.threshold if msg.HasField("threshold") else None,
+    )
+
+
+def dialogue_from_pb(msg: pb.CheckDialogueRequest) -> domain.DialogueRequest:
+    turns = tuple(
+        domain.DialogueTurn(
+            turn_id=t.turn_id,
+            speaker=t.speaker,
+            text=t.text,
+            audio=audio_from_pb(t.audio, f"turns[{i}].audio") if t.HasField("audio") else None,
+        )
+        for i, t in enumerate(msg.turns)
+    )
+    references: dict[str, domain.AudioInput] = {}
+    for i, r in enumerate(msg.references):
+        if not r.speaker:
+            raise InvalidRequest(f"references[{i}].speaker is empty")
+        if r.speaker in references:
+            raise InvalidRequest(f"two references for speaker {r.speaker!r}; send at most one per speaker")
+        references[r.speaker] = audio_from_pb(r.audio, f"references[{i}].audio")
+    return domain.DialogueRequest(
+        dialogue_id=msg.dialogue_id, turns=turns, references=references, options=options_from_pb(msg.options)
+    )
+
+
+def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
+    out = pb.TurnVerdict(
+        turn_id=t.turn_id,
+        speaker=t.speaker,
+        status=_STATUS_TO_PB[t.status],  # type: ignore[arg-type]
+        score_scale=t.score_scale,
+        audio_seconds=t.audio_seconds,
+        speech_seconds=t.speech_seconds,
+        detail=t.detail,
+    )
+    # Optional fields stay unset when the value does not exist: absence is not zero.
+    for name in ("score", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine"):
+        value = getattr(t, name)
+        if value is not None:
+            setattr(out, name, value)
+    return out
+
+
+def verdict_to_pb(result: domain.DialogueResult) -> pb.DialogueVerdict:
+    return pb.DialogueVerdict(
+        dialogue_id=result.dialogue_id,
+        turns=[turn_to_pb(t) for t in result.turns],
+        speakers=[
+            pb.SpeakerVerdict(
+                speaker=s.speaker,
+                consistent=s.consistent,
+                judged=s.judged,
+                inconsistent_turn_ids=list(s.inconsistent_turn_ids),
+                scored_turns=s.scored_turns,
+                unscored_turns=s.unscored_turns,
+            )
+            for s in result.speakers
+        ],
+        encoder=result.encoder,
+        method=method_to_pb(result.method),  # type: ignore[arg-type]
+        threshold_set=_THRESHOLD_SET_TO_PB[result.threshold_set],  # type: ignore[arg-type]
+    )
+
+
+def rank_from_pb(msg: pb.RankCandidatesRequest) -> domain.RankRequest:
+    return domain.RankRequest(
+        speaker=msg.speaker,
+        context=tuple(audio_from_pb(a, f"context[{i}]") for i, a in enumerate(msg.context)),
+        candidates=tuple(
+            domain.CandidateInput(c.candidate_id, audio_from_pb(c.audio, f"candidates[{i}].audio"))
+            for i, c in enumerate(msg.candidates)
+        ),
+        reference=audio_from_pb(msg.reference, "reference") if msg.HasField("reference") else None,
+        options=options_from_pb(msg.options),
+    )
+
+
+def rank_to_pb(result: domain.RankResult) -> pb.RankCandidatesResponse:
+    return pb.RankCandidatesResponse(
+        candidates=[
+            pb.RankedCandidate(
+                candidate_id=c.candidate_id,
+                rank=c.rank,
+                score=c.score,
+                score_scale=c.score_scale,
+                higher_is_better=c.higher_is_better,
+                speech_seconds=c.speech_seconds,
+            )
+            for c in result.candidates
+        ],
+        encoder=result.encoder,
+        method=method_to_pb(result.method),  # type: ignore[arg-type]
+        usable_context=result.usable_context,
+    )

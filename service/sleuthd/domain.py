@@ -1,0 +1,122 @@
+"""Requests and verdicts as plain frozen dataclasses: the engine's language, free of gRPC."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from sleuthd.audio import PcmSpec
+from sleuthd.scoring import Method
+
+
+@dataclass(frozen=True)
+class AudioInput:
+    """Client audio as received: an encoded file, or headerless PCM described by ``pcm``."""
+
+    data: bytes
+    pcm: PcmSpec | None = None  # None: an encoded file (WAV/FLAC/OGG/MP3)
+
+
+class ThresholdSet(Enum):
+    DEFAULT = "default"  # the encoder manifest's thresholds
+    PAPER = "paper"  # the SpeakerSleuth paper's fixed thresholds
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    encoder: str = ""  # "" = the server's default encoder
+    method: Method | None = None  # None = the encoder manifest's default method
+    threshold_set: ThresholdSet = ThresholdSet.DEFAULT
+    threshold: float | None = None  # explicit override on the method's scale
+
+
+@dataclass(frozen=True)
+class DialogueTurn:
+    turn_id: str
+    speaker: str
+    text: str = ""
+    audio: AudioInput | None = None
+
+
+@dataclass(frozen=True)
+class DialogueRequest:
+    dialogue_id: str
+    turns: tuple[DialogueTurn, ...]
+    references: dict[str, AudioInput] = field(default_factory=dict)
+    options: CheckOptions = field(default_factory=CheckOptions)
+
+
+class TurnStatus(Enum):
+    CONSISTENT = "consistent"
+    INCONSISTENT = "inconsistent"
+    INSUFFICIENT_AUDIO = "insufficient_audio"
+    INSUFFICIENT_CONTEXT = "insufficient_context"
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    turn_id: str
+    speaker: str
+    status: TurnStatus
+    audio_seconds: float
+    speech_seconds: float
+    score: float | None = None  # on ``score_scale``
+    score_scale: str = ""
+    threshold: float | None = None
+    pairwise_mean_cosine: float | None = None
+    centroid_cosine_distance: float | None = None
+    reference_cosine: float | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SpeakerResult:
+    speaker: str
+    judged: bool
+    consistent: bool
+    inconsistent_turn_ids: tuple[str, ...]
+    scored_turns: int
+    unscored_turns: int
+
+
+@dataclass(frozen=True)
+class DialogueResult:
+    dialogue_id: str
+    turns: tuple[TurnResult, ...]
+    speakers: tuple[SpeakerResult, ...]
+    encoder: str
+    method: Method
+    threshold_set: ThresholdSet
+
+
+@dataclass(frozen=True)
+class CandidateInput:
+    candidate_id: str
+    audio: AudioInput
+
+
+@dataclass(frozen=True)
+class RankRequest:
+    speaker: str
+    context: tuple[AudioInput, ...]
+    candidates: tuple[CandidateInput, ...]
+    reference: AudioInput | None = None
+    options: CheckOptions = field(default_factory=CheckOptions)
+
+
+@dataclass(frozen=True)
+class RankedCandidateResult:
+    candidate_id: str
+    rank: int  # 1 = best
+    score: float
+    score_scale: str
+    higher_is_better: bool
+    speech_seconds: float
+
+
+@dataclass(frozen=True)
+class RankResult:
+    candidates: tuple[RankedCandidateResult, ...]
+    encoder: str
+    method: Method
+    usable_context: int

@@ -1,0 +1,90 @@
+"""Running an exported speaker encoder with ONNX Runtime.
+
+:class:`OnnxEncoder` is synchronous and thread-safe (ONNX Runtime sessions may be run from several
+threads). :class:`WindowEncoder` is what the engine awaits; :class:`ThreadedEncoder` runs each call
+on a worker thread so the event loop never blocks on a model call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import Executor
+from typing import Protocol
+
+import numpy as np
+import onnxruntime as ort
+
+from sleuthd.errors import EngineFailure
+from sleuthd.manifest import EncoderManifest
+
+logger = logging.getLogger(__name__)
+
+
+def choose_providers(device: str) -> list[str]:
+    """ONNX Runtime providers for ``device``: "cpu", "cuda" or "auto" (CUDA when available)."""
+    available = ort.get_available_providers()
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if device == "cuda":
+        raise EngineFailure(
+            "device 'cuda' was asked for but this onnxruntime has no CUDA provider "
+            f"(available: {', '.join(available)}); install the gpu extra (onnxruntime-gpu)"
+        )
+    return ["CPUExecutionProvider"]
+
+
+class OnnxEncoder:
+    """One ONNX Runtime session for an encoder manifest."""
+
+    def __init__(self, manifest: EncoderManifest, device: str = "auto", intra_op_threads: int = 0) -> None:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = intra_op_threads or (os.cpu_count() or 1)
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.manifest = manifest
+        self._session = ort.InferenceSession(str(manifest.path), so, providers=choose_providers(device))
+        self.provider = self._session.get_providers()[0]
+        logger.info("encoder %s runs on %s", manifest.name, self.provider)
+
+    def embed(self, windows: np.ndarray) -> np.ndarray:
+        """(batch, window_samples) float32 -> (batch, embedding_size) float32 unit vectors."""
+        if windows.ndim != 2 or windows.shape[1] != self.manifest.window.window_samples:
+            raise ValueError(f"expected (batch, {self.manifest.window.window_samples}) windows, got {windows.shape}")
+        if len(windows) == 0:
+            return np.zeros((0, self.manifest.embedding_size), np.float32)
+        try:
+            (out,) = self._session.run([self.manifest.output_name], {self.manifest.input_name: windows})
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise EngineFailure(f"encoder {self.manifest.name} failed: {exc}") from exc
+        result: np.ndarray = out
+        return result
+
+    def warm_up(self) -> None:
+        self.embed(np.zeros((2, self.manifest.window.window_samples), np.float32))
+
+
+class WindowEncoder(Protocol):
+    """What the engine needs from an encoder: embeddings for a stack of windows, awaited."""
+
+    manifest: EncoderManifest
+    provider: str  # ONNX Runtime execution provider in use
+
+    async def encode(self, windows: np.ndarray) -> np.ndarray: ...
+
+
+class ThreadedEncoder:
+    """Runs every call as one model call on a worker thread (no batching across requests)."""
+
+    def __init__(self, encoder: OnnxEncoder, executor: Executor) -> None:
+        self.encoder = encoder
+        self.manifest = encoder.manifest
+        self.provider = encoder.provider
+        self._executor = executor
+
+    async def encode(self, windows: np.ndarray) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.encoder.embed, windows)

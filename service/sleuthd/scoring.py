@@ -1,0 +1,107 @@
+"""The SpeakerSleuth paper's three embedding methods (Appendix B.2), as pure functions over arrays.
+
+Embeddings are rows of unit length, shape (n, D). Every function states its scale:
+cosine similarity in [-1, 1] (higher = more alike) or cosine distance = 1 - similarity in [0, 2].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+
+class Method(Enum):
+    PAIRWISE = "pairwise"
+    CENTROID = "centroid"
+    REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    scale: str  # "cosine_similarity" or "cosine_distance"
+    flag_above: bool  # True: flagged when score > threshold; False: when score < threshold
+    threshold_range: tuple[float, float]
+
+    @property
+    def higher_is_better(self) -> bool:
+        return not self.flag_above
+
+
+METHODS: dict[Method, MethodInfo] = {
+    Method.PAIRWISE: MethodInfo("cosine_similarity", flag_above=False, threshold_range=(-1.0, 1.0)),
+    Method.CENTROID: MethodInfo("cosine_distance", flag_above=True, threshold_range=(0.0, 2.0)),
+    Method.REFERENCE: MethodInfo("cosine_similarity", flag_above=False, threshold_range=(-1.0, 1.0)),
+}
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return np.asarray(x / np.maximum(norms, 1e-12))
+
+
+def pairwise_mean_cosine(emb: np.ndarray) -> np.ndarray:
+    """s_i = mean over j != i of cos(e_i, e_j); (n,) cosine similarity. Needs n >= 2."""
+    n = len(emb)
+    if n < 2:
+        raise ValueError("pairwise similarity needs at least two embeddings")
+    e = _unit(emb)
+    sims = e @ e.T
+    return np.asarray((sims.sum(axis=1) - np.diag(sims)) / (n - 1))
+
+
+def centroid_cosine_distance(emb: np.ndarray) -> np.ndarray:
+    """s_i = 1 - cos(e_i, c) with c the mean of all rows (e_i included); (n,) cosine distance."""
+    if len(emb) < 1:
+        raise ValueError("centroid distance needs at least one embedding")
+    e = _unit(emb)
+    c = _unit(e.mean(axis=0))
+    return np.asarray(1.0 - e @ c)
+
+
+def reference_cosine(emb: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """s_i = cos(e_i, r); (n,) cosine similarity."""
+    return np.asarray(_unit(emb) @ _unit(reference))
+
+
+def turn_scores(method: Method, emb: np.ndarray, reference: np.ndarray | None) -> np.ndarray:
+    """Per-turn consistency scores of one speaker's turns under ``method``."""
+    if method is Method.PAIRWISE:
+        return pairwise_mean_cosine(emb)
+    if method is Method.CENTROID:
+        return centroid_cosine_distance(emb)
+    if reference is None:
+        raise ValueError("reference comparison needs a reference embedding")
+    return reference_cosine(emb, reference)
+
+
+def flagged(method: Method, scores: np.ndarray, threshold: float) -> np.ndarray:
+    """(n,) bool: which scores cross the threshold in the method's direction."""
+    if METHODS[method].flag_above:
+        return np.asarray(scores > threshold)
+    return np.asarray(scores < threshold)
+
+
+def candidate_scores(
+    method: Method, candidates: np.ndarray, context: np.ndarray, reference: np.ndarray | None
+) -> np.ndarray:
+    """Discrimination scores q_j of candidate rows against a speaker's context turns.
+
+    pairwise: mean cosine similarity to the context turns; centroid: cosine distance to the context
+    centroid (lower is better); reference: cosine similarity to the reference.
+    """
+    c = _unit(candidates)
+    if method is Method.PAIRWISE:
+        return np.asarray((c @ _unit(context).T).mean(axis=1))
+    if method is Method.CENTROID:
+        return np.asarray(1.0 - c @ _unit(_unit(context).mean(axis=0)))
+    if reference is None:
+        raise ValueError("reference comparison needs a reference embedding")
+    return np.asarray(c @ _unit(reference))
+
+
+def rank_order(scores: np.ndarray, higher_is_better: bool) -> np.ndarray:
+    """Indices best first; equal scores keep their input order (stable sort)."""
+    key = -scores if higher_is_better else scores
+    return np.argsort(key, kind="stable")

@@ -1,0 +1,99 @@
+"""Building and running the gRPC server: servicer, health, reflection, message limits, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from sleuthd.engine import Engine
+from sleuthd.servicer import SleuthServicer
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Sleuth"].full_name
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port
+    # Largest request the servicer accepts (INVALID_ARGUMENT above it, with advice). The transport
+    # limit is twice this, so a moderately oversized request still gets the helpful message; beyond
+    # that gRPC itself answers RESOURCE_EXHAUSTED before the request is read.
+    max_message_bytes: int = 64 * 1024 * 1024
+    grace_seconds: float = 10.0  # in-flight RPCs get this long to finish on shutdown
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    health: health.HealthServicer
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        self.set_serving(False)
+        await self.server.stop(grace)
+
+
+async def create_server(engine: Engine, config: ServerConfig) -> RunningServer:
+    """Start a server for ``engine`` on ``config.host:config.port``; returns it with its bound port.
+
+    Health reports NOT_SERVING until this returns (the engine is loaded and warmed up by then).
+    """
+    transport_limit = 2 * config.max_message_bytes
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", transport_limit),
+            ("grpc.max_send_message_length", transport_limit),
+        ]
+    )
+    health_servicer = health.HealthServicer()
+    running = RunningServer(server=server, port=0, health=health_servicer)
+    running.set_serving(False)
+
+    def on_engine_failure() -> None:
+        running.set_serving(False)
+
+    pb_grpc.add_SleuthServicer_to_server(
+        SleuthServicer(engine, config.max_message_bytes, on_engine_failure), server
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise OSError(f"could not bind {config.host}:{config.port}")
+    await server.start()
+    running.port = port
+    running.set_serving(True)
+    return running
+
+
+async def serve_forever(engine: Engine, config: ServerConfig) -> None:
+    """Run until SIGTERM/SIGINT, then stop accepting, drain in-flight RPCs and close the engine."""
+    running = await create_server(engine, config)
+    # Printed (not logged) so scripts can read the port when --port 0 picked it.
+    print(f"sleuthd listening on {config.host}:{running.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logger.info("shutting down: draining in-flight RPCs for up to %.0f s", config.grace_seconds)
+    await running.stop(config.grace_seconds)
+    engine.close()

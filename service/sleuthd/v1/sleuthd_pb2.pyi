@@ -1,0 +1,274 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PcmEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PCM_ENCODING_UNSPECIFIED: _ClassVar[PcmEncoding]
+    PCM_S16LE: _ClassVar[PcmEncoding]
+    PCM_F32LE: _ClassVar[PcmEncoding]
+
+class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    METHOD_UNSPECIFIED: _ClassVar[Method]
+    METHOD_PAIRWISE: _ClassVar[Method]
+    METHOD_CENTROID: _ClassVar[Method]
+    METHOD_REFERENCE: _ClassVar[Method]
+
+class ThresholdSet(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    THRESHOLD_SET_UNSPECIFIED: _ClassVar[ThresholdSet]
+    THRESHOLD_SET_DEFAULT: _ClassVar[ThresholdSet]
+    THRESHOLD_SET_PAPER: _ClassVar[ThresholdSet]
+
+class TurnStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TURN_STATUS_UNSPECIFIED: _ClassVar[TurnStatus]
+    CONSISTENT: _ClassVar[TurnStatus]
+    INCONSISTENT: _ClassVar[TurnStatus]
+    INSUFFICIENT_AUDIO: _ClassVar[TurnStatus]
+    INSUFFICIENT_CONTEXT: _ClassVar[TurnStatus]
+PCM_ENCODING_UNSPECIFIED: PcmEncoding
+PCM_S16LE: PcmEncoding
+PCM_F32LE: PcmEncoding
+METHOD_UNSPECIFIED: Method
+METHOD_PAIRWISE: Method
+METHOD_CENTROID: Method
+METHOD_REFERENCE: Method
+THRESHOLD_SET_UNSPECIFIED: ThresholdSet
+THRESHOLD_SET_DEFAULT: ThresholdSet
+THRESHOLD_SET_PAPER: ThresholdSet
+TURN_STATUS_UNSPECIFIED: TurnStatus
+CONSISTENT: TurnStatus
+INCONSISTENT: TurnStatus
+INSUFFICIENT_AUDIO: TurnStatus
+INSUFFICIENT_CONTEXT: TurnStatus
+
+class PcmAudio(_message.Message):
+    __slots__ = ("data", "encoding", "sample_rate_hz", "channels")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    encoding: PcmEncoding
+    sample_rate_hz: int
+    channels: int
+    def __init__(self, data: _Optional[bytes] = ..., encoding: _Optional[_Union[PcmEncoding, str]] = ..., sample_rate_hz: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
+
+class Audio(_message.Message):
+    __slots__ = ("encoded", "pcm")
+    ENCODED_FIELD_NUMBER: _ClassVar[int]
+    PCM_FIELD_NUMBER: _ClassVar[int]
+    encoded: bytes
+    pcm: PcmAudio
+    def __init__(self, encoded: _Optional[bytes] = ..., pcm: _Optional[_Union[PcmAudio, _Mapping]] = ...) -> None: ...
+
+class CheckOptions(_message.Message):
+    __slots__ = ("encoder", "method", "threshold_set", "threshold")
+    ENCODER_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_SET_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    encoder: str
+    method: Method
+    threshold_set: ThresholdSet
+    threshold: float
+    def __init__(self, encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., threshold_set: _Optional[_Union[ThresholdSet, str]] = ..., threshold: _Optional[float] = ...) -> None: ...
+
+class Turn(_message.Message):
+    __slots__ = ("turn_id", "speaker", "text", "audio")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    speaker: str
+    text: str
+    audio: Audio
+    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., text: _Optional[str] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ...) -> None: ...
+
+class SpeakerReference(_message.Message):
+    __slots__ = ("speaker", "audio")
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    speaker: str
+    audio: Audio
+    def __init__(self, speaker: _Optional[str] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ...) -> None: ...
+
+class CheckDialogueRequest(_message.Message):
+    __slots__ = ("dialogue_id", "turns", "references", "options")
+    DIALOGUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    REFERENCES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    dialogue_id: str
+    turns: _containers.RepeatedCompositeFieldContainer[Turn]
+    references: _containers.RepeatedCompositeFieldContainer[SpeakerReference]
+    options: CheckOptions
+    def __init__(self, dialogue_id: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., references: _Optional[_Iterable[_Union[SpeakerReference, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
+
+class TurnVerdict(_message.Message):
+    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    PAIRWISE_MEAN_COSINE_FIELD_NUMBER: _ClassVar[int]
+    CENTROID_COSINE_DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_COSINE_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SPEECH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    speaker: str
+    status: TurnStatus
+    score: float
+    score_scale: str
+    threshold: float
+    pairwise_mean_cosine: float
+    centroid_cosine_distance: float
+    reference_cosine: float
+    audio_seconds: float
+    speech_seconds: float
+    detail: str
+    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class SpeakerVerdict(_message.Message):
+    __slots__ = ("speaker", "consistent", "judged", "inconsistent_turn_ids", "scored_turns", "unscored_turns")
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENT_FIELD_NUMBER: _ClassVar[int]
+    JUDGED_FIELD_NUMBER: _ClassVar[int]
+    INCONSISTENT_TURN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SCORED_TURNS_FIELD_NUMBER: _ClassVar[int]
+    UNSCORED_TURNS_FIELD_NUMBER: _ClassVar[int]
+    speaker: str
+    consistent: bool
+    judged: bool
+    inconsistent_turn_ids: _containers.RepeatedScalarFieldContainer[str]
+    scored_turns: int
+    unscored_turns: int
+    def __init__(self, speaker: _Optional[str] = ..., consistent: _Optional[bool] = ..., judged: _Optional[bool] = ..., inconsistent_turn_ids: _Optional[_Iterable[str]] = ..., scored_turns: _Optional[int] = ..., unscored_turns: _Optional[int] = ...) -> None: ...
+
+class DialogueVerdict(_message.Message):
+    __slots__ = ("dialogue_id", "turns", "speakers", "encoder", "method", "threshold_set")
+    DIALOGUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    SPEAKERS_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_SET_FIELD_NUMBER: _ClassVar[int]
+    dialogue_id: str
+    turns: _containers.RepeatedCompositeFieldContainer[TurnVerdict]
+    speakers: _containers.RepeatedCompositeFieldContainer[SpeakerVerdict]
+    encoder: str
+    method: Method
+    threshold_set: ThresholdSet
+    def __init__(self, dialogue_id: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[TurnVerdict, _Mapping]]] = ..., speakers: _Optional[_Iterable[_Union[SpeakerVerdict, _Mapping]]] = ..., encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., threshold_set: _Optional[_Union[ThresholdSet, str]] = ...) -> None: ...
+
+class Candidate(_message.Message):
+    __slots__ = ("candidate_id", "audio")
+    CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    candidate_id: str
+    audio: Audio
+    def __init__(self, candidate_id: _Optional[str] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ...) -> None: ...
+
+class RankCandidatesRequest(_message.Message):
+    __slots__ = ("speaker", "context", "reference", "candidates", "options")
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    speaker: str
+    context: _containers.RepeatedCompositeFieldContainer[Audio]
+    reference: Audio
+    candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
+    options: CheckOptions
+    def __init__(self, speaker: _Optional[str] = ..., context: _Optional[_Iterable[_Union[Audio, _Mapping]]] = ..., reference: _Optional[_Union[Audio, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
+
+class RankedCandidate(_message.Message):
+    __slots__ = ("candidate_id", "rank", "score", "score_scale", "higher_is_better", "speech_seconds")
+    CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    HIGHER_IS_BETTER_FIELD_NUMBER: _ClassVar[int]
+    SPEECH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    candidate_id: str
+    rank: int
+    score: float
+    score_scale: str
+    higher_is_better: bool
+    speech_seconds: float
+    def __init__(self, candidate_id: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., higher_is_better: _Optional[bool] = ..., speech_seconds: _Optional[float] = ...) -> None: ...
+
+class RankCandidatesResponse(_message.Message):
+    __slots__ = ("candidates", "encoder", "method", "usable_context")
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    USABLE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    candidates: _containers.RepeatedCompositeFieldContainer[RankedCandidate]
+    encoder: str
+    method: Method
+    usable_context: int
+    def __init__(self, candidates: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., usable_context: _Optional[int] = ...) -> None: ...
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EncoderInfo(_message.Message):
+    __slots__ = ("name", "embedding_size", "min_speech_seconds", "default_thresholds", "default_method", "execution_provider", "sha256")
+    class DefaultThresholdsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MIN_SPEECH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_METHOD_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    embedding_size: int
+    min_speech_seconds: float
+    default_thresholds: _containers.ScalarMap[str, float]
+    default_method: str
+    execution_provider: str
+    sha256: str
+    def __init__(self, name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., min_speech_seconds: _Optional[float] = ..., default_thresholds: _Optional[_Mapping[str, float]] = ..., default_method: _Optional[str] = ..., execution_provider: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class GetServerInfoResponse(_message.Message):
+    __slots__ = ("version", "encoders", "default_encoder", "max_message_bytes", "paper_thresholds")
+    class PaperThresholdsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENCODERS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_ENCODER_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAPER_THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    encoders: _containers.RepeatedCompositeFieldContainer[EncoderInfo]
+    default_encoder: str
+    max_message_bytes: int
+    paper_thresholds: _containers.ScalarMap[str, float]
+    def __init__(self, version: _Optional[str] = ..., encoders: _Optional[_Iterable[_Union[EncoderInfo, _Mapping]]] = ..., default_encoder: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., paper_thresholds: _Optional[_Mapping[str, float]] = ...) -> None: ...
