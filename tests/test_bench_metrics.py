@@ -15,14 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-_SERVICE = Path(__file__).resolve().parents[1] / "service"
-if str(_SERVICE) not in sys.path:  # the package lives under service/, not installed
-    sys.path.insert(0, str(_SERVICE))
-
-from sleuthd.bench import metrics as m  # noqa: E402
-from sleuthd.bench import plots, report  # noqa: E402
-from sleuthd.bench.metrics import DetectionRecord, DiscriminationRecord  # noqa: E402
+from sleuthd.bench import metrics as m
+from sleuthd.bench import plots, report
+from sleuthd.bench.metrics import DetectionRecord, DiscriminationRecord
 
 INV_LOG2_3 = 0.6309297535714575  # 1 / log2(3)
 IDCG2 = 3.6309297535714578  # 3 + 1/log2(3)
@@ -517,6 +512,7 @@ def test_report_schema_matches_doc_example() -> None:
         {k: v for k, v in DOC_EXAMPLE.items() if k != "methods"}
     )
     assert "discrimination" not in rep["methods"]["auto"]
+
     # everything numeric is a percentage with at most one decimal
     def walk(o: object) -> None:
         if isinstance(o, dict):
@@ -532,9 +528,7 @@ def test_build_report_rejects_bad_runs() -> None:
     with pytest.raises(ValueError):
         report.build_report("m.jsonl", 1, "e", {"x": {"detection": {}}})
     with pytest.raises(ValueError):
-        report.build_report(
-            "m.jsonl", 1, "e", {"x": {"detection": {}, "localization": {}, "bogus": {}}}
-        )
+        report.build_report("m.jsonl", 1, "e", {"x": {"detection": {}, "localization": {}, "bogus": {}}})
 
 
 def test_markdown_table() -> None:
@@ -613,10 +607,5 @@ def test_plot_functions_directly(tmp_path: Path) -> None:
 
 
 def test_plots_import_is_lazy() -> None:
-    code = (
-        "import sys; import sleuthd.bench.plots, sleuthd.bench.report; "
-        "assert 'matplotlib' not in sys.modules"
-    )
-    subprocess.run(
-        [sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(_SERVICE)}, timeout=60
-    )
+    code = "import sys; import sleuthd.bench.plots, sleuthd.bench.report; assert 'matplotlib' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -5,14 +5,12 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-
 from sleuthd import synth
 from sleuthd.synth import MissingToolError, SynthesisError, Voice
 
@@ -24,13 +22,8 @@ needs_tools = pytest.mark.skipif(
 TEXT = "The quiet engineer carried two heavy suitcases to the station before lunch."
 
 
-def _fsdd_dir() -> Path | None:
-    repo = Path(__file__).resolve().parents[1]
-    candidates = [os.environ.get("SLEUTHD_FSDD_DIR"), repo / "shared/data/fsdd", repo.parent / "shared/data/fsdd"]
-    for c in candidates:
-        if c and (Path(c) / "fsdd.csv").is_file():
-            return Path(c)
-    return None
+# The committed FSDD subset (digits 0-9, takes 0 and 1, six speakers; see its README).
+FSDD_SUBSET = Path(__file__).resolve().parent / "data" / "fsdd"
 
 
 def _read(path: Path) -> tuple[np.ndarray, int]:
@@ -208,8 +201,8 @@ def test_build_corpus_and_cache(tmp_path: Path) -> None:
         assert (out / rel).is_file()
         assert r["gender"] == synth.get_voice(r["speaker"]).gender
     assert calls[-1] == (6, 6)
-    meta = json.loads((out / "voices.json").read_text())
-    assert {v["name"]: (v["family"], v["base"]) for v in meta["voices"]}["flite-rms-p-200"] == ("sox", "flite-rms")
+    meta = {v["name"]: v for v in json.loads((out / "voices.json").read_text())["voices"]}
+    assert (meta["flite-rms-p-200"]["family"], meta["flite-rms-p-200"]["base"]) == ("sox", "flite-rms")
 
     mtimes = {r["path"]: (out / r["path"]).stat().st_mtime_ns for r in rows}
     calls.clear()
@@ -226,20 +219,19 @@ def test_build_corpus_and_cache(tmp_path: Path) -> None:
 
 
 def _two_speaker_fsdd(tmp_path: Path) -> Path:
-    src = _fsdd_dir()
-    if src is None:
-        pytest.skip("FSDD data not found (set SLEUTHD_FSDD_DIR)")
+    """An ``fsdd.csv`` in FSDD's own format over two speakers of the committed subset."""
+    wavs = sorted(FSDD_SUBSET.glob("*_*_*.wav"))
+    assert wavs, f"FSDD test subset missing under {FSDD_SUBSET}"
+    speakers = sorted({w.stem.split("_")[1] for w in wavs})[:2]
     dst = tmp_path / "fsdd"
     dst.mkdir()
-    with (src / "fsdd.csv").open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    speakers = sorted({r["speaker"] for r in rows})[:2]
     with (dst / "fsdd.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["path", "speaker", "gender", "text"])
-        for r in rows:
-            if r["speaker"] in speakers:
-                writer.writerow([str((src / r["path"]).resolve()), r["speaker"], r["gender"], r["text"]])
+        for w in wavs:
+            digit, speaker, _take = w.stem.split("_")
+            if speaker in speakers:
+                writer.writerow([str(w), speaker, "M", digit])
     return dst
 
 

@@ -61,9 +61,7 @@ class Waveform:
 
 def _check_rate(rate: int) -> None:
     if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        raise AudioError(
-            f"sample rate {rate} Hz is not supported: expected {MIN_SAMPLE_RATE}–{MAX_SAMPLE_RATE} Hz"
-        )
+        raise AudioError(f"sample rate {rate} Hz is not supported: expected {MIN_SAMPLE_RATE}–{MAX_SAMPLE_RATE} Hz")
 
 
 def _check_channels(channels: int) -> None:
@@ -79,9 +77,7 @@ def _check_finite(samples: np.ndarray) -> None:
 
 def _check_duration(n_frames: int, rate: int, max_seconds: float) -> None:
     if n_frames / rate > max_seconds:
-        raise AudioError(
-            f"clip is {n_frames / rate:.1f} s long; the limit is {max_seconds:.0f} s per clip: split it"
-        )
+        raise AudioError(f"clip is {n_frames / rate:.1f} s long; the limit is {max_seconds:.0f} s per clip: split it")
 
 
 def _check_riff_length(data: bytes) -> None:

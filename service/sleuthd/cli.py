@@ -127,6 +127,17 @@ def cmd_models_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- synth
+
+
+def cmd_synth_dialogue(args: argparse.Namespace) -> int:
+    from sleuthd import synth
+
+    path = synth.render_dialogue_script(args.script, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -178,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of real-speech WAVs to measure parity with resemblyzer on",
     )
     e.set_defaults(func=cmd_models_export)
+
+    sy = sub.add_parser("synth", help="synthesize speech with espeak-ng/flite")
+    sysub = sy.add_subparsers(dest="synth_command", required=True)
+    d = sysub.add_parser("dialogue", help="render a dialogue script (voices + texts) to WAVs and a dialogue file")
+    d.add_argument("script", type=Path)
+    d.add_argument("--out", type=Path, required=True)
+    d.set_defaults(func=cmd_synth_dialogue)
     return p
 
 

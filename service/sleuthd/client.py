@@ -95,18 +95,14 @@ def dialogue_request_from_file(path: Path) -> pb.CheckDialogueRequest:
     for speaker, ref in (doc.get("references") or {}).items():
         req.references.add(speaker=speaker, audio=audio_file(base / ref))
     o = doc.get("options") or {}
-    req.options.CopyFrom(
-        make_options(o.get("method"), o.get("thresholds"), o.get("threshold"), o.get("encoder", ""))
-    )
+    req.options.CopyFrom(make_options(o.get("method"), o.get("thresholds"), o.get("threshold"), o.get("encoder", "")))
     return req
 
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 
 
-async def call_with_retries(
-    call: Callable[[], Awaitable[T]], attempts: int = 4, first_backoff_s: float = 0.25
-) -> T:
+async def call_with_retries(call: Callable[[], Awaitable[T]], attempts: int = 4, first_backoff_s: float = 0.25) -> T:
     """Retry UNAVAILABLE with exponential backoff; every other status is final."""
     for attempt in range(attempts):
         try:
@@ -143,8 +139,10 @@ def verdict_table(v: pb.DialogueVerdict) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"dialogue {v.dialogue_id}: encoder {v.encoder}, method {method} "
-             "(pairwise/reference: cosine similarity, flagged below thr; centroid: cosine distance, flagged above thr)"]
+    lines = [
+        f"dialogue {v.dialogue_id}: encoder {v.encoder}, method {method} "
+        "(pairwise/reference: cosine similarity, flagged below thr; centroid: cosine distance, flagged above thr)"
+    ]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.append("")
     for s in v.speakers:
@@ -164,7 +162,9 @@ def verdict_table(v: pb.DialogueVerdict) -> str:
 def ranking_table(r: pb.RankCandidatesResponse) -> str:
     scale = r.candidates[0].score_scale if r.candidates else ""
     better = "higher" if r.candidates and r.candidates[0].higher_is_better else "lower"
-    lines = [f"encoder {r.encoder}, method {pb.Method.Name(r.method).removeprefix('METHOD_').lower()}, "
-             f"score = {scale.replace('_', ' ')} ({better} is better), {r.usable_context} usable context clips"]
+    lines = [
+        f"encoder {r.encoder}, method {pb.Method.Name(r.method).removeprefix('METHOD_').lower()}, "
+        f"score = {scale.replace('_', ' ')} ({better} is better), {r.usable_context} usable context clips"
+    ]
     lines += [f"{c.rank:>3}. {c.candidate_id}  {c.score:.4f}" for c in r.candidates]
     return "\n".join(lines)

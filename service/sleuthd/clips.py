@@ -76,6 +76,22 @@ def prepare_waveform(samples: np.ndarray, manifest: EncoderManifest, vad: Silero
     )
 
 
+@dataclass(frozen=True)
+class ClipEmbedding:
+    """A clip's embedding (unit vector) with its windows, or the reason it has none."""
+
+    audio_seconds: float
+    speech_seconds: float
+    embedding: np.ndarray | None  # (D,) float32, unit length; None when the clip is not usable
+    window_embeddings: np.ndarray | None  # (n_windows, D)
+    window_times: np.ndarray | None  # (n_windows, 2) seconds in the original clip
+    detail: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.embedding is not None
+
+
 def pool(window_embeddings: np.ndarray) -> np.ndarray:
     """Clip embedding: the L2-normalised mean of its window embeddings (GE2E's utterance embedding)."""
     mean = window_embeddings.mean(axis=0)

@@ -11,14 +11,14 @@ import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from sleuthd import scoring
 from sleuthd.audio import AudioError
-from sleuthd.clips import PreparedClip, pool, prepare
+from sleuthd.clips import ClipEmbedding, PreparedClip, pool, prepare
 from sleuthd.domain import (
     AudioInput,
     CheckOptions,
@@ -32,6 +32,7 @@ from sleuthd.domain import (
     TurnResult,
     TurnStatus,
 )
+from sleuthd.embedding_cache import LruCache, audio_key
 from sleuthd.encoder import OnnxEncoder, ThreadedEncoder, WindowEncoder
 from sleuthd.errors import InvalidRequest, UnknownName
 from sleuthd.manifest import (
@@ -61,6 +62,8 @@ class EngineConfig:
     max_candidates: int = 64  # candidates per RankCandidates
     max_context: int = 256  # context clips per RankCandidates
     workers: int = 0  # threads for decoding/VAD; 0 = CPU count
+    # Clip embeddings remembered by audio hash (about 2 KB each); 0 disables the cache.
+    embedding_cache_entries: int = 4096
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class Engine:
         self.vad = vad
         self.config = config
         self._executor = executor
+        self.cache: LruCache[ClipEmbedding] = LruCache(config.embedding_cache_entries)
 
     @classmethod
     def load(cls, config: EngineConfig) -> Engine:
@@ -141,22 +145,31 @@ class Engine:
         except AudioError as exc:
             raise AudioError(f"{label}: {exc}") from exc
 
-    async def _embed(self, encoder: WindowEncoder, clips: Sequence[PreparedClip]) -> list[np.ndarray | None]:
-        """One encoder call for all usable clips; returns a unit embedding per clip (None if unusable)."""
-        stacks = [c.windows for c in clips if c.windows is not None]
-        if not stacks:
-            return [None] * len(clips)
-        window_emb = await encoder.encode(np.concatenate(stacks))
-        out: list[np.ndarray | None] = []
+    async def embed_audio(
+        self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]]
+    ) -> list[ClipEmbedding]:
+        """Embed clips (each with a label for error messages), all misses in one encoder call.
+
+        Raises AudioError naming the label of the first clip whose bytes cannot be decoded.
+        """
+        manifest = encoder.manifest
+        keys = [audio_key(manifest.sha256, a) for a, _ in audios]
+        found = [self.cache.get(k) for k in keys]
+        missing = [i for i, f in enumerate(found) if f is None]
+        prepared = await asyncio.gather(*(self._prepare(audios[i][0], manifest, audios[i][1]) for i in missing))
+        stacks = [c.windows for c in prepared if c.windows is not None]
+        window_emb = await encoder.encode(np.concatenate(stacks)) if stacks else None
         offset = 0
-        for clip in clips:
-            if clip.windows is None:
-                out.append(None)
-                continue
-            n = len(clip.windows)
-            out.append(pool(window_emb[offset : offset + n]))
-            offset += n
-        return out
+        for i, clip in zip(missing, prepared, strict=True):
+            if clip.windows is None or window_emb is None:
+                result = ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail)
+            else:
+                w = window_emb[offset : offset + len(clip.windows)]
+                offset += len(clip.windows)
+                result = ClipEmbedding(clip.audio_seconds, clip.speech_seconds, pool(w), w, clip.window_times)
+            self.cache.put(keys[i], result)
+            found[i] = result
+        return [f for f in found if f is not None]
 
     # ------------------------------------------------------------------ CheckDialogue
 
@@ -173,16 +186,16 @@ class Engine:
                     f"method reference needs a reference clip for every speaker; missing for: {', '.join(missing)}"
                 )
         ref_speakers = list(request.references)
-        jobs = [self._prepare(t.audio, manifest, f"turn {t.turn_id!r}") for t in audio_turns if t.audio]
-        jobs += [self._prepare(request.references[s], manifest, f"reference of speaker {s!r}") for s in ref_speakers]
-        clips = await asyncio.gather(*jobs)
+        clips = await self.embed_audio(
+            opts.encoder,
+            [(t.audio, f"turn {t.turn_id!r}") for t in audio_turns if t.audio is not None]
+            + [(request.references[s], f"reference of speaker {s!r}") for s in ref_speakers],
+        )
         turn_clips, ref_clips = clips[: len(audio_turns)], clips[len(audio_turns) :]
         for s, clip in zip(ref_speakers, ref_clips, strict=True):
             if not clip.usable:
                 raise InvalidRequest(f"reference of speaker {s!r} is unusable: {clip.detail}")
-        embeddings = await self._embed(opts.encoder, clips)
-        turn_emb, ref_emb = embeddings[: len(audio_turns)], embeddings[len(audio_turns) :]
-        references = dict(zip(ref_speakers, ref_emb, strict=True))
+        references = {s: c.embedding for s, c in zip(ref_speakers, ref_clips, strict=True)}
 
         results: dict[str, TurnResult] = {}
         speaker_results = []
@@ -191,7 +204,6 @@ class Engine:
             turn_results = self._judge_speaker(
                 [audio_turns[i].turn_id for i in idx],
                 [turn_clips[i] for i in idx],
-                [turn_emb[i] for i in idx],
                 references.get(speaker),
                 speaker,
                 opts,
@@ -232,14 +244,13 @@ class Engine:
     def _judge_speaker(
         self,
         turn_ids: list[str],
-        clips: list[PreparedClip],
-        embeddings: list[np.ndarray | None],
+        clips: list[ClipEmbedding],
         reference: np.ndarray | None,
         speaker: str,
         opts: ResolvedOptions,
     ) -> list[TurnResult]:
-        usable = [i for i, e in enumerate(embeddings) if e is not None]
-        emb = np.stack([embeddings[i] for i in usable]) if usable else np.zeros((0, 1), np.float32)
+        usable = [i for i, c in enumerate(clips) if c.embedding is not None]
+        emb = np.stack([clips[i].embedding for i in usable]) if usable else np.zeros((0, 1), np.float32)
         pw = scoring.pairwise_mean_cosine(emb) if len(usable) >= 2 else None
         cd = scoring.centroid_cosine_distance(emb) if len(usable) >= 2 else None
         rc = scoring.reference_cosine(emb, reference) if reference is not None and usable else None
@@ -247,45 +258,42 @@ class Engine:
         info = METHODS[opts.method]
         out: list[TurnResult] = []
         for i, (turn_id, clip) in enumerate(zip(turn_ids, clips, strict=True)):
-            base = dict(
-                turn_id=turn_id, speaker=speaker, audio_seconds=clip.audio_seconds, speech_seconds=clip.speech_seconds
+            result = TurnResult(
+                turn_id=turn_id,
+                speaker=speaker,
+                status=TurnStatus.INSUFFICIENT_AUDIO,
+                audio_seconds=clip.audio_seconds,
+                speech_seconds=clip.speech_seconds,
+                detail=clip.detail,
             )
             if not clip.usable:
-                out.append(TurnResult(status=TurnStatus.INSUFFICIENT_AUDIO, detail=clip.detail, **base))  # type: ignore[arg-type]
+                out.append(result)
                 continue
             k = usable.index(i)
-            paper = dict(
+            result = replace(
+                result,
+                status=TurnStatus.INSUFFICIENT_CONTEXT,
                 pairwise_mean_cosine=None if pw is None else float(pw[k]),
                 centroid_cosine_distance=None if cd is None else float(cd[k]),
                 reference_cosine=None if rc is None else float(rc[k]),
+                detail=(
+                    f"speaker {speaker!r} has no other usable turn to compare with; "
+                    "send more turns, or a reference and use method reference"
+                ),
             )
-            if method_scores is None:
-                out.append(
-                    TurnResult(
-                        status=TurnStatus.INSUFFICIENT_CONTEXT,
-                        detail=(
-                            f"speaker {speaker!r} has no other usable turn to compare with; "
-                            "send more turns or a reference and use method reference"
-                        ),
-                        **base,  # type: ignore[arg-type]
-                        **paper,  # type: ignore[arg-type]
-                    )
-                )
-                continue
-            score = float(method_scores[k])
-            bad = bool(scoring.flagged(opts.method, np.array([score]), opts.threshold)[0])
-            relation = (">" if bad else "<=") if info.flag_above else ("<" if bad else ">=")
-            out.append(
-                TurnResult(
+            if method_scores is not None:
+                score = float(method_scores[k])
+                bad = bool(scoring.flagged(opts.method, np.array([score]), opts.threshold)[0])
+                relation = (">" if bad else "<=") if info.flag_above else ("<" if bad else ">=")
+                result = replace(
+                    result,
                     status=TurnStatus.INCONSISTENT if bad else TurnStatus.CONSISTENT,
                     score=score,
                     score_scale=info.scale,
                     threshold=opts.threshold,
-                    detail=f"{opts.method.value} {info.scale.replace('_', ' ')} {score:.3f} {relation} {opts.threshold:.3f}",
-                    **base,  # type: ignore[arg-type]
-                    **paper,  # type: ignore[arg-type]
+                    detail=f"{opts.method.value}: {info.scale.replace('_', ' ')} {score:.3f} {relation} {opts.threshold:.3f}",
                 )
-            )
+            out.append(result)
         return out
 
     # ------------------------------------------------------------------ RankCandidates
@@ -298,21 +306,20 @@ class Engine:
             raise InvalidRequest("method reference needs the speaker's reference clip")
         if opts.method is not Method.REFERENCE and not request.context:
             raise InvalidRequest(f"method {opts.method.value} needs at least one context clip of the speaker")
-        jobs = [self._prepare(c.audio, manifest, f"candidate {c.candidate_id!r}") for c in request.candidates]
-        jobs += [self._prepare(a, manifest, f"context clip #{n}") for n, a in enumerate(request.context)]
+        audios = [(c.audio, f"candidate {c.candidate_id!r}") for c in request.candidates]
+        audios += [(a, f"context clip #{n}") for n, a in enumerate(request.context)]
         if request.reference is not None:
-            jobs.append(self._prepare(request.reference, manifest, "reference"))
-        clips = await asyncio.gather(*jobs)
+            audios.append((request.reference, "reference"))
+        clips = await self.embed_audio(opts.encoder, audios)
         n_cand, n_ctx = len(request.candidates), len(request.context)
         for c, clip in zip(request.candidates, clips[:n_cand], strict=True):
             if not clip.usable:
                 raise InvalidRequest(f"candidate {c.candidate_id!r} cannot be scored: {clip.detail}")
         if request.reference is not None and not clips[-1].usable:
             raise InvalidRequest(f"reference is unusable: {clips[-1].detail}")
-        embeddings = await self._embed(opts.encoder, clips)
-        cand = np.stack([e for e in embeddings[:n_cand] if e is not None])
-        context = [e for e in embeddings[n_cand : n_cand + n_ctx] if e is not None]
-        reference = embeddings[-1] if request.reference is not None else None
+        cand = np.stack([c.embedding for c in clips[:n_cand] if c.embedding is not None])
+        context = [c.embedding for c in clips[n_cand : n_cand + n_ctx] if c.embedding is not None]
+        reference = clips[-1].embedding if request.reference is not None else None
         if opts.method is not Method.REFERENCE and not context:
             raise InvalidRequest(
                 f"none of the {n_ctx} context clips has enough speech "

@@ -92,8 +92,10 @@ def build_graph(state: dict[str, np.ndarray], spec: WindowSpec) -> Any:
             "Conv", ["wave3d", const("dft", _dft_kernels())], ["spec"], strides=[spec.hop_samples]
         ),  # (batch, 402, frames)
         helper.make_node(
-            "Split", ["spec", const("split_sizes", np.array([N_FFT // 2 + 1] * 2, np.int64))],
-            ["re", "im"], axis=1,
+            "Split",
+            ["spec", const("split_sizes", np.array([N_FFT // 2 + 1] * 2, np.int64))],
+            ["re", "im"],
+            axis=1,
         ),
         helper.make_node("Mul", ["re", "re"], ["re2"]),
         helper.make_node("Mul", ["im", "im"], ["im2"]),
@@ -119,14 +121,18 @@ def build_graph(state: dict[str, np.ndarray], spec: WindowSpec) -> Any:
             )
         )
         if layer < LAYERS - 1:  # (frames, 1, batch, H) -> (frames, batch, H)
-            nodes.append(helper.make_node("Squeeze", [y, const(f"ax{layer}", np.array([1], np.int64))], [f"x{layer + 1}"]))
+            nodes.append(
+                helper.make_node("Squeeze", [y, const(f"ax{layer}", np.array([1], np.int64))], [f"x{layer + 1}"])
+            )
             x = f"x{layer + 1}"
     last = f"yh{LAYERS - 1}"
     nodes += [
         helper.make_node("Squeeze", [last, const("ax_h", np.array([0], np.int64))], ["hidden"]),
         helper.make_node(
-            "Gemm", ["hidden", const("lin_w", state["linear.weight"]), const("lin_b", state["linear.bias"])],
-            ["proj"], transB=1,
+            "Gemm",
+            ["hidden", const("lin_w", state["linear.weight"]), const("lin_b", state["linear.bias"])],
+            ["proj"],
+            transB=1,
         ),
         helper.make_node("Relu", ["proj"], ["relu"]),
         helper.make_node("ReduceL2", ["relu"], ["norm"], axes=[1], keepdims=1),

@@ -74,8 +74,7 @@ def load_encoder_manifest(model_dir: Path, verify_hash: bool = True) -> EncoderM
     path = model_dir / MANIFEST
     if not path.exists():
         raise ManifestError(
-            f"no manifest at {path}: build the model with `sleuthd models export {model_dir.name}` "
-            "(or `make models`)"
+            f"no manifest at {path}: build the model with `sleuthd models export {model_dir.name}` (or `make models`)"
         )
     m = json.loads(path.read_text())
     if m.get("schema_version") != SCHEMA_VERSION:
@@ -128,6 +127,4 @@ def find_encoders(models_dir: Path) -> list[Path]:
     """Model folders under ``models_dir`` that hold an encoder manifest (the VAD is not an encoder)."""
     if not models_dir.is_dir():
         raise ManifestError(f"models folder {models_dir} does not exist")
-    return sorted(
-        p for p in models_dir.iterdir() if p.is_dir() and p.name != "silero_vad" and (p / MANIFEST).exists()
-    )
+    return sorted(p for p in models_dir.iterdir() if p.is_dir() and p.name != "silero_vad" and (p / MANIFEST).exists())

@@ -132,7 +132,9 @@ def export_vad_model(models_dir: Path) -> Path:
 
     installed = version("silero-vad")
     if installed != card["source"]["package_version"]:
-        raise RuntimeError(f"installed silero-vad {installed} differs from the card's {card['source']['package_version']}")
+        raise RuntimeError(
+            f"installed silero-vad {installed} differs from the card's {card['source']['package_version']}"
+        )
     src = Path(next(iter(spec.submodule_search_locations))) / "data" / Path(card["source"]["file"]).name
     dst = model_dir / card["file"]
     shutil.copyfile(src, dst)

@@ -67,9 +67,7 @@ async def create_server(engine: Engine, config: ServerConfig) -> RunningServer:
     def on_engine_failure() -> None:
         running.set_serving(False)
 
-    pb_grpc.add_SleuthServicer_to_server(
-        SleuthServicer(engine, config.max_message_bytes, on_engine_failure), server
-    )
+    pb_grpc.add_SleuthServicer_to_server(SleuthServicer(engine, config.max_message_bytes, on_engine_failure), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),

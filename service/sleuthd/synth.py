@@ -36,6 +36,7 @@ __all__ = [
     "CSV_HEADER",
     "DROPPED_VOICES",
     "SAMPLE_RATE",
+    "TOOLS",
     "MissingToolError",
     "SynthesisError",
     "Voice",
@@ -95,8 +96,11 @@ class Voice:
             raise ValueError(f"voice {self.name!r}: gender must be 'M' or 'F', not {self.gender!r}")
         if self.family not in ("espeak", "flite", "sox"):
             raise ValueError(f"voice {self.name!r}: unknown family {self.family!r}")
-        if not self.engine_args or self.engine_args[0] not in ("espeak-ng", "flite"):
-            raise ValueError(f"voice {self.name!r}: engine_args must start with espeak-ng or flite")
+        voice_flag = {"espeak-ng": "-v", "flite": "-voice"}.get(self.engine_args[0] if self.engine_args else "")
+        if voice_flag is None or voice_flag not in self.engine_args[:-1]:
+            raise ValueError(
+                f"voice {self.name!r}: engine_args must be espeak-ng ... -v VOICE or flite ... -voice VOICE"
+            )
         if self.family == "sox" and (self.base is None or not self.sox_effects):
             raise ValueError(f"voice {self.name!r}: a sox variant needs a base and sox_effects")
         if not self.name or "/" in self.name or self.name.startswith("."):
@@ -202,9 +206,7 @@ def _full_catalogue() -> tuple[Voice, ...]:
             )
         )
     for name, gender in _FLITE_VOICES:
-        voices.append(
-            Voice(name=f"flite-{name}", family="flite", gender=gender, engine_args=("flite", "-voice", name))
-        )
+        voices.append(Voice(name=f"flite-{name}", family="flite", gender=gender, engine_args=("flite", "-voice", name)))
     by_name = {v.name: v for v in voices}
     for base_name, effects in _SOX_VARIANTS:
         base = by_name[base_name]
@@ -276,9 +278,7 @@ def _run(argv: Sequence[str], *, stdin_text: str | None = None) -> subprocess.Co
     except subprocess.TimeoutExpired as exc:
         raise SynthesisError(f"{tool} timed out after {_TIMEOUT_S:.0f} s") from exc
     if proc.returncode != 0:
-        raise SynthesisError(
-            f"{tool} failed with exit code {proc.returncode}: {proc.stderr.strip() or '(no stderr)'}"
-        )
+        raise SynthesisError(f"{tool} failed with exit code {proc.returncode}: {proc.stderr.strip() or '(no stderr)'}")
     return proc
 
 
@@ -341,31 +341,14 @@ def synthesize(voice: Voice, text: str, out_path: Path) -> Path:
         fd, tmp_out = tempfile.mkstemp(prefix=f".{out_path.stem}-", suffix=".wav", dir=out_path.parent)
         os.close(fd)
         try:
-            _run(
-                [
-                    "sox",
-                    "-R",
-                    "-D",
-                    "-q",
-                    str(raw),
-                    "-r",
-                    str(SAMPLE_RATE),
-                    "-c",
-                    "1",
-                    "-b",
-                    "16",
-                    "-e",
-                    "signed-integer",
-                    tmp_out,
-                    *voice.sox_effects,
-                    "rate",
-                    "-h",
-                    str(SAMPLE_RATE),
-                    "gain",
-                    "-n",
-                    "-3",
-                ]
-            )
+            # -R/-D: repeatable, no dither, so the output is bit-identical run to run.
+            sox_argv = [
+                "sox", "-R", "-D", "-q", str(raw),
+                "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", "-e", "signed-integer", tmp_out,
+                *voice.sox_effects,
+                "rate", "-h", str(SAMPLE_RATE), "gain", "-n", "-3",
+            ]  # fmt: skip
+            _run(sox_argv)
             _validate_clip(Path(tmp_out), voice.name)
             os.replace(tmp_out, out_path)
         finally:
@@ -803,3 +786,42 @@ def build_fsdd_corpus(
             _write_text_atomic(wav.with_suffix(".txt"), text)
     logger.info("FSDD corpus %s: %d speakers x %d turns", out_dir, len(takes), turns_per_speaker)
     return _write_corpus_csv(out_dir, rows)
+
+
+def render_dialogue_script(script_path: Path, out_dir: Path) -> Path:
+    """Synthesize a scripted dialogue into WAVs plus a dialogue file `sleuthd check` reads.
+
+    Script (JSON): ``{"dialogue_id", "turns": [{"turn_id", "speaker", "voice", "text"}],
+    "references": {speaker: {"voice", "text"}}}``; ``voice`` is a catalogue name. Writes
+    ``out_dir/<turn_id>.wav``, ``out_dir/ref-<speaker>.wav`` and ``out_dir/dialogue.json``
+    (same turns, with ``audio`` paths relative to it) and returns the dialogue file's path.
+    Clips whose WAV and text sidecar already match are reused.
+    """
+    script = json.loads(Path(script_path).read_text(encoding="utf-8"))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def render(voice_name: str, text: str, stem: str) -> str:
+        wav = out_dir / f"{stem}.wav"
+        if not _is_fresh(wav, text):
+            synthesize(get_voice(voice_name), text, wav)
+            _write_text_atomic(wav.with_suffix(".txt"), text)
+        return wav.name
+
+    turns = [
+        {
+            "turn_id": t["turn_id"],
+            "speaker": t["speaker"],
+            "text": t["text"],
+            "audio": render(t["voice"], t["text"], t["turn_id"]),
+        }
+        for t in script["turns"]
+    ]
+    references = {
+        speaker: render(ref["voice"], ref["text"], f"ref-{speaker}")
+        for speaker, ref in (script.get("references") or {}).items()
+    }
+    dialogue = {"dialogue_id": script["dialogue_id"], "turns": turns, "references": references}
+    path = out_dir / "dialogue.json"
+    _write_text_atomic(path, json.dumps(dialogue, indent=2) + "\n")
+    return path

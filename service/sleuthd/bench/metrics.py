@@ -67,17 +67,13 @@ class DetectionRecord:
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
-            raise ValueError(
-                f"{self.dialogue_id}: scenario must be one of {SCENARIOS}, got {self.scenario!r}"
-            )
+            raise ValueError(f"{self.dialogue_id}: scenario must be one of {SCENARIOS}, got {self.scenario!r}")
         gold = _as_turn_set(self.gold_turns, f"{self.dialogue_id}: gold_turns")
         pred = _as_turn_set(self.pred_turns, f"{self.dialogue_id}: pred_turns")
         if self.scenario == "S1" and gold:
             raise ValueError(f"{self.dialogue_id}: S1 is fully consistent, gold_turns must be empty")
         if self.scenario != "S1" and not gold:
-            raise ValueError(
-                f"{self.dialogue_id}: {self.scenario} has an altered turn, gold_turns must be non-empty"
-            )
+            raise ValueError(f"{self.dialogue_id}: {self.scenario} has an altered turn, gold_turns must be non-empty")
         object.__setattr__(self, "gold_turns", gold)
         object.__setattr__(self, "pred_turns", pred)
         object.__setattr__(self, "pred_inconsistent", bool(self.pred_inconsistent))
@@ -108,13 +104,9 @@ class DiscriminationRecord:
         labels = tuple(self.labels)
         scores = tuple(float(s) for s in self.scores)
         if sorted(labels) != sorted(IDEAL_RANKING):
-            raise ValueError(
-                f"{self.dialogue_id}: labels must be a permutation of S1, S2, S3, got {labels!r}"
-            )
+            raise ValueError(f"{self.dialogue_id}: labels must be a permutation of S1, S2, S3, got {labels!r}")
         if len(scores) != len(labels):
-            raise ValueError(
-                f"{self.dialogue_id}: {len(labels)} labels but {len(scores)} scores"
-            )
+            raise ValueError(f"{self.dialogue_id}: {len(labels)} labels but {len(scores)} scores")
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "scores", scores)
         object.__setattr__(self, "higher_is_better", bool(self.higher_is_better))
@@ -152,9 +144,7 @@ def localization_prf(gold: frozenset[int], pred: frozenset[int]) -> tuple[float,
     return p, r, 2.0 * p * r / (p + r)
 
 
-def rank_candidates(
-    labels: Sequence[str], scores: Sequence[float], higher_is_better: bool
-) -> list[str]:
+def rank_candidates(labels: Sequence[str], scores: Sequence[float], higher_is_better: bool) -> list[str]:
     """Order candidate labels best first by score.
 
     Descending score when ``higher_is_better`` (similarity), ascending
@@ -173,9 +163,7 @@ def rank_candidates(
     if any(math.isnan(v) for v in values):
         raise ValueError(f"NaN candidate score in {values!r}")
     sign = -1.0 if higher_is_better else 1.0
-    order = sorted(
-        range(len(labels)), key=lambda k: (sign * values[k], RELEVANCE[labels[k]])
-    )
+    order = sorted(range(len(labels)), key=lambda k: (sign * values[k], RELEVANCE[labels[k]]))
     return [labels[k] for k in order]
 
 

@@ -109,12 +109,29 @@ def plot_threshold_sweep(
             ax.plot(xs, ys, marker=".", color=color, label=name)
             paper = _paper_threshold(name)
             if paper is not None and (y := _value_at(xs, ys, paper)) is not None:
-                ax.plot([paper], [y], marker="*", markersize=14, color=color,
-                        markeredgecolor="black", linestyle="none", zorder=3)
+                ax.plot(
+                    [paper],
+                    [y],
+                    marker="*",
+                    markersize=14,
+                    color=color,
+                    markeredgecolor="black",
+                    linestyle="none",
+                    zorder=3,
+                )
             dflt = _lookup(defaults, name)
             if dflt is not None and (y := _value_at(xs, ys, dflt)) is not None:
-                ax.plot([dflt], [y], marker="o", markersize=11, markerfacecolor="none",
-                        markeredgecolor=color, markeredgewidth=2, linestyle="none", zorder=3)
+                ax.plot(
+                    [dflt],
+                    [y],
+                    marker="o",
+                    markersize=11,
+                    markerfacecolor="none",
+                    markeredgecolor=color,
+                    markeredgewidth=2,
+                    linestyle="none",
+                    zorder=3,
+                )
         ax.axhline(50.0, color="grey", linewidth=0.8, linestyle=":")
         ax.set_ylim(0.0, 100.0)
         ax.set_xlabel("threshold τ (cosine similarity; cosine distance for centroid)")
@@ -124,13 +141,24 @@ def plot_threshold_sweep(
     handles, _ = axes[0].get_legend_handles_labels()
     handles = [
         *handles,
-        Line2D([], [], marker="*", markersize=12, color="grey", markeredgecolor="black",
-               linestyle="none", label="paper τ"),
+        Line2D(
+            [], [], marker="*", markersize=12, color="grey", markeredgecolor="black", linestyle="none", label="paper τ"
+        ),
     ]
     if defaults:
-        handles.append(Line2D([], [], marker="o", markersize=9, markerfacecolor="none",
-                              markeredgecolor="grey", markeredgewidth=2, linestyle="none",
-                              label="default τ"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                marker="o",
+                markersize=9,
+                markerfacecolor="none",
+                markeredgecolor="grey",
+                markeredgewidth=2,
+                linestyle="none",
+                label="default τ",
+            )
+        )
     axes[1].legend(handles=handles, loc="best", fontsize="small")
     fig.suptitle("Threshold sensitivity (dotted line: 50 % = chance-level balance)")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -152,10 +180,8 @@ def plot_bias_scatter(report: Mapping[str, Any], path: Path | str) -> Path:
     out = Path(path)
     fig = _new_figure(5.6, 5.2)
     ax = fig.subplots()
-    ax.plot([0, 100], [0, 100], color="grey", linestyle="--", linewidth=0.9,
-            label="diagonal: S1 = S2/S3 (unbiased)")
-    ax.plot([0, 100], [100, 0], color="grey", linestyle=":", linewidth=0.9,
-            label="anti-diagonal: Bal = 50 %")
+    ax.plot([0, 100], [0, 100], color="grey", linestyle="--", linewidth=0.9, label="diagonal: S1 = S2/S3 (unbiased)")
+    ax.plot([0, 100], [100, 0], color="grey", linestyle=":", linewidth=0.9, label="anti-diagonal: Bal = 50 %")
     # Runs with identical coordinates share one point and one stacked label.
     points: dict[tuple[float, float], list[str]] = {}
     for name, res in methods.items():
@@ -165,9 +191,15 @@ def plot_bias_scatter(report: Mapping[str, Any], path: Path | str) -> Path:
     for idx, ((x, y), names) in enumerate(points.items()):
         ax.scatter([x], [y], color=f"C{idx % 10}", s=40, zorder=3)
         right = x > 60.0  # keep labels inside the axes near the right edge
-        ax.annotate("\n".join(names), (x, y), textcoords="offset points",
-                    xytext=(-6, 6) if right else (6, 6), ha="right" if right else "left",
-                    va="bottom", fontsize="small")
+        ax.annotate(
+            "\n".join(names),
+            (x, y),
+            textcoords="offset points",
+            xytext=(-6, 6) if right else (6, 6),
+            ha="right" if right else "left",
+            va="bottom",
+            fontsize="small",
+        )
     ax.set_xlim(-3.0, 103.0)
     ax.set_ylim(-3.0, 103.0)
     ax.set_aspect("equal")

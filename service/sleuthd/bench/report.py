@@ -38,9 +38,7 @@ def build_report(
         missing = {"detection", "localization"} - set(res)
         extra = set(res) - allowed
         if missing or extra:
-            raise ValueError(
-                f"run {name!r}: missing {sorted(missing)} / unexpected {sorted(extra)} keys"
-            )
+            raise ValueError(f"run {name!r}: missing {sorted(missing)} / unexpected {sorted(extra)} keys")
     return {
         "manifest": manifest_name,
         "n_dialogues": int(n_dialogues),
@@ -80,11 +78,23 @@ def markdown_table(report: Mapping[str, Any]) -> str:
     sources = _sources(methods)
     header = [
         "Run (values in %)",
-        "Det S1", "Det S2", "Det S3", "Det Bal",
-        "Loc S1 F1", "Loc S2 P", "Loc S2 R", "Loc S2 F1",
-        "Loc S3 P", "Loc S3 R", "Loc S3 F1", "Loc Bal F1",
-        *[f"Disc acc {_cell(s)}" for s in sources], "Disc acc avg",
-        "NDCG@1", "NDCG@2", "EM",
+        "Det S1",
+        "Det S2",
+        "Det S3",
+        "Det Bal",
+        "Loc S1 F1",
+        "Loc S2 P",
+        "Loc S2 R",
+        "Loc S2 F1",
+        "Loc S3 P",
+        "Loc S3 R",
+        "Loc S3 F1",
+        "Loc Bal F1",
+        *[f"Disc acc {_cell(s)}" for s in sources],
+        "Disc acc avg",
+        "NDCG@1",
+        "NDCG@2",
+        "EM",
     ]
     lines = [
         "| " + " | ".join(header) + " |",
@@ -97,13 +107,23 @@ def markdown_table(report: Mapping[str, Any]) -> str:
         acc = disc.get("accuracy", {})
         cells = [
             _cell(name),
-            _fmt(det["S1"]), _fmt(det["S2"]), _fmt(det["S3"]), _fmt(det["bal"]),
+            _fmt(det["S1"]),
+            _fmt(det["S2"]),
+            _fmt(det["S3"]),
+            _fmt(det["bal"]),
             _fmt(loc["S1"]["f1"]),
-            _fmt(loc["S2"]["p"]), _fmt(loc["S2"]["r"]), _fmt(loc["S2"]["f1"]),
-            _fmt(loc["S3"]["p"]), _fmt(loc["S3"]["r"]), _fmt(loc["S3"]["f1"]),
+            _fmt(loc["S2"]["p"]),
+            _fmt(loc["S2"]["r"]),
+            _fmt(loc["S2"]["f1"]),
+            _fmt(loc["S3"]["p"]),
+            _fmt(loc["S3"]["r"]),
+            _fmt(loc["S3"]["f1"]),
             _fmt(loc["bal_f1"]),
-            *[_fmt(acc.get(s)) for s in sources], _fmt(acc.get("avg")),
-            _fmt(disc.get("ndcg1")), _fmt(disc.get("ndcg2")), _fmt(disc.get("exact_match")),
+            *[_fmt(acc.get(s)) for s in sources],
+            _fmt(acc.get("avg")),
+            _fmt(disc.get("ndcg1")),
+            _fmt(disc.get("ndcg2")),
+            _fmt(disc.get("exact_match")),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,57 @@
+# sleuthd — one command to set up and demo, one to test. See README.md.
+SHELL := /bin/bash
+PY      := .venv/bin/python
+SLEUTHD := .venv/bin/sleuthd
+APT_TOOLS := espeak-ng flite sox
+SILERO_VAD := silero-vad==6.2.3
+
+.PHONY: setup tools models demo test lint typecheck proto clean
+
+# Debian tools for synthetic speech (tests, demo, dev benchmark).
+tools:
+	@missing=""; for t in $(APT_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_TOOLS) >/dev/null; \
+	fi
+
+# The virtual environment; rebuilt when pyproject.toml changes.
+.venv/.stamp: pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[export,bench,dev]'
+	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it.
+	$(PY) -m pip install -q --no-deps $(SILERO_VAD)
+	touch $@
+
+setup: tools .venv/.stamp
+
+# ONNX models and manifests (git-ignored; rebuilt when cards or exporters change).
+models/ge2e/manifest.json: .venv/.stamp models/ge2e/card.json service/sleuthd/export_ge2e.py service/sleuthd/model_export.py
+	$(SLEUTHD) --log-level warning models export ge2e
+models/silero_vad/manifest.json: .venv/.stamp models/silero_vad/card.json
+	$(SLEUTHD) --log-level warning models export vad
+
+models: setup models/ge2e/manifest.json models/silero_vad/manifest.json
+
+# Synthesize the example dialogue, start a server on a free port, check the dialogue, stop the server.
+demo: models
+	$(SLEUTHD) --log-level warning synth dialogue examples/demo/script.json --out data/demo
+	scripts/demo.sh data/demo/dialogue.json
+
+test: models
+	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory lint typecheck
+
+lint:
+	.venv/bin/ruff check service tests loadtest scripts
+typecheck:
+	.venv/bin/mypy service/sleuthd
+
+proto:
+	PATH=.venv/bin:$$PATH scripts/gen_proto.sh
+
+clean:
+	rm -rf .venv data runs models/*/manifest.json models/*/*.onnx

@@ -1,0 +1,81 @@
+"""Shared fixtures: the real models, real synthesized speech, and a real in-process gRPC server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+from sleuthd import synth
+from sleuthd.engine import Engine, EngineConfig
+from sleuthd.server import RunningServer, ServerConfig, create_server
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from .support import (
+    CLIPS_PER_VOICE,
+    MODELS_DIR,
+    SPEECH_CACHE,
+    TEST_MAX_MESSAGE_BYTES,
+    VOICE_A,
+    VOICE_B,
+    VOICE_C,
+    VOICE_F,
+    Speech,
+)
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    for name in ("ge2e", "silero_vad"):
+        if not (MODELS_DIR / name / "manifest.json").exists():
+            pytest.fail(f"models/{name}/manifest.json is missing: run `make models` first")
+    return MODELS_DIR
+
+
+@pytest.fixture(scope="session")
+def speech() -> Speech:
+    """Real synthetic speech from espeak-ng/flite, cached under data/test-speech/."""
+    texts = synth.sentences(CLIPS_PER_VOICE * 4, seed=11)
+    clips: dict[str, list[Path]] = {}
+    for v, name in enumerate((VOICE_A, VOICE_B, VOICE_F, VOICE_C)):
+        voice = synth.get_voice(name)
+        out = []
+        for k in range(CLIPS_PER_VOICE):
+            path = SPEECH_CACHE / name / f"{k:02d}.wav"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                synth.synthesize(voice, texts[v * CLIPS_PER_VOICE + k], path)
+            out.append(path)
+        clips[name] = out
+    return Speech(clips)
+
+
+@pytest.fixture(scope="session")
+def engine(models_dir: Path) -> Iterator[Engine]:
+    eng = Engine.load(EngineConfig(models_dir=models_dir, device="cpu"))
+    yield eng
+    eng.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="session")
+async def server(engine: Engine) -> AsyncIterator[RunningServer]:
+    running = await create_server(engine, ServerConfig(port=0, max_message_bytes=TEST_MAX_MESSAGE_BYTES))
+    yield running
+    await running.stop(grace=1.0)
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="session")
+async def channel(server: RunningServer) -> AsyncIterator[grpc.aio.Channel]:
+    limit = 4 * TEST_MAX_MESSAGE_BYTES
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{server.port}",
+        options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)],
+    ) as ch:
+        yield ch
+
+
+@pytest.fixture
+def stub(channel: grpc.aio.Channel) -> pb_grpc.SleuthStub:
+    return pb_grpc.SleuthStub(channel)
