@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -10,6 +10,7 @@ import pytest
 import pytest_asyncio
 from sleuthd import synth
 from sleuthd.engine import Engine, EngineConfig
+from sleuthd.metrics import ServiceMetrics
 from sleuthd.server import RunningServer, ServerConfig, create_server
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -53,15 +54,21 @@ def speech() -> Speech:
 
 
 @pytest.fixture(scope="session")
-def engine(models_dir: Path) -> Iterator[Engine]:
-    eng = Engine.load(EngineConfig(models_dir=models_dir, device="cpu"))
-    yield eng
-    eng.close()
+def metrics() -> ServiceMetrics:
+    return ServiceMetrics()
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="session")
-async def server(engine: Engine) -> AsyncIterator[RunningServer]:
-    running = await create_server(engine, ServerConfig(port=0, max_message_bytes=TEST_MAX_MESSAGE_BYTES))
+async def engine(models_dir: Path, metrics: ServiceMetrics) -> AsyncIterator[Engine]:
+    eng = Engine.load(EngineConfig(models_dir=models_dir, device="cpu"), observer=metrics)
+    yield eng
+    await eng.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="session")
+async def server(engine: Engine, metrics: ServiceMetrics) -> AsyncIterator[RunningServer]:
+    config = ServerConfig(port=0, max_message_bytes=TEST_MAX_MESSAGE_BYTES, metrics_port=0)
+    running = await create_server(engine, config, metrics)
     yield running
     await running.stop(grace=1.0)
 

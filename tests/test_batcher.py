@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from sleuthd.batcher import BatcherConfig, DeadlineExceeded, MicroBatcher
-from sleuthd.errors import EngineFailure, Overloaded
+from sleuthd.batcher import BatcherConfig, MicroBatcher
+from sleuthd.errors import DeadlineExceeded, EngineFailure, Overloaded
 
 W = 8  # window_samples of the fake model
 D = 4  # embedding_size of the fake model

@@ -28,14 +28,10 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from sleuthd.errors import EngineFailure, Overloaded
+from sleuthd.errors import DeadlineExceeded, EngineFailure, Overloaded
 from sleuthd.manifest import EncoderManifest
 
 logger = logging.getLogger(__name__)
-
-
-class DeadlineExceeded(TimeoutError):
-    """The request's deadline passed before its embeddings were ready; its queued windows were never run."""
 
 
 @dataclass(frozen=True)

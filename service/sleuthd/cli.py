@@ -11,8 +11,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import grpc
 from google.protobuf.json_format import MessageToDict
+
+if TYPE_CHECKING:
+    from sleuthd.engine import EngineConfig
 
 logger = logging.getLogger("sleuthd")
 
@@ -33,20 +38,42 @@ def _setup_logging(level: str) -> None:
 # ---------------------------------------------------------------------------------------------- serve
 
 
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    from sleuthd.batcher import BatcherConfig
+    from sleuthd.engine import EngineConfig
+
+    return EngineConfig(
+        models_dir=args.models_dir,
+        default_encoder=args.encoder,
+        device=args.device,
+        max_clip_seconds=args.max_clip_seconds,
+        workers=args.workers,
+        embedding_cache_entries=args.embedding_cache_entries,
+        batching=args.batching == "on",
+        batcher=BatcherConfig(
+            max_batch_windows=args.max_batch_windows,
+            max_wait_ms=args.max_wait_ms,
+            max_queue_windows=args.max_queue_windows,
+            max_concurrent_batches=args.max_concurrent_batches,
+        ),
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from sleuthd.engine import Engine, EngineConfig
+    from sleuthd.engine import Engine
+    from sleuthd.metrics import ServiceMetrics
     from sleuthd.server import ServerConfig, serve_forever
 
-    engine = Engine.load(
-        EngineConfig(
-            models_dir=args.models_dir,
-            default_encoder=args.encoder,
-            device=args.device,
-            max_clip_seconds=args.max_clip_seconds,
-        )
+    metrics = ServiceMetrics()
+    engine = Engine.load(engine_config(args), observer=metrics)
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        max_message_bytes=args.max_message_mb * 1024 * 1024,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        metrics_host=args.metrics_host,
     )
-    config = ServerConfig(host=args.host, port=args.port, max_message_bytes=args.max_message_mb * 1024 * 1024)
-    asyncio.run(serve_forever(engine, config))
+    asyncio.run(serve_forever(engine, config, metrics))
     return 0
 
 
@@ -141,6 +168,44 @@ def cmd_synth_dialogue(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- main
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Engine knobs shared by `serve` and the throughput benchmark (defaults from EngineConfig)."""
+    from sleuthd.batcher import BatcherConfig
+    from sleuthd.engine import EngineConfig
+
+    e, b = EngineConfig(models_dir=Path(".")), BatcherConfig()
+    p.add_argument("--workers", type=int, default=e.workers, help="decode/VAD/model threads; 0 = CPU count")
+    p.add_argument(
+        "--embedding-cache-entries",
+        type=int,
+        default=e.embedding_cache_entries,
+        help=f"clip embeddings remembered by audio hash; 0 = off (default: {e.embedding_cache_entries})",
+    )
+    p.add_argument("--batching", choices=["on", "off"], default="on", help="micro-batch model calls (default: on)")
+    p.add_argument(
+        "--max-batch-windows",
+        type=int,
+        default=b.max_batch_windows,
+        help=f"encoder windows per model call (default: {b.max_batch_windows})",
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=b.max_wait_ms,
+        help=f"longest wait of the oldest queued request before its batch runs, ms (default: {b.max_wait_ms})",
+    )
+    p.add_argument(
+        "--max-queue-windows",
+        type=int,
+        default=b.max_queue_windows,
+        help=f"queued windows before new requests get RESOURCE_EXHAUSTED (default: {b.max_queue_windows})",
+    )
+    p.add_argument(
+        "--max-concurrent-batches", type=int, default=b.max_concurrent_batches,
+        help=f"model calls in flight at once (default: {b.max_concurrent_batches})",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sleuthd", description="Speaker-consistency checks for synthesized dialogues.")
     p.add_argument("--log-level", default="info", help="debug, info, warning, error (default: info)")
@@ -154,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where encoders run")
     s.add_argument("--max-message-mb", type=int, default=64, help="largest request accepted, MiB (default: 64)")
     s.add_argument("--max-clip-seconds", type=float, default=300.0, help="longest clip accepted (default: 300)")
+    add_engine_args(s)
+    s.add_argument(
+        "--metrics-port", type=int, default=9464, help="Prometheus /metrics port; 0 = any free port, -1 = off (9464)"
+    )
+    s.add_argument("--metrics-host", default="127.0.0.1", help="interface for /metrics (default: 127.0.0.1)")
     s.set_defaults(func=cmd_serve)
 
     def client_args(sp: argparse.ArgumentParser) -> None:
@@ -196,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("script", type=Path)
     d.add_argument("--out", type=Path, required=True)
     d.set_defaults(func=cmd_synth_dialogue)
+    from sleuthd import bench_cli
+
+    bench_cli.register(sub)
     return p
 
 

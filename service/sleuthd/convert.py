@@ -6,10 +6,13 @@ INVALID_ARGUMENT with a message that says what to fix.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sleuthd import domain
 from sleuthd.audio import PcmEncoding, PcmSpec
 from sleuthd.errors import InvalidRequest
 from sleuthd.scoring import Method
+from sleuthd.session import TurnUpdate
 from sleuthd.v1 import sleuthd_pb2 as pb
 
 _METHOD_FROM_PB = {
@@ -49,17 +52,18 @@ def method_from_name(name: str) -> int:
         raise InvalidRequest(f"unknown method {name!r}; choose from {', '.join(m.value for m in Method)}") from None
 
 
+def pcm_spec_from_pb(p: pb.PcmAudio | pb.PcmFormat, field: str) -> PcmSpec:
+    if p.encoding not in _PCM_FROM_PB:
+        raise InvalidRequest(f"{field}.encoding is not set: use PCM_S16LE or PCM_F32LE")
+    return PcmSpec(_PCM_FROM_PB[p.encoding], int(p.sample_rate_hz), int(p.channels))
+
+
 def audio_from_pb(msg: pb.Audio, field: str) -> domain.AudioInput:
     kind = msg.WhichOneof("source")
     if kind == "encoded":
         return domain.AudioInput(data=msg.encoded)
     if kind == "pcm":
-        p = msg.pcm
-        if p.encoding not in _PCM_FROM_PB:
-            raise InvalidRequest(f"{field}.pcm.encoding is not set: use PCM_S16LE or PCM_F32LE")
-        return domain.AudioInput(
-            data=p.data, pcm=PcmSpec(_PCM_FROM_PB[p.encoding], int(p.sample_rate_hz), int(p.channels))
-        )
+        return domain.AudioInput(data=msg.pcm.data, pcm=pcm_spec_from_pb(msg.pcm, f"{field}.pcm"))
     raise InvalidRequest(f"{field} has no audio: set either encoded or pcm")
 
 
@@ -76,6 +80,17 @@ def options_from_pb(msg: pb.CheckOptions) -> domain.CheckOptions:
     )
 
 
+def references_from_pb(refs: Iterable[pb.SpeakerReference]) -> dict[str, domain.AudioInput]:
+    references: dict[str, domain.AudioInput] = {}
+    for i, r in enumerate(refs):
+        if not r.speaker:
+            raise InvalidRequest(f"references[{i}].speaker is empty")
+        if r.speaker in references:
+            raise InvalidRequest(f"two references for speaker {r.speaker!r}; send at most one per speaker")
+        references[r.speaker] = audio_from_pb(r.audio, f"references[{i}].audio")
+    return references
+
+
 def dialogue_from_pb(msg: pb.CheckDialogueRequest) -> domain.DialogueRequest:
     turns = tuple(
         domain.DialogueTurn(
@@ -86,15 +101,11 @@ def dialogue_from_pb(msg: pb.CheckDialogueRequest) -> domain.DialogueRequest:
         )
         for i, t in enumerate(msg.turns)
     )
-    references: dict[str, domain.AudioInput] = {}
-    for i, r in enumerate(msg.references):
-        if not r.speaker:
-            raise InvalidRequest(f"references[{i}].speaker is empty")
-        if r.speaker in references:
-            raise InvalidRequest(f"two references for speaker {r.speaker!r}; send at most one per speaker")
-        references[r.speaker] = audio_from_pb(r.audio, f"references[{i}].audio")
     return domain.DialogueRequest(
-        dialogue_id=msg.dialogue_id, turns=turns, references=references, options=options_from_pb(msg.options)
+        dialogue_id=msg.dialogue_id,
+        turns=turns,
+        references=references_from_pb(msg.references),
+        options=options_from_pb(msg.options),
     )
 
 
@@ -116,21 +127,22 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
     return out
 
 
+def speaker_to_pb(s: domain.SpeakerResult) -> pb.SpeakerVerdict:
+    return pb.SpeakerVerdict(
+        speaker=s.speaker,
+        consistent=s.consistent,
+        judged=s.judged,
+        inconsistent_turn_ids=list(s.inconsistent_turn_ids),
+        scored_turns=s.scored_turns,
+        unscored_turns=s.unscored_turns,
+    )
+
+
 def verdict_to_pb(result: domain.DialogueResult) -> pb.DialogueVerdict:
     return pb.DialogueVerdict(
         dialogue_id=result.dialogue_id,
         turns=[turn_to_pb(t) for t in result.turns],
-        speakers=[
-            pb.SpeakerVerdict(
-                speaker=s.speaker,
-                consistent=s.consistent,
-                judged=s.judged,
-                inconsistent_turn_ids=list(s.inconsistent_turn_ids),
-                scored_turns=s.scored_turns,
-                unscored_turns=s.unscored_turns,
-            )
-            for s in result.speakers
-        ],
+        speakers=[speaker_to_pb(s) for s in result.speakers],
         encoder=result.encoder,
         method=method_to_pb(result.method),  # type: ignore[arg-type]
         threshold_set=_THRESHOLD_SET_TO_PB[result.threshold_set],  # type: ignore[arg-type]
@@ -166,4 +178,13 @@ def rank_to_pb(result: domain.RankResult) -> pb.RankCandidatesResponse:
         encoder=result.encoder,
         method=method_to_pb(result.method),  # type: ignore[arg-type]
         usable_context=result.usable_context,
+    )
+
+
+def turn_update_to_pb(u: TurnUpdate) -> pb.TurnUpdate:
+    return pb.TurnUpdate(
+        verdict=turn_to_pb(u.verdict),
+        revision=u.revision,
+        trigger_turn_id=u.trigger_turn_id,
+        speaker=speaker_to_pb(u.speaker),
     )

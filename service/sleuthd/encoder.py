@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import onnxruntime as ort
 
-from sleuthd.errors import EngineFailure
+from sleuthd.errors import DeadlineExceeded, EngineFailure
 from sleuthd.manifest import EncoderManifest
 
 logger = logging.getLogger(__name__)
@@ -73,11 +73,13 @@ class WindowEncoder(Protocol):
     manifest: EncoderManifest
     provider: str  # ONNX Runtime execution provider in use
 
-    async def encode(self, windows: np.ndarray) -> np.ndarray: ...
+    async def encode(self, windows: np.ndarray, deadline: float | None = None) -> np.ndarray:
+        """Embeddings for (n, window_samples) windows; ``deadline`` is on the event loop's clock."""
+        ...
 
 
 class ThreadedEncoder:
-    """Runs every call as one model call on a worker thread (no batching across requests)."""
+    """Runs every call as its own model call on a worker thread: no batching across clips or requests."""
 
     def __init__(self, encoder: OnnxEncoder, executor: Executor) -> None:
         self.encoder = encoder
@@ -85,6 +87,8 @@ class ThreadedEncoder:
         self.provider = encoder.provider
         self._executor = executor
 
-    async def encode(self, windows: np.ndarray) -> np.ndarray:
+    async def encode(self, windows: np.ndarray, deadline: float | None = None) -> np.ndarray:
         loop = asyncio.get_running_loop()
+        if deadline is not None and loop.time() >= deadline:
+            raise DeadlineExceeded("the deadline passed before the model call")
         return await loop.run_in_executor(self._executor, self.encoder.embed, windows)

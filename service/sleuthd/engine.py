@@ -1,7 +1,8 @@
 """The scoring engine: dialogue and candidate requests in, verdicts out. Never imports grpc.
 
-Work per request: validate -> prepare every clip on worker threads (decode, resample, VAD, windows)
--> one encoder call for all windows of the request -> pure scoring (sleuthd.scoring).
+Work per request: validate -> look up or prepare every clip on worker threads (decode, resample, VAD,
+windows) -> embed each clip through the shared encoder (the micro-batcher merges the windows of all
+concurrent requests into few model calls) -> pure judgment (sleuthd.judge, sleuthd.scoring).
 """
 
 from __future__ import annotations
@@ -9,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from sleuthd import scoring
 from sleuthd.audio import AudioError
+from sleuthd.batcher import BatcherConfig, BatchObserver, MicroBatcher, NullObserver
 from sleuthd.clips import ClipEmbedding, PreparedClip, pool, prepare
 from sleuthd.domain import (
     AudioInput,
@@ -27,14 +30,13 @@ from sleuthd.domain import (
     RankedCandidateResult,
     RankRequest,
     RankResult,
-    SpeakerResult,
     ThresholdSet,
-    TurnResult,
     TurnStatus,
 )
 from sleuthd.embedding_cache import LruCache, audio_key
 from sleuthd.encoder import OnnxEncoder, ThreadedEncoder, WindowEncoder
-from sleuthd.errors import InvalidRequest, UnknownName
+from sleuthd.errors import DeadlineExceeded, InvalidRequest, LimitExceeded, UnknownName
+from sleuthd.judge import Judgment, judge_dialogue, stack_embeddings
 from sleuthd.manifest import (
     PAPER_THRESHOLDS,
     EncoderManifest,
@@ -58,20 +60,43 @@ class EngineConfig:
     default_encoder: str = "ge2e"
     device: str = "auto"  # "cpu", "cuda" or "auto"
     max_clip_seconds: float = 300.0  # longest single clip accepted, seconds
-    max_turns: int = 1000  # turns per dialogue
+    max_turns: int = 1000  # turns per dialogue (and per stream)
     max_candidates: int = 64  # candidates per RankCandidates
     max_context: int = 256  # context clips per RankCandidates
-    workers: int = 0  # threads for decoding/VAD; 0 = CPU count
+    workers: int = 0  # threads for decoding/VAD and model calls; 0 = CPU count
     # Clip embeddings remembered by audio hash (about 2 KB each); 0 disables the cache.
     embedding_cache_entries: int = 4096
+    # Merge the windows of concurrent requests into shared model calls (see sleuthd.batcher).
+    # Off: every clip is its own model call, as resemblyzer's embed_utterance does.
+    batching: bool = True
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+
+
+class EngineObserver(BatchObserver, Protocol):
+    """What the engine reports for monitoring (implemented with Prometheus in sleuthd.metrics)."""
+
+    def clip_embedded(self, audio_seconds: float, cached: bool) -> None: ...
+
+    def verdict(self, status: TurnStatus) -> None: ...
+
+
+class NullEngineObserver(NullObserver):
+    def clip_embedded(self, audio_seconds: float, cached: bool) -> None:
+        pass
+
+    def verdict(self, status: TurnStatus) -> None:
+        pass
 
 
 @dataclass(frozen=True)
 class ResolvedOptions:
     encoder: WindowEncoder
-    method: Method
-    threshold: float
+    judgment: Judgment
     threshold_set: ThresholdSet
+
+    @property
+    def method(self) -> Method:
+        return self.judgment.method
 
 
 class Engine:
@@ -81,17 +106,20 @@ class Engine:
         vad: SileroVad,
         config: EngineConfig,
         executor: Executor,
+        observer: EngineObserver | None = None,
     ) -> None:
         if config.default_encoder not in encoders:
             raise ValueError(f"default encoder {config.default_encoder!r} is not loaded ({sorted(encoders)})")
         self.encoders = encoders
         self.vad = vad
         self.config = config
+        self.observer: EngineObserver = observer or NullEngineObserver()
         self._executor = executor
         self.cache: LruCache[ClipEmbedding] = LruCache(config.embedding_cache_entries)
+        self.active_streams = 0
 
     @classmethod
-    def load(cls, config: EngineConfig) -> Engine:
+    def load(cls, config: EngineConfig, observer: EngineObserver | None = None) -> Engine:
         """Load every encoder manifest under ``config.models_dir`` and the VAD, and warm them up."""
         executor = ThreadPoolExecutor(max_workers=config.workers or (os.cpu_count() or 1), thread_name_prefix="sleuthd")
         vad = SileroVad(vad_model_path(config.models_dir))
@@ -99,10 +127,22 @@ class Engine:
         for model_dir in find_encoders(config.models_dir):
             runner = OnnxEncoder(load_encoder_manifest(model_dir), device=config.device)
             runner.warm_up()
-            encoders[runner.manifest.name] = ThreadedEncoder(runner, executor)
+            if config.batching:
+                encoders[runner.manifest.name] = MicroBatcher(runner, executor, config.batcher, observer)
+            else:
+                encoders[runner.manifest.name] = ThreadedEncoder(runner, executor)
+            logger.info(
+                "encoder %s on %s, batching %s", runner.manifest.name, runner.provider, "on" if config.batching else "off"
+            )
         if not encoders:
             raise InvalidRequest(f"no encoder manifests under {config.models_dir}: run `sleuthd models export ge2e`")
-        return cls(encoders, vad, config, executor)
+        return cls(encoders, vad, config, executor, observer)
+
+    async def aclose(self) -> None:
+        for enc in self.encoders.values():
+            if isinstance(enc, MicroBatcher):
+                await enc.close()
+        self.close()
 
     def close(self) -> None:
         if isinstance(self._executor, ThreadPoolExecutor):
@@ -132,9 +172,9 @@ class Engine:
             if method.value not in manifest.default_thresholds:
                 raise InvalidRequest(f"encoder {name!r} has no default threshold for method {method.value!r}")
             threshold = manifest.default_thresholds[method.value]
-        return ResolvedOptions(encoder, method, threshold, options.threshold_set)
+        return ResolvedOptions(encoder, Judgment(method, threshold), options.threshold_set)
 
-    # ------------------------------------------------------------------ shared steps
+    # ------------------------------------------------------------------ embedding
 
     async def _prepare(self, audio: AudioInput, manifest: EncoderManifest, label: str) -> PreparedClip:
         loop = asyncio.get_running_loop()
@@ -145,92 +185,109 @@ class Engine:
         except AudioError as exc:
             raise AudioError(f"{label}: {exc}") from exc
 
-    async def embed_audio(
-        self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]]
-    ) -> list[ClipEmbedding]:
-        """Embed clips (each with a label for error messages), all misses in one encoder call.
+    async def _embed_one(
+        self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None
+    ) -> ClipEmbedding:
+        key = audio_key(encoder.manifest.sha256, audio)
+        cached = self.cache.get(key)
+        if cached is not None:
+            self.observer.clip_embedded(cached.audio_seconds, cached=True)
+            return cached
+        clip = await self._prepare(audio, encoder.manifest, label)
+        if clip.windows is None:
+            result = ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail)
+        else:
+            window_emb = await encoder.encode(clip.windows, deadline=deadline)
+            result = ClipEmbedding(
+                clip.audio_seconds, clip.speech_seconds, pool(window_emb), window_emb, clip.window_times
+            )
+        self.cache.put(key, result)
+        self.observer.clip_embedded(result.audio_seconds, cached=False)
+        return result
 
-        Raises AudioError naming the label of the first clip whose bytes cannot be decoded.
+    async def embed_audio(
+        self,
+        encoder: WindowEncoder,
+        audios: Sequence[tuple[AudioInput, str]],
+        deadline: float | None = None,
+    ) -> list[ClipEmbedding]:
+        """Embed clips (each with a label for error messages) concurrently; results in input order.
+
+        Raises AudioError naming the label of a clip whose bytes cannot be decoded, DeadlineExceeded
+        when ``deadline`` (event-loop clock) passes first.
         """
-        manifest = encoder.manifest
-        keys = [audio_key(manifest.sha256, a) for a, _ in audios]
-        found = [self.cache.get(k) for k in keys]
-        missing = [i for i, f in enumerate(found) if f is None]
-        prepared = await asyncio.gather(*(self._prepare(audios[i][0], manifest, audios[i][1]) for i in missing))
-        stacks = [c.windows for c in prepared if c.windows is not None]
-        window_emb = await encoder.encode(np.concatenate(stacks)) if stacks else None
-        offset = 0
-        for i, clip in zip(missing, prepared, strict=True):
-            if clip.windows is None or window_emb is None:
-                result = ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail)
-            else:
-                w = window_emb[offset : offset + len(clip.windows)]
-                offset += len(clip.windows)
-                result = ClipEmbedding(clip.audio_seconds, clip.speech_seconds, pool(w), w, clip.window_times)
-            self.cache.put(keys[i], result)
-            found[i] = result
-        return [f for f in found if f is not None]
+        if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+            raise DeadlineExceeded("the deadline passed before the request could be started")
+        tasks = [asyncio.ensure_future(self._embed_one(encoder, a, label, deadline)) for a, label in audios]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # One clip failed (or the RPC was cancelled): withdraw the others' queued work too.
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     # ------------------------------------------------------------------ CheckDialogue
 
-    async def check_dialogue(self, request: DialogueRequest) -> DialogueResult:
+    async def check_dialogue(self, request: DialogueRequest, deadline: float | None = None) -> DialogueResult:
         self._validate_dialogue(request)
         opts = self.resolve(request.options)
-        manifest = opts.encoder.manifest
         audio_turns = [t for t in request.turns if t.audio is not None]
-        speakers = list(dict.fromkeys(t.speaker for t in audio_turns))
+        self.require_references(opts, [t.speaker for t in audio_turns], request.references)
+        references = await self.embed_references(opts, request.references, deadline)
+        clips = await self.embed_audio(
+            opts.encoder, [(t.audio, f"turn {t.turn_id!r}") for t in audio_turns if t.audio is not None], deadline
+        )
+        turns, speakers = judge_dialogue(
+            [(t.turn_id, t.speaker) for t in audio_turns], clips, references, opts.judgment
+        )
+        for t in turns:
+            self.observer.verdict(t.status)
+        return DialogueResult(
+            dialogue_id=request.dialogue_id,
+            turns=tuple(turns),
+            speakers=tuple(speakers),
+            encoder=opts.encoder.manifest.name,
+            method=opts.method,
+            threshold_set=opts.threshold_set,
+        )
+
+    @staticmethod
+    def require_references(opts: ResolvedOptions, speakers: Sequence[str], with_reference: Collection[str]) -> None:
+        """Method reference cannot judge a speaker without a reference clip: say which are missing."""
         if opts.method is Method.REFERENCE:
-            missing = [s for s in speakers if s not in request.references]
+            missing = [s for s in dict.fromkeys(speakers) if s not in with_reference]
             if missing:
                 raise InvalidRequest(
                     f"method reference needs a reference clip for every speaker; missing for: {', '.join(missing)}"
                 )
-        ref_speakers = list(request.references)
-        clips = await self.embed_audio(
-            opts.encoder,
-            [(t.audio, f"turn {t.turn_id!r}") for t in audio_turns if t.audio is not None]
-            + [(request.references[s], f"reference of speaker {s!r}") for s in ref_speakers],
-        )
-        turn_clips, ref_clips = clips[: len(audio_turns)], clips[len(audio_turns) :]
-        for s, clip in zip(ref_speakers, ref_clips, strict=True):
-            if not clip.usable:
-                raise InvalidRequest(f"reference of speaker {s!r} is unusable: {clip.detail}")
-        references = {s: c.embedding for s, c in zip(ref_speakers, ref_clips, strict=True)}
 
-        results: dict[str, TurnResult] = {}
-        speaker_results = []
-        for speaker in speakers:
-            idx = [i for i, t in enumerate(audio_turns) if t.speaker == speaker]
-            turn_results = self._judge_speaker(
-                [audio_turns[i].turn_id for i in idx],
-                [turn_clips[i] for i in idx],
-                references.get(speaker),
-                speaker,
-                opts,
-            )
-            for r in turn_results:
-                results[r.turn_id] = r
-            speaker_results.append(_speaker_verdict(speaker, turn_results))
-        return DialogueResult(
-            dialogue_id=request.dialogue_id,
-            turns=tuple(results[t.turn_id] for t in audio_turns),
-            speakers=tuple(speaker_results),
-            encoder=manifest.name,
-            method=opts.method,
-            threshold_set=opts.threshold_set,
+    async def embed_references(
+        self, opts: ResolvedOptions, references: dict[str, AudioInput], deadline: float | None
+    ) -> dict[str, np.ndarray]:
+        speakers = list(references)
+        clips = await self.embed_audio(
+            opts.encoder, [(references[s], f"reference of speaker {s!r}") for s in speakers], deadline
         )
+        out = {}
+        for s, clip in zip(speakers, clips, strict=True):
+            if clip.embedding is None:
+                raise InvalidRequest(f"reference of speaker {s!r} is unusable: {clip.detail}")
+            out[s] = clip.embedding
+        return out
 
     def _validate_dialogue(self, request: DialogueRequest) -> None:
         if not request.turns:
             raise InvalidRequest("dialogue has no turns")
         if len(request.turns) > self.config.max_turns:
-            raise InvalidRequest(
+            raise LimitExceeded(
                 f"dialogue has {len(request.turns)} turns; the limit is {self.config.max_turns}: split it"
             )
         seen: set[str] = set()
         for n, t in enumerate(request.turns):
-            _check_id(t.turn_id, f"turn #{n} turn_id")
-            _check_id(t.speaker, f"turn {t.turn_id!r} speaker")
+            check_id(t.turn_id, f"turn #{n} turn_id")
+            check_id(t.speaker, f"turn {t.turn_id!r} speaker")
             if t.turn_id in seen:
                 raise InvalidRequest(f"turn_id {t.turn_id!r} appears twice; turn ids must be unique")
             seen.add(t.turn_id)
@@ -241,64 +298,9 @@ class Engine:
             if s not in audio_speakers:
                 raise UnknownName(f"reference given for speaker {s!r}, who has no turn with audio in this dialogue")
 
-    def _judge_speaker(
-        self,
-        turn_ids: list[str],
-        clips: list[ClipEmbedding],
-        reference: np.ndarray | None,
-        speaker: str,
-        opts: ResolvedOptions,
-    ) -> list[TurnResult]:
-        usable = [i for i, c in enumerate(clips) if c.embedding is not None]
-        emb = np.stack([clips[i].embedding for i in usable]) if usable else np.zeros((0, 1), np.float32)
-        pw = scoring.pairwise_mean_cosine(emb) if len(usable) >= 2 else None
-        cd = scoring.centroid_cosine_distance(emb) if len(usable) >= 2 else None
-        rc = scoring.reference_cosine(emb, reference) if reference is not None and usable else None
-        method_scores = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc}[opts.method]
-        info = METHODS[opts.method]
-        out: list[TurnResult] = []
-        for i, (turn_id, clip) in enumerate(zip(turn_ids, clips, strict=True)):
-            result = TurnResult(
-                turn_id=turn_id,
-                speaker=speaker,
-                status=TurnStatus.INSUFFICIENT_AUDIO,
-                audio_seconds=clip.audio_seconds,
-                speech_seconds=clip.speech_seconds,
-                detail=clip.detail,
-            )
-            if not clip.usable:
-                out.append(result)
-                continue
-            k = usable.index(i)
-            result = replace(
-                result,
-                status=TurnStatus.INSUFFICIENT_CONTEXT,
-                pairwise_mean_cosine=None if pw is None else float(pw[k]),
-                centroid_cosine_distance=None if cd is None else float(cd[k]),
-                reference_cosine=None if rc is None else float(rc[k]),
-                detail=(
-                    f"speaker {speaker!r} has no other usable turn to compare with; "
-                    "send more turns, or a reference and use method reference"
-                ),
-            )
-            if method_scores is not None:
-                score = float(method_scores[k])
-                bad = bool(scoring.flagged(opts.method, np.array([score]), opts.threshold)[0])
-                relation = (">" if bad else "<=") if info.flag_above else ("<" if bad else ">=")
-                result = replace(
-                    result,
-                    status=TurnStatus.INCONSISTENT if bad else TurnStatus.CONSISTENT,
-                    score=score,
-                    score_scale=info.scale,
-                    threshold=opts.threshold,
-                    detail=f"{opts.method.value}: {info.scale.replace('_', ' ')} {score:.3f} {relation} {opts.threshold:.3f}",
-                )
-            out.append(result)
-        return out
-
     # ------------------------------------------------------------------ RankCandidates
 
-    async def rank_candidates(self, request: RankRequest) -> RankResult:
+    async def rank_candidates(self, request: RankRequest, deadline: float | None = None) -> RankResult:
         self._validate_rank(request)
         opts = self.resolve(request.options)
         manifest = opts.encoder.manifest
@@ -310,23 +312,23 @@ class Engine:
         audios += [(a, f"context clip #{n}") for n, a in enumerate(request.context)]
         if request.reference is not None:
             audios.append((request.reference, "reference"))
-        clips = await self.embed_audio(opts.encoder, audios)
+        clips = await self.embed_audio(opts.encoder, audios, deadline)
         n_cand, n_ctx = len(request.candidates), len(request.context)
         for c, clip in zip(request.candidates, clips[:n_cand], strict=True):
             if not clip.usable:
                 raise InvalidRequest(f"candidate {c.candidate_id!r} cannot be scored: {clip.detail}")
         if request.reference is not None and not clips[-1].usable:
             raise InvalidRequest(f"reference is unusable: {clips[-1].detail}")
-        cand = np.stack([c.embedding for c in clips[:n_cand] if c.embedding is not None])
-        context = [c.embedding for c in clips[n_cand : n_cand + n_ctx] if c.embedding is not None]
-        reference = clips[-1].embedding if request.reference is not None else None
+        context = [c for c in clips[n_cand : n_cand + n_ctx] if c.usable]
         if opts.method is not Method.REFERENCE and not context:
             raise InvalidRequest(
                 f"none of the {n_ctx} context clips has enough speech "
                 f"(at least {manifest.min_speech_seconds:.2f} s each) for method {opts.method.value}"
             )
-        ctx = np.stack(context) if context else np.zeros((0, cand.shape[1]), np.float32)
-        scores = scoring.candidate_scores(opts.method, cand, ctx, reference)
+        reference = clips[-1].embedding if request.reference is not None else None
+        scores = scoring.candidate_scores(
+            opts.method, stack_embeddings(clips[:n_cand]), stack_embeddings(context), reference
+        )
         info = METHODS[opts.method]
         order = scoring.rank_order(scores, info.higher_is_better)
         ranked = tuple(
@@ -347,32 +349,19 @@ class Engine:
         if n < 2:
             raise InvalidRequest(f"ranking needs at least 2 candidates, got {n}")
         if n > self.config.max_candidates:
-            raise InvalidRequest(f"{n} candidates; the limit is {self.config.max_candidates}")
+            raise LimitExceeded(f"{n} candidates; the limit is {self.config.max_candidates}")
         if len(request.context) > self.config.max_context:
-            raise InvalidRequest(f"{len(request.context)} context clips; the limit is {self.config.max_context}")
+            raise LimitExceeded(f"{len(request.context)} context clips; the limit is {self.config.max_context}")
         seen: set[str] = set()
         for k, c in enumerate(request.candidates):
-            _check_id(c.candidate_id, f"candidate #{k} candidate_id")
+            check_id(c.candidate_id, f"candidate #{k} candidate_id")
             if c.candidate_id in seen:
                 raise InvalidRequest(f"candidate_id {c.candidate_id!r} appears twice; candidate ids must be unique")
             seen.add(c.candidate_id)
 
 
-def _check_id(value: str, what: str) -> None:
+def check_id(value: str, what: str) -> None:
     if not value:
         raise InvalidRequest(f"{what} is empty")
     if len(value) > MAX_ID_CHARS:
         raise InvalidRequest(f"{what} is {len(value)} characters; at most {MAX_ID_CHARS} allowed")
-
-
-def _speaker_verdict(speaker: str, turns: list[TurnResult]) -> SpeakerResult:
-    scored = [t for t in turns if t.status in (TurnStatus.CONSISTENT, TurnStatus.INCONSISTENT)]
-    bad = tuple(t.turn_id for t in scored if t.status is TurnStatus.INCONSISTENT)
-    return SpeakerResult(
-        speaker=speaker,
-        judged=bool(scored),
-        consistent=bool(scored) and not bad,
-        inconsistent_turn_ids=bad,
-        scored_turns=len(scored),
-        unscored_turns=len(turns) - len(scored),
-    )

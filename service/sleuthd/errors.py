@@ -1,4 +1,4 @@
-"""The two kinds of failure the engine reports. The servicer maps them to gRPC status codes."""
+"""The kinds of failure the engine reports. The servicer maps each to one gRPC status code."""
 
 from __future__ import annotations
 
@@ -8,11 +8,27 @@ class InvalidRequest(ValueError):
 
 
 class UnknownName(InvalidRequest):
-    """The request names an encoder, speaker or id the server does not know (NOT_FOUND)."""
+    """The request names an encoder, speaker or turn the server does not know (NOT_FOUND)."""
+
+
+class Duplicate(InvalidRequest):
+    """The request reuses an id that must be unique (ALREADY_EXISTS)."""
+
+
+class OutOfSequence(InvalidRequest):
+    """A stream message arrived when the stream's state does not allow it (FAILED_PRECONDITION)."""
+
+
+class LimitExceeded(InvalidRequest):
+    """A per-request or per-stream bound was reached; send less (RESOURCE_EXHAUSTED)."""
 
 
 class Overloaded(RuntimeError):
     """The server is at capacity; retry later with backoff (RESOURCE_EXHAUSTED)."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """The request's deadline passed before its embeddings were ready; queued work was dropped (DEADLINE_EXCEEDED)."""
 
 
 class EngineFailure(RuntimeError):

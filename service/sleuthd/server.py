@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sleuthd.engine import Engine
+from sleuthd.metrics import ServiceMetrics
 from sleuthd.servicer import SleuthServicer
+from sleuthd.session import StreamLimits
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -30,6 +32,10 @@ class ServerConfig:
     # that gRPC itself answers RESOURCE_EXHAUSTED before the request is read.
     max_message_bytes: int = 64 * 1024 * 1024
     grace_seconds: float = 10.0  # in-flight RPCs get this long to finish on shutdown
+    # Prometheus /metrics over HTTP; None disables it, 0 picks a free port.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    stream_limits: StreamLimits = field(default_factory=StreamLimits)
 
 
 @dataclass
@@ -37,6 +43,8 @@ class RunningServer:
     server: grpc.aio.Server
     port: int
     health: health.HealthServicer
+    metrics: ServiceMetrics
+    metrics_port: int | None = None
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -48,11 +56,15 @@ class RunningServer:
         await self.server.stop(grace)
 
 
-async def create_server(engine: Engine, config: ServerConfig) -> RunningServer:
+async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMetrics | None = None) -> RunningServer:
     """Start a server for ``engine`` on ``config.host:config.port``; returns it with its bound port.
 
-    Health reports NOT_SERVING until this returns (the engine is loaded and warmed up by then).
+    ``metrics`` should be the observer the engine was loaded with, so batch and verdict metrics land
+    in the same registry as RPC metrics. Health reports NOT_SERVING until this returns (the engine is
+    loaded and warmed up by then).
     """
+    metrics = metrics or ServiceMetrics()
+    metrics.track_streams(lambda: engine.active_streams)
     transport_limit = 2 * config.max_message_bytes
     server = grpc.aio.server(
         options=[
@@ -61,13 +73,14 @@ async def create_server(engine: Engine, config: ServerConfig) -> RunningServer:
         ]
     )
     health_servicer = health.HealthServicer()
-    running = RunningServer(server=server, port=0, health=health_servicer)
+    running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics)
     running.set_serving(False)
 
     def on_engine_failure() -> None:
         running.set_serving(False)
 
-    pb_grpc.add_SleuthServicer_to_server(SleuthServicer(engine, config.max_message_bytes, on_engine_failure), server)
+    servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics, config.stream_limits)
+    pb_grpc.add_SleuthServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -78,15 +91,19 @@ async def create_server(engine: Engine, config: ServerConfig) -> RunningServer:
         raise OSError(f"could not bind {config.host}:{config.port}")
     await server.start()
     running.port = port
+    if config.metrics_port is not None:
+        running.metrics_port = metrics.serve_http(config.metrics_host, config.metrics_port)
     running.set_serving(True)
     return running
 
 
-async def serve_forever(engine: Engine, config: ServerConfig) -> None:
+async def serve_forever(engine: Engine, config: ServerConfig, metrics: ServiceMetrics) -> None:
     """Run until SIGTERM/SIGINT, then stop accepting, drain in-flight RPCs and close the engine."""
-    running = await create_server(engine, config)
+    running = await create_server(engine, config, metrics)
     # Printed (not logged) so scripts can read the port when --port 0 picked it.
     print(f"sleuthd listening on {config.host}:{running.port}", flush=True)
+    if running.metrics_port is not None:
+        print(f"sleuthd metrics on http://{config.metrics_host}:{running.metrics_port}/metrics", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -94,4 +111,4 @@ async def serve_forever(engine: Engine, config: ServerConfig) -> None:
     await stop.wait()
     logger.info("shutting down: draining in-flight RPCs for up to %.0f s", config.grace_seconds)
     await running.stop(config.grace_seconds)
-    engine.close()
+    await engine.aclose()

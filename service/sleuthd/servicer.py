@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import NoReturn, TypeVar
 
 import grpc
 
 from sleuthd import __version__, convert
 from sleuthd.engine import Engine
-from sleuthd.errors import EngineFailure, InvalidRequest, Overloaded, UnknownName
+from sleuthd.errors import (
+    DeadlineExceeded,
+    Duplicate,
+    EngineFailure,
+    InvalidRequest,
+    LimitExceeded,
+    OutOfSequence,
+    Overloaded,
+    UnknownName,
+)
 from sleuthd.manifest import PAPER_THRESHOLDS
+from sleuthd.metrics import ServiceMetrics
+from sleuthd.session import DialogueSession, StreamLimits
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -19,79 +32,188 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Most specific first: Duplicate, OutOfSequence, ... are InvalidRequest subclasses.
+_STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (UnknownName, grpc.StatusCode.NOT_FOUND),
+    (Duplicate, grpc.StatusCode.ALREADY_EXISTS),
+    (OutOfSequence, grpc.StatusCode.FAILED_PRECONDITION),
+    (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+)
+
+
+class _Abort(Exception):
+    """Carries the status an RPC ends with, so the metrics see it before context.abort raises."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
 
 class SleuthServicer(pb_grpc.SleuthServicer):
-    def __init__(self, engine: Engine, max_message_bytes: int, on_engine_failure: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_message_bytes: int,
+        on_engine_failure: Callable[[], None],
+        metrics: ServiceMetrics,
+        stream_limits: StreamLimits | None = None,
+    ) -> None:
         self.engine = engine
         self.max_message_bytes = max_message_bytes
+        self.metrics = metrics
+        self.stream_limits = stream_limits or StreamLimits()
         self._on_engine_failure = on_engine_failure
 
-    async def _serve(
-        self, context: grpc.aio.ServicerContext, request_bytes: int, work: Callable[[], Awaitable[T]]
-    ) -> T:
-        """Run ``work`` and turn engine errors into status codes (abort raises, ending the RPC)."""
+    # ------------------------------------------------------------------ error and metric plumbing
+
+    def _status_for(self, exc: BaseException) -> _Abort:
+        for kind, code in _STATUS_OF:
+            if isinstance(exc, kind):
+                return _Abort(code, str(exc))
+        if isinstance(exc, EngineFailure):
+            logger.error("engine failure: %s", exc)
+            self._on_engine_failure()
+            return _Abort(grpc.StatusCode.UNAVAILABLE, "the scoring engine failed; retry on another replica")
+        logger.error("unexpected error", exc_info=exc)
+        return _Abort(grpc.StatusCode.INTERNAL, "internal error; the server log has the details")
+
+    def _check_size(self, request_bytes: int) -> None:
         if request_bytes > self.max_message_bytes:
-            await context.abort(
+            raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"request is {request_bytes} bytes; this server accepts at most {self.max_message_bytes} bytes "
                 "per request: send compressed audio (FLAC/OGG), fewer turns per call, or shorter clips",
             )
-        try:
-            return await work()
-        except UnknownName as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except Overloaded as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except EngineFailure as exc:
-            logger.error("engine failure: %s", exc)
-            self._on_engine_failure()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the scoring engine failed; retry on another replica")
-        except Exception:
-            logger.exception("unexpected error")
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error; the server log has the details")
+
+    @staticmethod
+    def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+        remaining = context.time_remaining()
+        return None if remaining is None else asyncio.get_running_loop().time() + remaining
+
+    async def _finish(self, context: grpc.aio.ServicerContext, method: str, started: float, abort: _Abort) -> NoReturn:
+        self.metrics.rpc_finished(method, abort.code.name, time.perf_counter() - started)
+        await context.abort(abort.code, abort.details)
         raise AssertionError("unreachable: context.abort raises")
+
+    async def _unary(
+        self, context: grpc.aio.ServicerContext, method: str, request_bytes: int, work: Callable[[], Awaitable[T]]
+    ) -> T:
+        started = time.perf_counter()
+        try:
+            self._check_size(request_bytes)
+            result = await work()
+        except _Abort as abort:
+            await self._finish(context, method, started, abort)
+        except asyncio.CancelledError:
+            self.metrics.rpc_finished(method, grpc.StatusCode.CANCELLED.name, time.perf_counter() - started)
+            raise
+        except Exception as exc:
+            await self._finish(context, method, started, self._status_for(exc))
+        self.metrics.rpc_finished(method, grpc.StatusCode.OK.name, time.perf_counter() - started)
+        return result
+
+    # ------------------------------------------------------------------ unary RPCs
 
     async def CheckDialogue(
         self, request: pb.CheckDialogueRequest, context: grpc.aio.ServicerContext
     ) -> pb.DialogueVerdict:
         async def work() -> pb.DialogueVerdict:
-            result = await self.engine.check_dialogue(convert.dialogue_from_pb(request))
+            result = await self.engine.check_dialogue(convert.dialogue_from_pb(request), self._deadline(context))
             return convert.verdict_to_pb(result)
 
-        return await self._serve(context, request.ByteSize(), work)
+        return await self._unary(context, "CheckDialogue", request.ByteSize(), work)
 
     async def RankCandidates(
         self, request: pb.RankCandidatesRequest, context: grpc.aio.ServicerContext
     ) -> pb.RankCandidatesResponse:
         async def work() -> pb.RankCandidatesResponse:
-            result = await self.engine.rank_candidates(convert.rank_from_pb(request))
+            result = await self.engine.rank_candidates(convert.rank_from_pb(request), self._deadline(context))
             return convert.rank_to_pb(result)
 
-        return await self._serve(context, request.ByteSize(), work)
+        return await self._unary(context, "RankCandidates", request.ByteSize(), work)
 
     async def GetServerInfo(
         self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetServerInfoResponse:
-        encoders = []
-        for name, enc in sorted(self.engine.encoders.items()):
-            m = enc.manifest
-            encoders.append(
+        async def work() -> pb.GetServerInfoResponse:
+            encoders = [
                 pb.EncoderInfo(
                     name=name,
-                    embedding_size=m.embedding_size,
-                    min_speech_seconds=m.min_speech_seconds,
-                    default_thresholds=m.default_thresholds,
-                    default_method=m.default_method,
+                    embedding_size=enc.manifest.embedding_size,
+                    min_speech_seconds=enc.manifest.min_speech_seconds,
+                    default_thresholds=enc.manifest.default_thresholds,
+                    default_method=enc.manifest.default_method,
                     execution_provider=enc.provider,
-                    sha256=m.sha256,
+                    sha256=enc.manifest.sha256,
                 )
+                for name, enc in sorted(self.engine.encoders.items())
+            ]
+            return pb.GetServerInfoResponse(
+                version=__version__,
+                encoders=encoders,
+                default_encoder=self.engine.config.default_encoder,
+                max_message_bytes=self.max_message_bytes,
+                paper_thresholds=PAPER_THRESHOLDS,
             )
-        return pb.GetServerInfoResponse(
-            version=__version__,
-            encoders=encoders,
-            default_encoder=self.engine.config.default_encoder,
-            max_message_bytes=self.max_message_bytes,
-            paper_thresholds=PAPER_THRESHOLDS,
-        )
+
+        return await self._unary(context, "GetServerInfo", 0, work)
+
+    # ------------------------------------------------------------------ streaming
+
+    async def StreamDialogue(
+        self, request_iterator: AsyncIterator[pb.StreamDialogueRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StreamDialogueResponse]:
+        started = time.perf_counter()
+        session = DialogueSession(self.engine, self.stream_limits)
+        try:
+            async for message in request_iterator:
+                self._check_size(message.ByteSize())
+                for response in await self._stream_step(session, message, context):
+                    yield response
+            final = session.close()
+            for t in final.turns:
+                self.engine.observer.verdict(t.status)
+            yield pb.StreamDialogueResponse(final=convert.verdict_to_pb(final))
+        except _Abort as abort:
+            await self._finish(context, "StreamDialogue", started, abort)
+        except asyncio.CancelledError:
+            # The client went away (or cancelled): nothing to answer; the buffers are freed below.
+            logger.info("stream %r cancelled by the client", session.dialogue_id)
+            self.metrics.rpc_finished("StreamDialogue", grpc.StatusCode.CANCELLED.name, time.perf_counter() - started)
+            raise
+        except Exception as exc:
+            await self._finish(context, "StreamDialogue", started, self._status_for(exc))
+        finally:
+            session.release()
+        self.metrics.rpc_finished("StreamDialogue", grpc.StatusCode.OK.name, time.perf_counter() - started)
+
+    async def _stream_step(
+        self, session: DialogueSession, message: pb.StreamDialogueRequest, context: grpc.aio.ServicerContext
+    ) -> list[pb.StreamDialogueResponse]:
+        kind = message.WhichOneof("message")
+        if kind == "open":
+            o = message.open
+            await session.open(
+                o.dialogue_id,
+                convert.references_from_pb(o.references),
+                convert.options_from_pb(o.options),
+                self._deadline(context),
+            )
+            return []
+        if kind == "turn_start":
+            t = message.turn_start
+            pcm = convert.pcm_spec_from_pb(t.pcm, "turn_start.pcm") if t.HasField("pcm") else None
+            session.start_turn(t.turn_id, t.speaker, int(t.index), pcm)
+            return []
+        if kind == "audio":
+            a = message.audio
+            session.add_audio(a.turn_id, a.data)
+            if not a.final:
+                return []
+            updates = await session.finish_turn(a.turn_id, self._deadline(context))
+            return [pb.StreamDialogueResponse(turn=convert.turn_update_to_pb(u)) for u in updates]
+        raise InvalidRequest("empty stream message: set open, turn_start or audio")

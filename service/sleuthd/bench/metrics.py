@@ -231,7 +231,7 @@ def detection_metrics(records: Iterable[DetectionRecord]) -> dict[str, float]:
     scenario has no records or a (dialogue_id, scenario) pair repeats.
     """
     groups = _group_by_scenario(records)
-    acc = {
+    acc: dict[str, float] = {
         s: 100.0 * sum(r.pred_inconsistent == r.gold_inconsistent for r in recs) / len(recs)
         for s, recs in groups.items()
     }

@@ -223,6 +223,80 @@ class RankCandidatesResponse(_message.Message):
     usable_context: int
     def __init__(self, candidates: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., usable_context: _Optional[int] = ...) -> None: ...
 
+class PcmFormat(_message.Message):
+    __slots__ = ("encoding", "sample_rate_hz", "channels")
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    encoding: PcmEncoding
+    sample_rate_hz: int
+    channels: int
+    def __init__(self, encoding: _Optional[_Union[PcmEncoding, str]] = ..., sample_rate_hz: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
+
+class StreamOpen(_message.Message):
+    __slots__ = ("dialogue_id", "references", "options")
+    DIALOGUE_ID_FIELD_NUMBER: _ClassVar[int]
+    REFERENCES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    dialogue_id: str
+    references: _containers.RepeatedCompositeFieldContainer[SpeakerReference]
+    options: CheckOptions
+    def __init__(self, dialogue_id: _Optional[str] = ..., references: _Optional[_Iterable[_Union[SpeakerReference, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
+
+class TurnStart(_message.Message):
+    __slots__ = ("turn_id", "speaker", "text", "index", "pcm")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PCM_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    speaker: str
+    text: str
+    index: int
+    pcm: PcmFormat
+    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., pcm: _Optional[_Union[PcmFormat, _Mapping]] = ...) -> None: ...
+
+class TurnAudio(_message.Message):
+    __slots__ = ("turn_id", "data", "final")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    data: bytes
+    final: bool
+    def __init__(self, turn_id: _Optional[str] = ..., data: _Optional[bytes] = ..., final: _Optional[bool] = ...) -> None: ...
+
+class StreamDialogueRequest(_message.Message):
+    __slots__ = ("open", "turn_start", "audio")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    TURN_START_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    open: StreamOpen
+    turn_start: TurnStart
+    audio: TurnAudio
+    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., turn_start: _Optional[_Union[TurnStart, _Mapping]] = ..., audio: _Optional[_Union[TurnAudio, _Mapping]] = ...) -> None: ...
+
+class TurnUpdate(_message.Message):
+    __slots__ = ("verdict", "revision", "trigger_turn_id", "speaker")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    verdict: TurnVerdict
+    revision: bool
+    trigger_turn_id: str
+    speaker: SpeakerVerdict
+    def __init__(self, verdict: _Optional[_Union[TurnVerdict, _Mapping]] = ..., revision: _Optional[bool] = ..., trigger_turn_id: _Optional[str] = ..., speaker: _Optional[_Union[SpeakerVerdict, _Mapping]] = ...) -> None: ...
+
+class StreamDialogueResponse(_message.Message):
+    __slots__ = ("turn", "final")
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    turn: TurnUpdate
+    final: DialogueVerdict
+    def __init__(self, turn: _Optional[_Union[TurnUpdate, _Mapping]] = ..., final: _Optional[_Union[DialogueVerdict, _Mapping]] = ...) -> None: ...
+
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

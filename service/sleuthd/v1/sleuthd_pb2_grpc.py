@@ -44,6 +44,11 @@ class SleuthStub:
                 request_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.RankCandidatesRequest.SerializeToString,
                 response_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.RankCandidatesResponse.FromString,
                 _registered_method=True)
+        self.StreamDialogue = channel.stream_stream(
+                '/sleuthd.v1.Sleuth/StreamDialogue',
+                request_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.StreamDialogueRequest.SerializeToString,
+                response_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.StreamDialogueResponse.FromString,
+                _registered_method=True)
         self.GetServerInfo = channel.unary_unary(
                 '/sleuthd.v1.Sleuth/GetServerInfo',
                 request_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.GetServerInfoRequest.SerializeToString,
@@ -69,6 +74,19 @@ class SleuthServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamDialogue(self, request_iterator, context):
+        """Judge turns as they are synthesized: open, then start turns and send their audio in chunks; a
+        verdict arrives as soon as each turn is complete, revisions when later turns change earlier
+        verdicts, and the final dialogue verdict after the client half-closes. Misuse ends the stream:
+        INVALID_ARGUMENT (out-of-order TurnStart, bad audio), ALREADY_EXISTS (duplicate turn_id),
+        NOT_FOUND (audio for a turn never started), FAILED_PRECONDITION (no/second open, audio after a
+        turn's final chunk, turns left open at close), RESOURCE_EXHAUSTED (per-stream audio buffer or
+        turn limit exceeded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetServerInfo(self, request, context):
         """Loaded encoders, their defaults and limits.
         """
@@ -88,6 +106,11 @@ def add_SleuthServicer_to_server(servicer, server):
                     servicer.RankCandidates,
                     request_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.RankCandidatesRequest.FromString,
                     response_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.RankCandidatesResponse.SerializeToString,
+            ),
+            'StreamDialogue': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamDialogue,
+                    request_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.StreamDialogueRequest.FromString,
+                    response_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.StreamDialogueResponse.SerializeToString,
             ),
             'GetServerInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetServerInfo,
@@ -149,6 +172,33 @@ class Sleuth:
             '/sleuthd.v1.Sleuth/RankCandidates',
             sleuthd_dot_v1_dot_sleuthd__pb2.RankCandidatesRequest.SerializeToString,
             sleuthd_dot_v1_dot_sleuthd__pb2.RankCandidatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamDialogue(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sleuthd.v1.Sleuth/StreamDialogue',
+            sleuthd_dot_v1_dot_sleuthd__pb2.StreamDialogueRequest.SerializeToString,
+            sleuthd_dot_v1_dot_sleuthd__pb2.StreamDialogueResponse.FromString,
             options,
             channel_credentials,
             insecure,

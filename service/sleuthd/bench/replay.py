@@ -1,0 +1,574 @@
+"""Replaying a benchmark manifest through a running server (``sleuthd replay``).
+
+Every instance goes through the public gRPC API, exactly as a user's pipeline would call it:
+one ``CheckDialogue`` per detection instance and run, one ``RankCandidates`` per discrimination
+instance and method (ranking does not depend on thresholds, so ``pairwise@paper`` and
+``pairwise@default`` share it). Requests run with bounded concurrency; UNAVAILABLE is retried;
+an instance whose call still fails is left out of the metrics and listed in the failure summary.
+
+Outputs in the report folder: ``report.json`` (schema of docs/benchmark-format.md), ``report.md``,
+``predictions.jsonl``, ``sweep.json``, ``threshold_sweep.png``, ``bias_scatter.png`` and
+``replay.json`` (what was run, against what, how long it took and what failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sleuthd import client
+from sleuthd.bench import report as report_mod
+from sleuthd.bench.instances import (
+    AUTO,
+    PAPER_METHODS,
+    Candidate,
+    Run,
+    discrimination_candidates,
+    discrimination_context,
+    gold_turns,
+    plan_runs,
+    scenario_turns,
+)
+from sleuthd.bench.manifest import ManifestLine, read_manifest
+from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, DiscriminationRecord, Scenario, method_report
+from sleuthd.bench.progress import Progress
+from sleuthd.bench.sweeps import SWEEPS, SweepInstance, best_table, sweep_method
+from sleuthd.v1 import sleuthd_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+AUTO_ENUM = "METHOD_AUTO"
+_STATUS = {v: k for k, v in pb.TurnStatus.items()}
+# After this many calls in a row fail with UNAVAILABLE (retries included) the server is taken to be
+# gone: the remaining instances are not sent, instead of each waiting out its own retries.
+_GIVE_UP_AFTER_UNAVAILABLE = 8
+_SHOWN_MESSAGES = 3
+
+
+class ReplayError(RuntimeError):
+    """The replay cannot start or finish (server unreachable, bad options); the message says why."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Options of ``sleuthd replay``.
+
+    ``methods``: from pairwise, centroid, reference, auto. ``thresholds``: from paper, default.
+    ``concurrency``: RPCs in flight at once. ``timeout_s``: deadline of each RPC.
+    ``connect_timeout_s``: how long to wait for the server before giving up.
+    ``shuffle_seed``: seeds the candidate order of every discrimination instance.
+    ``encoder``: the server encoder to use (``""`` = the server's default).
+    """
+
+    manifest: Path
+    target: str
+    out_dir: Path
+    methods: tuple[str, ...] = PAPER_METHODS
+    thresholds: tuple[str, ...] = ("paper", "default")
+    concurrency: int = 4
+    timeout_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    shuffle_seed: int = 0
+    encoder: str = ""
+    show_progress: bool = True
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An instance whose RPC failed; ``task`` is S1/S2/S3 or ``discrimination``."""
+
+    run: str
+    dialogue_id: str
+    task: str
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DetectionOutcome:
+    record: DetectionRecord
+    judged: bool
+    encoder: str
+    turns: list[dict[str, Any]]  # per turn: status, score, threshold and the three paper scores
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    candidates: list[Candidate]  # presentation order
+    scores: list[float]  # presentation order
+    higher_is_better: bool
+    server_order: list[str]  # labels, best first, as the server ranked them
+    encoder: str
+
+
+@dataclass
+class ReplayResult:
+    report: dict[str, Any]
+    written: dict[str, Path]
+    failures: list[Failure]
+    wall_s: float
+    rpcs: int
+    sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    incomplete_runs: list[str] = field(default_factory=list)
+
+    def failure_summary(self) -> str:
+        return failure_summary(self.failures)
+
+
+def failure_summary(failures: Sequence[Failure]) -> str:
+    """Failures per status code with the first few messages; empty string when nothing failed."""
+    if not failures:
+        return ""
+    by_code = Counter(f.code for f in failures)
+    lines = [f"{len(failures)} instance(s) failed and are left out of the metrics:"]
+    for code, count in by_code.most_common():
+        lines.append(f"  {code}: {count}")
+        for f in [f for f in failures if f.code == code][:_SHOWN_MESSAGES]:
+            lines.append(f"    {f.run} {f.dialogue_id} {f.task}: {f.message}")
+    return "\n".join(lines)
+
+
+def check_auto_supported(methods: Sequence[str]) -> None:
+    if AUTO in methods and AUTO_ENUM not in pb.Method.keys():
+        raise ReplayError("this server/client has no auto method (sleuthd.v1 has no METHOD_AUTO)")
+
+
+def _options(run_method: str, thresholds: str | None, encoder: str) -> pb.CheckOptions:
+    if run_method == AUTO:
+        # By name: the enum value only exists in API versions that have the auto method.
+        return pb.CheckOptions(encoder=encoder, method=AUTO_ENUM)
+    return client.make_options(run_method, thresholds, encoder=encoder)
+
+
+def _opt(msg: Any, name: str) -> float | None:
+    return float(getattr(msg, name)) if msg.HasField(name) else None
+
+
+class _Replayer:
+    """Holds one replay's state: the stub, the manifest folder and the failure bookkeeping."""
+
+    def __init__(self, stub: Any, base: Path, config: ReplayConfig) -> None:
+        self.stub = stub
+        self.base = base
+        self.config = config
+        self.failures: list[Failure] = []
+        self.unavailable_streak = 0
+        self.gave_up = False
+        self.rpcs = 0
+
+    def audio(self, rel: str) -> pb.Audio:
+        return pb.Audio(encoded=(self.base / rel).read_bytes())
+
+    async def call(self, run: str, dialogue_id: str, task: str, rpc: Callable[[], Awaitable[Any]]) -> Any | None:
+        """Run one RPC with retries; on failure record it and return None."""
+        if self.gave_up:
+            self.failures.append(
+                Failure(run, dialogue_id, task, "NOT_SENT", "skipped: the server stopped answering (UNAVAILABLE)")
+            )
+            return None
+        self.rpcs += 1
+        try:
+            result = await client.call_with_retries(rpc)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+            self.failures.append(Failure(run, dialogue_id, task, code, exc.details() or ""))
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self.unavailable_streak += 1
+                if self.unavailable_streak >= _GIVE_UP_AFTER_UNAVAILABLE and not self.gave_up:
+                    self.gave_up = True
+                    logger.error("%d calls in a row failed with UNAVAILABLE: giving up", self.unavailable_streak)
+            return None
+        except OSError as exc:  # a file vanished or became unreadable during the run
+            self.failures.append(Failure(run, dialogue_id, task, "CLIENT_IO", str(exc)))
+            return None
+        self.unavailable_streak = 0
+        return result
+
+    async def detect(self, line: ManifestLine, run: Run, scenario: Scenario) -> DetectionOutcome | None:
+        turns = scenario_turns(line, scenario)
+        speaker = line.target_speaker
+        req = pb.CheckDialogueRequest(
+            dialogue_id=f"{line.dialogue_id}/{scenario}",
+            options=_options(run.method, run.thresholds, self.config.encoder),
+        )
+        try:
+            for i, rel in enumerate(turns):
+                req.turns.add(turn_id=str(i), speaker=speaker, audio=self.audio(rel))
+            # Always sent: it lets every turn carry reference_cosine, whatever the method.
+            req.references.add(speaker=speaker, audio=self.audio(line.reference))
+        except OSError as exc:
+            self.failures.append(Failure(run.name, line.dialogue_id, scenario, "CLIENT_IO", str(exc)))
+            return None
+        verdict = await self.call(
+            run.name,
+            line.dialogue_id,
+            scenario,
+            lambda: self.stub.CheckDialogue(req, timeout=self.config.timeout_s),
+        )
+        if verdict is None:
+            return None
+        sv = next((s for s in verdict.speakers if s.speaker == speaker), None)
+        judged = bool(sv is not None and sv.judged)
+        flagged = frozenset(int(t) for t in sv.inconsistent_turn_ids) if sv is not None else frozenset()
+        by_id = {t.turn_id: t for t in verdict.turns}
+        per_turn: list[dict[str, Any]] = []
+        for i in range(len(turns)):
+            t = by_id.get(str(i))
+            if t is None:
+                per_turn.append({"status": "MISSING"})
+                continue
+            per_turn.append(
+                {
+                    "status": _STATUS.get(t.status, str(t.status)),
+                    "score": _opt(t, "score"),
+                    "threshold": _opt(t, "threshold"),
+                    "pairwise_mean_cosine": _opt(t, "pairwise_mean_cosine"),
+                    "centroid_cosine_distance": _opt(t, "centroid_cosine_distance"),
+                    "reference_cosine": _opt(t, "reference_cosine"),
+                    "speech_seconds": round(t.speech_seconds, 3),
+                }
+            )
+        record = DetectionRecord(
+            dialogue_id=line.dialogue_id,
+            source=line.source,
+            scenario=scenario,
+            gold_turns=gold_turns(line, scenario),
+            pred_turns=flagged,
+            pred_inconsistent=judged and sv is not None and not sv.consistent,
+        )
+        return DetectionOutcome(record, judged, verdict.encoder, per_turn)
+
+    async def rank(self, line: ManifestLine, method: str) -> RankOutcome | None:
+        candidates = discrimination_candidates(line, self.config.shuffle_seed)
+        req = pb.RankCandidatesRequest(speaker=line.target_speaker, options=_options(method, None, self.config.encoder))
+        try:
+            for rel in discrimination_context(line):
+                req.context.append(self.audio(rel))
+            req.reference.CopyFrom(self.audio(line.reference))
+            for c in candidates:
+                req.candidates.add(candidate_id=c.candidate_id, audio=self.audio(c.path))
+        except OSError as exc:
+            self.failures.append(Failure(method, line.dialogue_id, "discrimination", "CLIENT_IO", str(exc)))
+            return None
+        resp = await self.call(
+            method,
+            line.dialogue_id,
+            "discrimination",
+            lambda: self.stub.RankCandidates(req, timeout=self.config.timeout_s),
+        )
+        if resp is None:
+            return None
+        by_id = {c.candidate_id: c for c in resp.candidates}
+        missing = [c.candidate_id for c in candidates if c.candidate_id not in by_id]
+        if missing:
+            self.failures.append(
+                Failure(method, line.dialogue_id, "discrimination", "BAD_RESPONSE", f"no score for {missing}")
+            )
+            return None
+        label = {c.candidate_id: c.label for c in candidates}
+        return RankOutcome(
+            candidates=candidates,
+            scores=[float(by_id[c.candidate_id].score) for c in candidates],
+            higher_is_better=bool(resp.candidates[0].higher_is_better),
+            server_order=[label[c.candidate_id] for c in resp.candidates],
+            encoder=resp.encoder,
+        )
+
+
+async def _connect(ch: grpc.aio.Channel, stub: Any, config: ReplayConfig) -> pb.GetServerInfoResponse:
+    try:
+        await asyncio.wait_for(ch.channel_ready(), timeout=config.connect_timeout_s)
+    except TimeoutError:
+        raise ReplayError(
+            f"cannot reach a sleuthd server at {config.target} (no connection within "
+            f"{config.connect_timeout_s:g} s): is it running? Start one with `sleuthd serve`, "
+            "or pass --target HOST:PORT"
+        ) from None
+    try:
+        info: pb.GetServerInfoResponse = await client.call_with_retries(
+            lambda: stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=config.connect_timeout_s)
+        )
+    except grpc.aio.AioRpcError as exc:
+        raise ReplayError(
+            f"{config.target} does not answer GetServerInfo: {exc.code().name}: {exc.details()}"
+        ) from None
+    return info
+
+
+def _encoder_info(info: pb.GetServerInfoResponse, name: str) -> pb.EncoderInfo | None:
+    wanted = name or info.default_encoder
+    return next((e for e in info.encoders if e.name == wanted), None)
+
+
+async def replay(config: ReplayConfig) -> ReplayResult:
+    """Replay ``config.manifest`` against ``config.target`` and write the report folder.
+
+    Raises :class:`ManifestError` for a bad manifest (before any RPC) and :class:`ReplayError` when
+    the server cannot be reached or the options cannot be served. Failed instances do not raise:
+    they are in ``ReplayResult.failures``.
+    """
+    started = time.monotonic()
+    if config.concurrency < 1:
+        raise ReplayError(f"--concurrency must be at least 1, got {config.concurrency}")
+    check_auto_supported(config.methods)
+    lines = read_manifest(config.manifest)
+    runs = plan_runs(config.methods, config.thresholds)
+    rank_methods = list(dict.fromkeys(r.method for r in runs))
+
+    async with client.channel(config.target) as ch:
+        stub = client.stub(ch)
+        info = await _connect(ch, stub, config)
+        replayer = _Replayer(stub, Path(config.manifest).parent, config)
+        detections: dict[tuple[str, str, str], DetectionOutcome] = {}
+        rankings: dict[tuple[str, str], RankOutcome] = {}
+
+        # Dialogue-major order: all calls of one dialogue run close together, so the server's
+        # embedding cache serves each clip's repeats.
+        jobs: list[Callable[[], Awaitable[None]]] = []
+        for line in lines:
+            for run in runs:
+                for scenario in SCENARIOS:
+                    jobs.append(_detect_job(replayer, detections, line, run, scenario))
+            for method in rank_methods:
+                jobs.append(_rank_job(replayer, rankings, line, method))
+
+        semaphore = asyncio.Semaphore(config.concurrency)
+        bar = Progress(len(jobs), "replay", enabled=config.show_progress)
+
+        async def bounded(job: Callable[[], Awaitable[None]]) -> None:
+            async with semaphore:
+                await job()
+            bar.advance()
+
+        with bar:
+            await asyncio.gather(*(bounded(j) for j in jobs))
+
+    encoders = [o.encoder for o in detections.values() if o.encoder] + [o.encoder for o in rankings.values()]
+    encoder = encoders[0] if encoders else (config.encoder or info.default_encoder)
+    if len(set(encoders)) > 1:
+        logger.warning("responses name several encoders (%s); the report names %s", sorted(set(encoders)), encoder)
+
+    methods_report: dict[str, dict[str, Any]] = {}
+    incomplete: list[str] = []
+    predictions: list[dict[str, Any]] = []
+    for run in runs:
+        det = [detections[k].record for k in _keys(lines, run.name) if k in detections]
+        disc = [
+            DiscriminationRecord(
+                dialogue_id=line.dialogue_id,
+                source=line.source,
+                labels=tuple(c.label for c in rankings[(run.method, line.dialogue_id)].candidates),
+                scores=tuple(rankings[(run.method, line.dialogue_id)].scores),
+                higher_is_better=rankings[(run.method, line.dialogue_id)].higher_is_better,
+            )
+            for line in lines
+            if (run.method, line.dialogue_id) in rankings
+        ]
+        try:
+            methods_report[run.name] = method_report(det, disc or None)
+        except ValueError as exc:
+            logger.error("run %s has too few answered instances to score: %s", run.name, exc)
+            incomplete.append(run.name)
+        predictions.extend(_predictions(lines, run, detections, rankings))
+    unjudged = sum(1 for o in detections.values() if not o.judged)
+    if unjudged:
+        logger.warning("%d detection instance(s) had no scorable turn and count as 'consistent'", unjudged)
+
+    report = report_mod.build_report(Path(config.manifest).name, len(lines), encoder, methods_report)
+    sweeps = _sweeps(lines, detections)
+    enc_info = _encoder_info(info, encoder)
+    defaults = dict(enc_info.default_thresholds) if enc_info is not None else {}
+    out_dir = Path(config.out_dir)
+    written = report_mod.write_report(
+        out_dir,
+        report,
+        {m: s["curve"] for m, s in sweeps.items()},
+        predictions,
+        sweep_defaults={m: defaults[m] for m in sweeps if m in defaults},
+    )
+    wall_s = time.monotonic() - started
+    failures = replayer.failures
+    marks = {"paper": dict(info.paper_thresholds), "default": defaults}
+    sweep_doc = {
+        "manifest": Path(config.manifest).name,
+        "encoder": encoder,
+        "source_runs": {m: f"{m}@paper" for m in sweeps},
+        "paper_thresholds": marks["paper"],
+        "default_thresholds": defaults,
+        "methods": sweeps,
+    }
+    written["sweep"] = _write_json(out_dir / "sweep.json", sweep_doc)
+    written["replay"] = _write_json(
+        out_dir / "replay.json",
+        {
+            "manifest": str(config.manifest),
+            "target": config.target,
+            "server_version": info.version,
+            "encoder": encoder,
+            "runs": [r.name for r in runs],
+            "incomplete_runs": incomplete,
+            "n_dialogues": len(lines),
+            "rpcs": replayer.rpcs,
+            "concurrency": config.concurrency,
+            "wall_seconds": round(wall_s, 2),
+            "failures": {
+                "count": len(failures),
+                "by_code": dict(Counter(f.code for f in failures)),
+                "instances": [asdict(f) for f in failures],
+            },
+        },
+    )
+    _append_markdown(written["report_md"], sweeps, marks, failures, incomplete, wall_s, replayer.rpcs)
+    return ReplayResult(report, written, failures, wall_s, replayer.rpcs, sweeps, incomplete)
+
+
+def _keys(lines: Sequence[ManifestLine], run_name: str) -> list[tuple[str, str, str]]:
+    return [(run_name, line.dialogue_id, s) for line in lines for s in SCENARIOS]
+
+
+def _detect_job(
+    replayer: _Replayer,
+    out: dict[tuple[str, str, str], DetectionOutcome],
+    line: ManifestLine,
+    run: Run,
+    scenario: Scenario,
+) -> Callable[[], Awaitable[None]]:
+    async def job() -> None:
+        outcome = await replayer.detect(line, run, scenario)
+        if outcome is not None:
+            out[(run.name, line.dialogue_id, scenario)] = outcome
+
+    return job
+
+
+def _rank_job(
+    replayer: _Replayer, out: dict[tuple[str, str], RankOutcome], line: ManifestLine, method: str
+) -> Callable[[], Awaitable[None]]:
+    async def job() -> None:
+        outcome = await replayer.rank(line, method)
+        if outcome is not None:
+            out[(method, line.dialogue_id)] = outcome
+
+    return job
+
+
+def _predictions(
+    lines: Sequence[ManifestLine],
+    run: Run,
+    detections: dict[tuple[str, str, str], DetectionOutcome],
+    rankings: dict[tuple[str, str], RankOutcome],
+) -> list[dict[str, Any]]:
+    """One object per answered instance of ``run``, in manifest order (S1, S2, S3, discrimination)."""
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        for scenario in SCENARIOS:
+            d = detections.get((run.name, line.dialogue_id, scenario))
+            if d is None:
+                continue
+            out.append(
+                {
+                    "run": run.name,
+                    "dialogue_id": line.dialogue_id,
+                    "source": line.source,
+                    "scenario": scenario,
+                    "gold_inconsistent": d.record.gold_inconsistent,
+                    "pred_inconsistent": d.record.pred_inconsistent,
+                    "gold_turns": sorted(d.record.gold_turns),
+                    "pred_turns": sorted(d.record.pred_turns),
+                    "judged": d.judged,
+                    "turns": d.turns,
+                }
+            )
+        r = rankings.get((run.method, line.dialogue_id))
+        if r is None:
+            continue
+        out.append(
+            {
+                "run": run.name,
+                "dialogue_id": line.dialogue_id,
+                "source": line.source,
+                "scenario": "discrimination",
+                "candidate_ids": [c.candidate_id for c in r.candidates],
+                "labels": [c.label for c in r.candidates],
+                "scores": r.scores,
+                "higher_is_better": r.higher_is_better,
+                "pred_order": r.server_order,
+                "pred": r.server_order[0],
+            }
+        )
+    return out
+
+
+def _sweeps(
+    lines: Sequence[ManifestLine], detections: dict[tuple[str, str, str], DetectionOutcome]
+) -> dict[str, dict[str, Any]]:
+    """Sweep each paper method over the per-turn scores of its ``@paper`` run (always replayed)."""
+    out: dict[str, dict[str, Any]] = {}
+    for method in PAPER_METHODS:
+        instances = []
+        for line in lines:
+            for scenario in SCENARIOS:
+                d = detections.get((f"{method}@paper", line.dialogue_id, scenario))
+                if d is None:
+                    continue
+                scores = {
+                    spec.score_field: [
+                        math.nan if t.get(spec.score_field) is None else float(t[spec.score_field]) for t in d.turns
+                    ]
+                    for spec in SWEEPS.values()
+                }
+                instances.append(SweepInstance(f"{line.dialogue_id}/{scenario}", scenario, d.record.gold_turns, scores))
+        try:
+            out[method] = sweep_method(method, instances)
+        except ValueError as exc:
+            logger.error("no threshold sweep for %s: %s", method, exc)
+    return out
+
+
+def _write_json(path: Path, obj: Any) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _append_markdown(
+    path: Path,
+    sweeps: dict[str, dict[str, Any]],
+    marks: dict[str, dict[str, float]],
+    failures: Sequence[Failure],
+    incomplete: Sequence[str],
+    wall_s: float,
+    rpcs: int,
+) -> None:
+    parts = [""]
+    if sweeps:
+        parts += [
+            "## Threshold sweep",
+            "",
+            "Best thresholds over the per-turn paper scores of each method's `@paper` run "
+            "(ties: middle of the plateau). Curves in `sweep.json` and `threshold_sweep.png`.",
+            "",
+            best_table(sweeps, marks),
+        ]
+    parts += ["## Failures", ""]
+    if failures or incomplete:
+        parts += ["```", failure_summary(failures), "```", ""]
+        if incomplete:
+            parts += [f"Runs left out (too few answered instances): {', '.join(incomplete)}", ""]
+    else:
+        parts += ["None: every instance was answered.", ""]
+    parts += [f"Replay: {rpcs} RPCs in {wall_s:.1f} s wall time.", ""]
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write("\n".join(parts))

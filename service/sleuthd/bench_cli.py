@@ -1,0 +1,221 @@
+"""The benchmark subcommands: ``sleuthd bench make``, ``sleuthd bench synth`` and ``sleuthd replay``.
+
+``register(sub)`` adds them to the main parser's subcommands. Heavy imports (engine, grpc
+stubs, matplotlib) happen inside the commands, so ``sleuthd --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from pathlib import Path
+
+logger = logging.getLogger("sleuthd")
+
+REPO = Path(__file__).resolve().parents[2]
+# Exit codes: 0 success, 1 some instances failed (replay without --allow-failures), 2 bad input or
+# unreachable server.
+EXIT_FAILURES = 1
+EXIT_ERROR = 2
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _load_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from sleuthd.engine import Engine, EngineConfig
+
+    return Engine.load(EngineConfig(models_dir=args.models_dir, default_encoder=args.encoder, device=args.device))
+
+
+# ---------------------------------------------------------------------------------------------- make
+
+
+def cmd_bench_make(args: argparse.Namespace) -> int:
+    from sleuthd.audio import AudioError
+    from sleuthd.bench.corpus import CorpusError
+    from sleuthd.bench.make import MakeError, MakeOptions, make_manifest
+    from sleuthd.manifest import ManifestError as ModelManifestError
+
+    try:
+        options = MakeOptions(
+            turns=args.turns,
+            dialogues_per_speaker=args.dialogues_per_speaker,
+            source=args.source or args.corpus.resolve().parent.name,
+            seed=args.seed,
+        )
+        engine = _load_engine(args)
+    except (MakeError, ModelManifestError, OSError) as exc:
+        return _error(str(exc))
+    try:
+        result = asyncio.run(make_manifest(args.corpus, args.out, options, engine, show_progress=not args.quiet))
+    except (CorpusError, MakeError, AudioError) as exc:
+        return _error(str(exc))
+    finally:
+        engine.close()
+    print(
+        f"wrote {result.path}: {len(result.lines)} dialogues, {result.n_targets} target speakers, "
+        f"{result.n_skipped} of {result.n_clips} clips skipped (too little speech)"
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- synth
+
+
+def cmd_bench_synth(args: argparse.Namespace) -> int:
+    from sleuthd.bench.corpus import CorpusError
+    from sleuthd.bench.devsets import PRESETS, DevSetError, build_devsets
+    from sleuthd.bench.make import MakeError
+    from sleuthd.manifest import ManifestError as ModelManifestError
+    from sleuthd.synth import SynthesisError
+
+    out = args.out or REPO / "data" / "dev" / args.size
+    started = time.monotonic()
+    try:
+        engine = _load_engine(args)
+    except (ModelManifestError, OSError) as exc:
+        return _error(str(exc))
+    try:
+        result = asyncio.run(
+            build_devsets(
+                out,
+                PRESETS[args.size],
+                engine,
+                seed=args.seed,
+                turns=args.turns,
+                fsdd_dir=args.fsdd_dir,
+                splits=args.splits.split(","),
+                workers=args.workers,
+                show_progress=not args.quiet,
+            )
+        )
+    except (DevSetError, CorpusError, MakeError, SynthesisError, FileNotFoundError) as exc:
+        return _error(str(exc))
+    finally:
+        engine.close()
+    for split, path in result.manifests.items():
+        print(f"{split:9s} {result.dialogues[split]:4d} dialogues  {path}")
+    print(f"built in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- replay
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from sleuthd.bench.instances import METHOD_CHOICES, THRESHOLD_SETS, parse_choices
+    from sleuthd.bench.manifest import ManifestError
+    from sleuthd.bench.replay import ReplayConfig, ReplayError, replay
+    from sleuthd.bench.report import markdown_table
+
+    try:
+        methods = parse_choices(args.methods, METHOD_CHOICES, "--methods")
+        thresholds = parse_choices(args.thresholds, THRESHOLD_SETS, "--thresholds")
+    except ValueError as exc:
+        return _error(str(exc))
+    out = args.out or Path("runs") / args.manifest.stem
+    config = ReplayConfig(
+        manifest=args.manifest,
+        target=args.target,
+        out_dir=out,
+        methods=methods,
+        thresholds=thresholds,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout,
+        connect_timeout_s=args.connect_timeout,
+        shuffle_seed=args.seed,
+        encoder=args.encoder,
+        show_progress=not args.quiet,
+    )
+    try:
+        result = asyncio.run(replay(config))
+    except (ManifestError, ReplayError) as exc:
+        return _error(str(exc))
+    print(markdown_table(result.report), end="")
+    summary = result.failure_summary()
+    if summary:
+        print(summary, file=sys.stderr)
+    if result.incomplete_runs:
+        print(
+            f"runs without a score (too few answered instances): {', '.join(result.incomplete_runs)}", file=sys.stderr
+        )
+    print(
+        f"replayed {result.report['n_dialogues']} dialogues ({result.rpcs} RPCs) in {result.wall_s:.1f} s wall time; "
+        f"report in {out}",
+        file=sys.stderr,
+    )
+    if (result.failures or result.incomplete_runs) and not args.allow_failures:
+        return EXIT_FAILURES
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- parser
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``bench`` (with ``make`` and ``synth``) and ``replay`` to the main parser's subcommands."""
+    from sleuthd.cli import default_models_dir
+
+    def engine_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
+        sp.add_argument("--encoder", default="ge2e", help="encoder that embeds the corpus (default: ge2e)")
+        sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the encoder runs")
+        sp.add_argument("--seed", type=int, default=0, help="seed for every random choice (default: 0)")
+        sp.add_argument("--turns", type=int, default=5, help="target turns per dialogue (paper: 5 or 10; default 5)")
+        sp.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
+
+    b = sub.add_parser("bench", help="build benchmark manifests")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+
+    m = bsub.add_parser(
+        "make",
+        help="build a manifest from a speaker-labelled corpus CSV",
+        description="Build a SpeakerSleuth-style manifest from a CSV with columns path,speaker,gender[,text] "
+        "(paths relative to the CSV). S2 = a clip of an opposite-gender speaker (least similar speaker if the "
+        "corpus has none), S3 = a clip of the most similar same-gender speaker by centroid cosine.",
+    )
+    m.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text]")
+    m.add_argument("--out", type=Path, required=True, help="manifest to write (JSONL)")
+    m.add_argument("--dialogues-per-speaker", type=int, default=3, help="dialogues per target speaker (default: 3)")
+    m.add_argument("--source", help="the manifest's source field (default: the CSV's folder name)")
+    engine_args(m)
+    m.set_defaults(func=cmd_bench_make)
+
+    s = bsub.add_parser(
+        "synth",
+        help="build the dev benchmark: fit (espeak), transfer (flite + sox variants), fsdd (real speech)",
+    )
+    s.add_argument("--size", choices=["small", "large"], default="small", help="small: CI; large: threshold fitting")
+    s.add_argument("--out", type=Path, help="output folder (default: data/dev/<size>/)")
+    s.add_argument("--fsdd-dir", type=Path, help="FSDD folder with fsdd.csv (default: ../shared/data/fsdd)")
+    s.add_argument("--splits", default="fit,transfer,fsdd", help="splits to build (default: fit,transfer,fsdd)")
+    s.add_argument("--workers", type=int, default=2, help="parallel synthesis processes (default: 2)")
+    engine_args(s)
+    s.set_defaults(func=cmd_bench_synth)
+
+    r = sub.add_parser(
+        "replay",
+        help="replay a benchmark manifest through a running server and write a report",
+        description="Send every instance of MANIFEST through CheckDialogue and RankCandidates and write "
+        "report.json, report.md, predictions.jsonl, sweep.json and plots to --out. The paper's three methods at "
+        "the paper's thresholds are always run. Exit status: 0 ok, 1 some instances failed, 2 error.",
+    )
+    r.add_argument("manifest", type=Path)
+    r.add_argument("--target", default="127.0.0.1:50051", help="server host:port (default: 127.0.0.1:50051)")
+    r.add_argument("--methods", default="pairwise,centroid,reference", help="pairwise,centroid,reference[,auto]")
+    r.add_argument("--thresholds", default="paper,default", help="paper, default or paper,default (default: both)")
+    r.add_argument("--out", type=Path, help="report folder (default: runs/<manifest name>/)")
+    r.add_argument("--concurrency", type=int, default=4, help="RPCs in flight (default: 4)")
+    r.add_argument("--timeout", type=float, default=120.0, help="deadline per RPC, seconds (default: 120)")
+    r.add_argument("--connect-timeout", type=float, default=10.0, help="wait for the server, seconds (default: 10)")
+    r.add_argument("--encoder", default="", help="server encoder (default: the server's)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the candidate shuffles (default: 0)")
+    r.add_argument("--allow-failures", action="store_true", help="exit 0 even if some instances failed")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_replay)

@@ -1,0 +1,98 @@
+"""Prometheus metrics, served on their own HTTP port (`sleuthd serve --metrics-port`).
+
+Every metric, with its labels (all low-cardinality):
+
+| name | type | labels | meaning |
+| --- | --- | --- | --- |
+| `sleuthd_rpc_total` | counter | method, code | finished RPCs by gRPC method and status code |
+| `sleuthd_rpc_latency_seconds` | histogram | method, code | RPC wall time, seconds (streams: open to end) |
+| `sleuthd_batch_queue_windows` | gauge | | encoder windows waiting in the micro-batcher queue |
+| `sleuthd_batch_queue_wait_seconds` | histogram | | time from a request's arrival to its first windows being batched |
+| `sleuthd_batch_windows` | histogram | | windows per model call (batch size in cost units) |
+| `sleuthd_batch_requests` | histogram | | requests contributing to one model call |
+| `sleuthd_batch_execution_seconds` | histogram | | wall time of one model call |
+| `sleuthd_batch_failures_total` | counter | | model calls that raised |
+| `sleuthd_batch_rejected_total` | counter | | requests refused because the queue was full (RESOURCE_EXHAUSTED) |
+| `sleuthd_audio_seconds_total` | counter | cached | audio seconds embedded (cached="false") or served from the embedding cache ("true") |
+| `sleuthd_verdicts_total` | counter | status | turn verdicts by status (consistent, inconsistent, insufficient_audio, ...) |
+| `sleuthd_streams_active` | gauge | | open StreamDialogue calls |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from sleuthd.domain import TurnStatus
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class ServiceMetrics:
+    """All metrics of one server, on their own registry (tests create several servers per process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rpc_total = Counter("sleuthd_rpc", "Finished RPCs", ["method", "code"], registry=r)
+        self.rpc_latency = Histogram(
+            "sleuthd_rpc_latency_seconds", "RPC wall time (s)", ["method", "code"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_windows = Gauge("sleuthd_batch_queue_windows", "Windows waiting in the batch queue", registry=r)
+        self.queue_wait_seconds = Histogram(
+            "sleuthd_batch_queue_wait_seconds", "Queue wait before batching (s)", buckets=_WAIT_BUCKETS, registry=r
+        )
+        self.batch_windows = Histogram("sleuthd_batch_windows", "Windows per model call", buckets=_SIZE_BUCKETS, registry=r)
+        self.batch_requests = Histogram(
+            "sleuthd_batch_requests", "Requests per model call", buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.batch_seconds = Histogram(
+            "sleuthd_batch_execution_seconds", "Model call wall time (s)", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.batch_failures = Counter("sleuthd_batch_failures", "Model calls that raised", registry=r)
+        self.batch_rejected = Counter("sleuthd_batch_rejected", "Requests refused: queue full", registry=r)
+        self.audio_seconds = Counter("sleuthd_audio_seconds", "Audio seconds embedded or cached", ["cached"], registry=r)
+        self.verdicts = Counter("sleuthd_verdicts", "Turn verdicts by status", ["status"], registry=r)
+        self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
+
+    def track_streams(self, active_streams: Callable[[], int]) -> None:
+        """Read the open-stream count from the engine at scrape time."""
+        self.streams_active.set_function(lambda: float(active_streams()))
+
+    # -- RPCs (called by the servicer)
+    def rpc_finished(self, method: str, code: str, seconds: float) -> None:
+        self.rpc_total.labels(method, code).inc()
+        self.rpc_latency.labels(method, code).observe(seconds)
+
+    # -- BatchObserver (called by the micro-batcher)
+    def queue_depth(self, windows: int) -> None:
+        self.queue_windows.set(windows)
+
+    def queue_wait(self, seconds: float) -> None:
+        self.queue_wait_seconds.observe(seconds)
+
+    def batch_executed(self, windows: int, requests: int, seconds: float) -> None:
+        self.batch_windows.observe(windows)
+        self.batch_requests.observe(requests)
+        self.batch_seconds.observe(seconds)
+
+    def batch_failed(self, windows: int, requests: int) -> None:
+        self.batch_failures.inc()
+
+    def rejected(self) -> None:
+        self.batch_rejected.inc()
+
+    # -- EngineObserver (called by the engine)
+    def clip_embedded(self, audio_seconds: float, cached: bool) -> None:
+        self.audio_seconds.labels("true" if cached else "false").inc(audio_seconds)
+
+    def verdict(self, status: TurnStatus) -> None:
+        self.verdicts.labels(status.value).inc()
+
+    def serve_http(self, host: str, port: int) -> int:
+        """Expose /metrics on ``host:port`` (0 picks a free port); returns the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_port)

@@ -1,0 +1,249 @@
+"""`sleuthd replay`: the small synthetic dev set replayed through the real in-process server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from sleuthd import synth
+from sleuthd.bench.devsets import PRESETS, build_devsets
+from sleuthd.bench.instances import discrimination_candidates, discrimination_context, plan_runs, scenario_turns
+from sleuthd.bench.manifest import ManifestLine, read_manifest, relative_path
+from sleuthd.bench.replay import ReplayConfig, ReplayError, replay
+from sleuthd.engine import Engine
+from sleuthd.server import RunningServer
+
+from .support import REPO
+
+needs_tools = pytest.mark.skipif(
+    any(shutil.which(t) is None for t in synth.TOOLS), reason="needs espeak-ng, flite and sox (make setup)"
+)
+
+SMALL_DIR = REPO / "data" / "dev" / "small"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PAPER_RUNS = ("pairwise@paper", "centroid@paper", "reference@paper")
+ALL_RUNS = (
+    "pairwise@paper",
+    "pairwise@default",
+    "centroid@paper",
+    "centroid@default",
+    "reference@paper",
+    "reference@default",
+)
+RUN_KEYS = {"detection", "localization", "discrimination"}
+
+
+def _line(**kw: Any) -> ManifestLine:
+    base: dict[str, Any] = {
+        "dialogue_id": "d1",
+        "source": "src",
+        "target_speaker": "A",
+        "reference": "ref.wav",
+        "target_turns": ("t0.wav", "t1.wav", "t2.wav", "t3.wav"),
+        "altered_turn": 2,
+        "s2_audio": "s2.wav",
+        "s3_audio": "s3.wav",
+    }
+    return ManifestLine(**{**base, **kw})
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_runs_always_include_the_paper_methods_at_paper_thresholds() -> None:
+    assert [r.name for r in plan_runs(["pairwise"], ["default"])] == [
+        "pairwise@paper",
+        "pairwise@default",
+        "centroid@paper",
+        "reference@paper",
+    ]
+    assert [r.name for r in plan_runs(["centroid", "auto"], ["default", "paper"])] == [
+        "centroid@default",
+        "centroid@paper",
+        "auto",
+        "pairwise@paper",
+        "reference@paper",
+    ]
+
+
+def test_instances_derived_from_a_line() -> None:
+    line = _line()
+    assert scenario_turns(line, "S1") == ("t0.wav", "t1.wav", "t2.wav", "t3.wav")
+    assert scenario_turns(line, "S2") == ("t0.wav", "t1.wav", "s2.wav", "t3.wav")
+    assert scenario_turns(line, "S3") == ("t0.wav", "t1.wav", "s3.wav", "t3.wav")
+    assert discrimination_context(line) == ("t0.wav", "t1.wav", "t3.wav")
+    cands = discrimination_candidates(line, seed=0)
+    assert [c.candidate_id for c in cands] == ["c0", "c1", "c2"]
+    assert {(c.label, c.path) for c in cands} == {("S1", "t2.wav"), ("S2", "s2.wav"), ("S3", "s3.wav")}
+    assert discrimination_candidates(line, seed=0) == cands  # fixed per dialogue
+    orders = {tuple(c.label for c in discrimination_candidates(_line(dialogue_id=f"d{i}"))) for i in range(40)}
+    assert len(orders) > 3, "the shuffle should vary between dialogues"
+
+
+# --------------------------------------------------------------------------- through the server
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def small_devset(engine: Engine) -> dict[str, Path]:
+    """The small dev set (cached under data/dev/small/; FSDD included when the data is present)."""
+    result = await build_devsets(SMALL_DIR, PRESETS["small"], engine, show_progress=False)
+    return result.manifests
+
+
+def _assert_pct_tree(obj: Any, where: str) -> None:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _assert_pct_tree(v, f"{where}.{k}")
+    else:
+        assert isinstance(obj, float) and 0.0 <= obj <= 100.0, f"{where} = {obj!r}"
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR" and data[-8:-4] == b"IEND", f"{path} is not a PNG"
+
+
+@needs_tools
+async def test_small_devset_replays_with_a_complete_report(
+    server: RunningServer, small_devset: dict[str, Path], tmp_path: Path
+) -> None:
+    manifest = small_devset["all"]
+    lines = read_manifest(manifest)
+    assert {line.source for line in lines} == {"fit", "transfer"}
+    out = tmp_path / "report"
+    result = await replay(
+        ReplayConfig(manifest=manifest, target=f"127.0.0.1:{server.port}", out_dir=out, show_progress=False)
+    )
+    assert result.failures == [] and result.incomplete_runs == []
+
+    report = json.loads((out / "report.json").read_text())
+    assert set(report) == {"manifest", "n_dialogues", "encoder", "methods"}
+    assert (report["manifest"], report["n_dialogues"], report["encoder"]) == ("all.jsonl", len(lines), "ge2e")
+    assert tuple(report["methods"]) == ALL_RUNS
+    for name, res in report["methods"].items():
+        assert set(res) == RUN_KEYS, name
+        assert set(res["detection"]) == {"S1", "S2", "S3", "bal"}
+        assert set(res["localization"]) == {"S1", "S2", "S3", "bal_f1"}
+        assert set(res["localization"]["S1"]) == {"f1"}
+        assert set(res["localization"]["S2"]) == set(res["localization"]["S3"]) == {"p", "r", "f1"}
+        assert set(res["discrimination"]) == {"accuracy", "ndcg1", "ndcg2", "exact_match"}
+        assert set(res["discrimination"]["accuracy"]) == {"fit", "transfer", "avg"}
+        _assert_pct_tree(res, name)
+        # Ranking the original turn against a gender switch and another voice is easy for GE2E.
+        assert res["discrimination"]["accuracy"]["avg"] >= 90.0, name
+    calibrated = report["methods"]["pairwise@default"]["detection"]
+    assert calibrated["S2"] >= 80.0 and calibrated["S1"] >= 80.0
+
+    for png in ("threshold_sweep.png", "bias_scatter.png"):
+        _assert_png(out / png)
+    predictions = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == len(ALL_RUNS) * len(lines) * 4  # S1, S2, S3 and discrimination
+    s2 = next(p for p in predictions if p["run"] == "pairwise@default" and p["scenario"] == "S2")
+    assert len(s2["turns"]) == 5 and all(t["reference_cosine"] is not None for t in s2["turns"])
+    disc = next(p for p in predictions if p["scenario"] == "discrimination")
+    assert sorted(disc["labels"]) == ["S1", "S2", "S3"] and len(disc["scores"]) == 3
+
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert set(sweep["methods"]) == {"pairwise", "centroid", "reference"}
+    for method, s in sweep["methods"].items():
+        assert len(s["curve"]) == (121 if method == "centroid" else 101)
+        assert {"threshold", "bal", "bal_f1"} <= set(s["best_by_bal"]) and "threshold" in s["best_by_bal_f1"]
+    md = (out / "report.md").read_text()
+    assert all(f"| {run} |" in md for run in ALL_RUNS)
+
+    if "fsdd" in small_devset:  # real speech, all male: S2 falls back to the least similar speaker
+        assert {line.meta["s2_policy"] for line in read_manifest(small_devset["fsdd"])} == {"least_similar"}
+
+
+@needs_tools
+async def test_failed_instances_are_counted_and_left_out(
+    server: RunningServer, small_devset: dict[str, Path], tmp_path: Path
+) -> None:
+    # Three dialogues in a manifest of our own (paths rewritten relative to it); one S3 clip is not audio.
+    base = small_devset["all"].parent
+    broken = tmp_path / "broken.wav"
+    broken.write_text("not audio")
+    raw = [json.loads(x) for x in small_devset["all"].read_text().splitlines()[:3]]
+    for obj in raw:
+        for key in ("reference", "s2_audio", "s3_audio"):
+            obj[key] = relative_path(base / obj[key], tmp_path)
+        obj["target_turns"] = [relative_path(base / t, tmp_path) for t in obj["target_turns"]]
+    raw[1]["s3_audio"] = "broken.wav"
+    manifest = tmp_path / "three.jsonl"
+    manifest.write_text("".join(json.dumps(o) + "\n" for o in raw))
+
+    result = await replay(
+        ReplayConfig(
+            manifest=manifest,
+            target=f"127.0.0.1:{server.port}",
+            out_dir=tmp_path / "out",
+            methods=("pairwise",),
+            thresholds=("paper",),
+            show_progress=False,
+        )
+    )
+    # Three paper runs: S3 of dialogue 1 fails in each, and so does its ranking for each method.
+    assert len(result.failures) == 6
+    assert {f.code for f in result.failures} == {"INVALID_ARGUMENT"}
+    assert {f.dialogue_id for f in result.failures} == {raw[1]["dialogue_id"]}
+    assert "could not be decoded" in result.failures[0].message
+    assert result.report["n_dialogues"] == 3
+    predictions = (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == 3 * 3 * 4 - 6
+    replay_doc = json.loads((tmp_path / "out" / "replay.json").read_text())
+    assert replay_doc["failures"]["by_code"] == {"INVALID_ARGUMENT": 6}
+    assert "## Failures" in (tmp_path / "out" / "report.md").read_text()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@needs_tools
+async def test_unreachable_target_fails_with_a_clear_message(small_devset: dict[str, Path], tmp_path: Path) -> None:
+    config = ReplayConfig(
+        manifest=small_devset["all"],
+        target=f"127.0.0.1:{_closed_port()}",
+        out_dir=tmp_path,
+        connect_timeout_s=1.0,
+        show_progress=False,
+    )
+    with pytest.raises(ReplayError, match="cannot reach a sleuthd server"):
+        await replay(config)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sleuthd.cli", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_cli_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps(_line().to_json()) + "\n")
+    missing = _cli("replay", str(manifest), "--target", f"127.0.0.1:{_closed_port()}", "--out", str(tmp_path / "o"))
+    assert missing.returncode == 2
+    assert "error: manifest m.jsonl names 7 audio file(s) that do not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+    for name in ("ref.wav", "t0.wav", "t1.wav", "t2.wav", "t3.wav", "s2.wav", "s3.wav"):
+        (tmp_path / name).write_bytes(b"RIFF")
+    unreachable = _cli(
+        "replay", str(manifest), "--target", f"127.0.0.1:{_closed_port()}", "--connect-timeout", "1", "--quiet"
+    )
+    assert unreachable.returncode == 2
+    assert "error: cannot reach a sleuthd server" in unreachable.stderr
+    assert "Traceback" not in unreachable.stderr
+
+    bad_option = _cli("replay", str(manifest), "--thresholds", "paper,tuned")
+    assert bad_option.returncode == 2 and "unknown tuned" in bad_option.stderr
