@@ -20,7 +20,8 @@ from .support import VOICE_A, Speech, encode_wav
 
 
 @pytest.mark.parametrize(
-    ("fmt", "subtype"), [("WAV", "PCM_16"), ("WAV", "FLOAT"), ("FLAC", None), ("OGG", "VORBIS"), ("MP3", "MPEG_LAYER_III")]
+    ("fmt", "subtype"),
+    [("WAV", "PCM_16"), ("WAV", "FLOAT"), ("FLAC", None), ("OGG", "VORBIS"), ("MP3", "MPEG_LAYER_III")],
 )
 def test_encoded_formats_decode_to_16k_mono(speech: Speech, fmt: str, subtype: str | None) -> None:
     samples, rate = sf.read(speech.clips[VOICE_A][0], dtype="float32")
@@ -73,7 +74,7 @@ def test_vad_finds_speech_between_silences(models_dir: Path, speech: Speech) -> 
     alone = vad.speech_mask(samples)
     assert mask.speech_seconds == pytest.approx(alone.speech_seconds, abs=0.15)
     # The 2 s silences are trimmed (a little padding is kept), the speech is kept.
-    assert not mask.keep[: rate].any() and not mask.keep[-rate:].any()
+    assert not mask.keep[:rate].any() and not mask.keep[-rate:].any()
     assert mask.keep[2 * rate : 2 * rate + len(samples)].mean() > 0.8
     assert vad.speech_mask(gap).speech_seconds == 0.0
 

@@ -40,7 +40,9 @@ def write_dialogue(tmp: Path, speech: Speech, altered_voice: str | None) -> Path
         src = speech.clips[altered_voice][0] if (altered_voice and k == 2) else speech.clips[VOICE_A][k]
         turns.append({"turn_id": f"t{k}", "speaker": "Ann", "text": "...", "audio": str(src)})
     path = tmp / "dialogue.json"
-    path.write_text(json.dumps({"dialogue_id": "cli", "turns": turns, "references": {"Ann": str(speech.clips[VOICE_A][5])}}))
+    path.write_text(
+        json.dumps({"dialogue_id": "cli", "turns": turns, "references": {"Ann": str(speech.clips[VOICE_A][5])}})
+    )
     return path
 
 

@@ -132,7 +132,10 @@ class Engine:
             else:
                 encoders[runner.manifest.name] = ThreadedEncoder(runner, executor)
             logger.info(
-                "encoder %s on %s, batching %s", runner.manifest.name, runner.provider, "on" if config.batching else "off"
+                "encoder %s on %s, batching %s",
+                runner.manifest.name,
+                runner.provider,
+                "on" if config.batching else "off",
             )
         if not encoders:
             raise InvalidRequest(f"no encoder manifests under {config.models_dir}: run `sleuthd models export ge2e`")

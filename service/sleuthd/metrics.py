@@ -45,7 +45,9 @@ class ServiceMetrics:
         self.queue_wait_seconds = Histogram(
             "sleuthd_batch_queue_wait_seconds", "Queue wait before batching (s)", buckets=_WAIT_BUCKETS, registry=r
         )
-        self.batch_windows = Histogram("sleuthd_batch_windows", "Windows per model call", buckets=_SIZE_BUCKETS, registry=r)
+        self.batch_windows = Histogram(
+            "sleuthd_batch_windows", "Windows per model call", buckets=_SIZE_BUCKETS, registry=r
+        )
         self.batch_requests = Histogram(
             "sleuthd_batch_requests", "Requests per model call", buckets=_SIZE_BUCKETS, registry=r
         )
@@ -54,7 +56,9 @@ class ServiceMetrics:
         )
         self.batch_failures = Counter("sleuthd_batch_failures", "Model calls that raised", registry=r)
         self.batch_rejected = Counter("sleuthd_batch_rejected", "Requests refused: queue full", registry=r)
-        self.audio_seconds = Counter("sleuthd_audio_seconds", "Audio seconds embedded or cached", ["cached"], registry=r)
+        self.audio_seconds = Counter(
+            "sleuthd_audio_seconds", "Audio seconds embedded or cached", ["cached"], registry=r
+        )
         self.verdicts = Counter("sleuthd_verdicts", "Turn verdicts by status", ["status"], registry=r)
         self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
 

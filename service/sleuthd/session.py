@@ -143,16 +143,14 @@ class DialogueSession:
             turn.speaker, ids, [self._done[t][1] for t in ids], self._references.get(turn.speaker), opts.judgment
         )
         verdict = speaker_verdict(turn.speaker, results)
-        updates = []
+        # The new turn's verdict first, then revisions of earlier turns in dialogue order.
+        updates = [TurnUpdate(r, False, turn_id, verdict) for r in results if r.turn_id == turn_id]
+        self.engine.observer.verdict(updates[0].verdict.status)
         for r in results:
             previous = self._last_status.get(r.turn_id)
-            if r.turn_id == turn_id:
-                updates.append(TurnUpdate(r, False, turn_id, verdict))
-                self.engine.observer.verdict(r.status)
-            elif previous is not None and previous is not r.status:
+            if r.turn_id != turn_id and previous is not None and previous is not r.status:
                 updates.append(TurnUpdate(r, True, turn_id, verdict))
             self._last_status[r.turn_id] = r.status
-        # The new turn first, then revisions in dialogue order.
         return updates
 
     def close(self) -> DialogueResult:
@@ -160,7 +158,7 @@ class DialogueSession:
         opts = self._require_open()
         if self._open:
             raise OutOfSequence(
-                f"stream closed with turns still open: {', '.join(sorted(self._open))}; send their final chunk first"
+                f"stream closed with turns still open: {', '.join(repr(t) for t in sorted(self._open))}; send their final chunk first"
             )
         ids = [t for t in self._order if t in self._done]
         if not ids:

@@ -1,0 +1,98 @@
+"""Serving behaviour through the real server: shared batching across RPCs, metrics, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+
+import grpc
+import numpy as np
+import soundfile as sf
+
+from sleuthd.batcher import MicroBatcher
+from sleuthd.engine import Engine
+from sleuthd.server import RunningServer
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech
+
+
+def fresh_pcm(speech: Speech, voice: str, k: int, salt: int) -> pb.Audio:
+    """A clip as PCM with an inaudible per-request change, so the embedding cache cannot answer it."""
+    samples, rate = sf.read(speech.clips[voice][k], dtype="int16")
+    samples = samples.copy()
+    samples[0] = salt  # one sample out of ~80 000
+    return pb.Audio(pcm=pb.PcmAudio(data=samples.astype("<i2").tobytes(), encoding=pb.PCM_S16LE,
+                                    sample_rate_hz=rate, channels=1))  # fmt: skip
+
+
+async def test_concurrent_rpcs_share_model_calls(stub: pb_grpc.SleuthStub, engine: Engine, speech: Speech) -> None:
+    batcher = engine.encoders["ge2e"]
+    assert isinstance(batcher, MicroBatcher)
+    n = 16
+    requests = []
+    for r in range(n):
+        req = pb.CheckDialogueRequest(dialogue_id=f"c{r}")
+        for k, voice in enumerate((VOICE_A, VOICE_B, VOICE_C)):
+            req.turns.add(turn_id=f"t{k}", speaker="S", audio=fresh_pcm(speech, voice, k, 1000 + r))
+        requests.append(req)
+    before = batcher.stats()
+    verdicts = await asyncio.gather(*(stub.CheckDialogue(q, timeout=120) for q in requests))
+    after = batcher.stats()
+    assert all(len(v.turns) == 3 and all(t.HasField("score") for t in v.turns) for v in verdicts)
+    calls = after.batches - before.batches
+    clips = 3 * n
+    assert after.requests - before.requests == clips  # every clip went through the batcher...
+    assert calls < n, f"{n} concurrent RPCs ({clips} clips) took {calls} model calls"  # ...in fewer calls than RPCs
+    # Batched scoring gives the same numbers as scoring one request alone.
+    alone = await stub.CheckDialogue(requests[0], timeout=60)
+    assert [round(t.score, 5) for t in alone.turns] == [round(t.score, 5) for t in verdicts[0].turns]
+
+
+async def test_metrics_endpoint_reports_rpcs_batches_and_verdicts(
+    stub: pb_grpc.SleuthStub, server: RunningServer, speech: Speech
+) -> None:
+    req = pb.CheckDialogueRequest(dialogue_id="m")
+    for k in range(3):
+        req.turns.add(turn_id=f"t{k}", speaker="A", audio=fresh_pcm(speech, VOICE_A, k, 7))
+    await stub.CheckDialogue(req, timeout=60)
+    try:
+        await stub.CheckDialogue(pb.CheckDialogueRequest(), timeout=10)
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert server.metrics_port
+    body = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    )
+
+    def value(pattern: str) -> float:
+        m = re.search(rf"^{pattern} ([0-9.e+-]+)$", body, re.MULTILINE)
+        assert m, f"{pattern} missing from /metrics"
+        return float(m.group(1))
+
+    assert value(r'sleuthd_rpc_total\{code="OK",method="CheckDialogue"\}') >= 1
+    assert value(r'sleuthd_rpc_total\{code="INVALID_ARGUMENT",method="CheckDialogue"\}') >= 1
+    assert value(r'sleuthd_rpc_latency_seconds_count\{code="OK",method="CheckDialogue"\}') >= 1
+    assert value(r"sleuthd_batch_execution_seconds_count") >= 1
+    assert value(r"sleuthd_batch_windows_sum") >= 3
+    assert value(r"sleuthd_batch_queue_wait_seconds_count") >= 1
+    assert value(r'sleuthd_audio_seconds_total\{cached="false"\}') > 3.0
+    assert value(r'sleuthd_verdicts_total\{status="consistent"\}') >= 3
+    assert value(r"sleuthd_batch_queue_windows") == 0
+    assert value(r"sleuthd_streams_active") == 0
+
+
+async def test_deadline_exceeded_is_reported(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    req = pb.CheckDialogueRequest(dialogue_id="late")
+    for k in range(5):
+        req.turns.add(turn_id=f"t{k}", speaker="A", audio=fresh_pcm(speech, VOICE_F, k, 31))
+    try:
+        await stub.CheckDialogue(req, timeout=0.001)
+        raise AssertionError("a 1 ms deadline cannot be met")
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # The server is fine afterwards.
+    v = await stub.CheckDialogue(req, timeout=60)
+    assert len(v.turns) == 5 and np.all([t.HasField("score") for t in v.turns])
