@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-
 from sleuthd.audio import AudioError, PcmEncoding, PcmSpec, decode_encoded, decode_pcm, normalize_loudness
 from sleuthd.clips import decode
 from sleuthd.domain import AudioInput
@@ -86,7 +85,7 @@ def test_window_placement_matches_ge2e_partials() -> None:
     # Very short clips still get one (zero-padded) window.
     assert window_starts(1_000, spec).tolist() == [0]
     x = np.arange(48_000, dtype=np.float32)
-    windows, starts = make_windows(x, spec)
+    windows, _ = make_windows(x, spec)
     assert windows.shape == (3, 25840)
     # Window k starts 200 samples (the STFT's centring pad) before frame starts[k].
     assert windows[1, 200] == x[77 * 160] and windows[0, 199] == 0.0

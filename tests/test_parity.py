@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 from resemblyzer import preprocess_wav
-
 from sleuthd.encoder import OnnxEncoder
 from sleuthd.manifest import load_encoder_manifest
 from sleuthd.model_export import fsdd_parity_turns, parity_cosines

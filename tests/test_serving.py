@@ -9,7 +9,6 @@ import urllib.request
 import grpc
 import numpy as np
 import soundfile as sf
-
 from sleuthd.batcher import MicroBatcher
 from sleuthd.engine import Engine
 from sleuthd.server import RunningServer

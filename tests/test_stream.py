@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import grpc
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import soundfile as sf
-
 from sleuthd.engine import Engine
 from sleuthd.metrics import ServiceMetrics
 from sleuthd.server import RunningServer, ServerConfig, create_server
@@ -42,7 +42,7 @@ def chunks(turn_id: str, data: bytes, n: int) -> list[Req]:
     cuts = np.linspace(0, len(data), n + 1).astype(int)
     return [
         Req(audio=pb.TurnAudio(turn_id=turn_id, data=data[a:b], final=(k == n - 1)))
-        for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))
+        for k, (a, b) in enumerate(itertools.pairwise(cuts))
     ]
 
 
@@ -103,7 +103,7 @@ async def test_first_turn_turns_out_to_be_the_odd_one(stub: pb_grpc.SleuthStub, 
     assert history["t0"][-1] == (pb.INCONSISTENT, True)
     # Every status change of an earlier turn came as a revision, none as a duplicate first verdict.
     for turn_id, events in history.items():
-        assert [rev for _, rev in events][0] is False and all(rev for _, rev in events[1:]), (turn_id, events)
+        assert events[0][1] is False and all(rev for _, rev in events[1:]), (turn_id, events)
     assert all(status == pb.CONSISTENT for status, _ in [history[t][-1] for t in ("t1", "t2", "t3", "t4")])
 
 

@@ -10,7 +10,6 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import grpc

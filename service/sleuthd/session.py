@@ -157,9 +157,8 @@ class DialogueSession:
         """The whole dialogue's verdict, as CheckDialogue would give it."""
         opts = self._require_open()
         if self._open:
-            raise OutOfSequence(
-                f"stream closed with turns still open: {', '.join(repr(t) for t in sorted(self._open))}; send their final chunk first"
-            )
+            still_open = ", ".join(repr(t) for t in sorted(self._open))
+            raise OutOfSequence(f"stream closed with turns still open: {still_open}; send their final chunk first")
         ids = [t for t in self._order if t in self._done]
         if not ids:
             raise InvalidRequest("the stream ended without any complete turn: nothing to judge")
