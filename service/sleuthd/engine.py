@@ -107,6 +107,7 @@ class Engine:
         config: EngineConfig,
         executor: Executor,
         observer: EngineObserver | None = None,
+        model_executor: Executor | None = None,
     ) -> None:
         if config.default_encoder not in encoders:
             raise ValueError(f"default encoder {config.default_encoder!r} is not loaded ({sorted(encoders)})")
@@ -115,22 +116,27 @@ class Engine:
         self.config = config
         self.observer: EngineObserver = observer or NullEngineObserver()
         self._executor = executor
+        self._model_executor = model_executor
         self.cache: LruCache[ClipEmbedding] = LruCache(config.embedding_cache_entries)
         self.active_streams = 0
 
     @classmethod
     def load(cls, config: EngineConfig, observer: EngineObserver | None = None) -> Engine:
         """Load every encoder manifest under ``config.models_dir`` and the VAD, and warm them up."""
-        executor = ThreadPoolExecutor(max_workers=config.workers or (os.cpu_count() or 1), thread_name_prefix="sleuthd")
+        # Two pools, so model calls never queue behind a backlog of decoding/VAD jobs: with one shared
+        # FIFO pool a batch ready to run would wait for every clip queued before it.
+        executor = ThreadPoolExecutor(max_workers=config.workers or (os.cpu_count() or 1), thread_name_prefix="prep")
+        model_threads = config.batcher.max_concurrent_batches if config.batching else (os.cpu_count() or 1)
+        model_executor = ThreadPoolExecutor(max_workers=model_threads, thread_name_prefix="model")
         vad = SileroVad(vad_model_path(config.models_dir))
         encoders: dict[str, WindowEncoder] = {}
         for model_dir in find_encoders(config.models_dir):
             runner = OnnxEncoder(load_encoder_manifest(model_dir), device=config.device)
             runner.warm_up()
             if config.batching:
-                encoders[runner.manifest.name] = MicroBatcher(runner, executor, config.batcher, observer)
+                encoders[runner.manifest.name] = MicroBatcher(runner, model_executor, config.batcher, observer)
             else:
-                encoders[runner.manifest.name] = ThreadedEncoder(runner, executor)
+                encoders[runner.manifest.name] = ThreadedEncoder(runner, model_executor)
             logger.info(
                 "encoder %s on %s, batching %s",
                 runner.manifest.name,
@@ -139,7 +145,7 @@ class Engine:
             )
         if not encoders:
             raise InvalidRequest(f"no encoder manifests under {config.models_dir}: run `sleuthd models export ge2e`")
-        return cls(encoders, vad, config, executor, observer)
+        return cls(encoders, vad, config, executor, observer, model_executor)
 
     async def aclose(self) -> None:
         for enc in self.encoders.values():
@@ -148,8 +154,9 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        if isinstance(self._executor, ThreadPoolExecutor):
-            self._executor.shutdown(wait=True, cancel_futures=True)
+        for pool in (self._executor, self._model_executor):
+            if isinstance(pool, ThreadPoolExecutor):
+                pool.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------------ options
 
@@ -191,8 +198,9 @@ class Engine:
     async def _embed_one(
         self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None
     ) -> ClipEmbedding:
-        key = audio_key(encoder.manifest.sha256, audio)
-        cached = self.cache.get(key)
+        # Hashing costs ~1 ms per MB; skip it when the cache is off.
+        key = audio_key(encoder.manifest.sha256, audio) if self.cache.max_entries > 0 else ""
+        cached = self.cache.get(key) if key else None
         if cached is not None:
             self.observer.clip_embedded(cached.audio_seconds, cached=True)
             return cached
@@ -204,7 +212,8 @@ class Engine:
             result = ClipEmbedding(
                 clip.audio_seconds, clip.speech_seconds, pool(window_emb), window_emb, clip.window_times
             )
-        self.cache.put(key, result)
+        if key:
+            self.cache.put(key, result)
         self.observer.clip_embedded(result.audio_seconds, cached=False)
         return result
 

@@ -333,26 +333,35 @@ async def replay(config: ReplayConfig) -> ReplayResult:
         detections: dict[tuple[str, str, str], DetectionOutcome] = {}
         rankings: dict[tuple[str, str], RankOutcome] = {}
 
-        # Dialogue-major order: all calls of one dialogue run close together, so the server's
-        # embedding cache serves each clip's repeats.
-        jobs: list[Callable[[], Awaitable[None]]] = []
+        # Per dialogue, the first ranking call goes alone: it carries every clip of the dialogue
+        # (context, reference, original, S2, S3), so the server embeds each clip once, in one batch,
+        # and the dialogue's other calls all hit its embedding cache. Sent together instead, the
+        # first few calls would all miss the cache and embed the same clips in parallel.
+        # At most `concurrency` dialogues are open at once, which keeps the working set small
+        # enough for the server's cache however long the manifest is.
+        groups: list[tuple[Callable[[], Awaitable[None]], list[Callable[[], Awaitable[None]]]]] = []
         for line in lines:
-            for run in runs:
-                for scenario in SCENARIOS:
-                    jobs.append(_detect_job(replayer, detections, line, run, scenario))
-            for method in rank_methods:
-                jobs.append(_rank_job(replayer, rankings, line, method))
+            primer = _rank_job(replayer, rankings, line, rank_methods[0])
+            rest = [_rank_job(replayer, rankings, line, m) for m in rank_methods[1:]]
+            rest += [_detect_job(replayer, detections, line, r, s) for r in runs for s in SCENARIOS]
+            groups.append((primer, rest))
 
-        semaphore = asyncio.Semaphore(config.concurrency)
-        bar = Progress(len(jobs), "replay", enabled=config.show_progress)
+        rpc_slots = asyncio.Semaphore(config.concurrency)
+        dialogue_slots = asyncio.Semaphore(config.concurrency)
+        bar = Progress(sum(1 + len(rest) for _, rest in groups), "replay", enabled=config.show_progress)
 
         async def bounded(job: Callable[[], Awaitable[None]]) -> None:
-            async with semaphore:
+            async with rpc_slots:
                 await job()
             bar.advance()
 
+        async def dialogue(primer: Callable[[], Awaitable[None]], rest: list[Callable[[], Awaitable[None]]]) -> None:
+            async with dialogue_slots:
+                await bounded(primer)
+                await asyncio.gather(*(bounded(j) for j in rest))
+
         with bar:
-            await asyncio.gather(*(bounded(j) for j in jobs))
+            await asyncio.gather(*(dialogue(primer, rest) for primer, rest in groups))
 
     encoders = [o.encoder for o in detections.values() if o.encoder] + [o.encoder for o in rankings.values()]
     encoder = encoders[0] if encoders else (config.encoder or info.default_encoder)

@@ -19,6 +19,7 @@ class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METHOD_PAIRWISE: _ClassVar[Method]
     METHOD_CENTROID: _ClassVar[Method]
     METHOD_REFERENCE: _ClassVar[Method]
+    METHOD_AUTO: _ClassVar[Method]
 
 class ThresholdSet(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -33,6 +34,12 @@ class TurnStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INCONSISTENT: _ClassVar[TurnStatus]
     INSUFFICIENT_AUDIO: _ClassVar[TurnStatus]
     INSUFFICIENT_CONTEXT: _ClassVar[TurnStatus]
+
+class FlagReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FLAG_REASON_UNSPECIFIED: _ClassVar[FlagReason]
+    SCORE_THRESHOLD: _ClassVar[FlagReason]
+    SPEAKER_CONFUSION: _ClassVar[FlagReason]
 PCM_ENCODING_UNSPECIFIED: PcmEncoding
 PCM_S16LE: PcmEncoding
 PCM_F32LE: PcmEncoding
@@ -40,6 +47,7 @@ METHOD_UNSPECIFIED: Method
 METHOD_PAIRWISE: Method
 METHOD_CENTROID: Method
 METHOD_REFERENCE: Method
+METHOD_AUTO: Method
 THRESHOLD_SET_UNSPECIFIED: ThresholdSet
 THRESHOLD_SET_DEFAULT: ThresholdSet
 THRESHOLD_SET_PAPER: ThresholdSet
@@ -48,6 +56,9 @@ CONSISTENT: TurnStatus
 INCONSISTENT: TurnStatus
 INSUFFICIENT_AUDIO: TurnStatus
 INSUFFICIENT_CONTEXT: TurnStatus
+FLAG_REASON_UNSPECIFIED: FlagReason
+SCORE_THRESHOLD: FlagReason
+SPEAKER_CONFUSION: FlagReason
 
 class PcmAudio(_message.Message):
     __slots__ = ("data", "encoding", "sample_rate_hz", "channels")
@@ -70,16 +81,18 @@ class Audio(_message.Message):
     def __init__(self, encoded: _Optional[bytes] = ..., pcm: _Optional[_Union[PcmAudio, _Mapping]] = ...) -> None: ...
 
 class CheckOptions(_message.Message):
-    __slots__ = ("encoder", "method", "threshold_set", "threshold")
+    __slots__ = ("encoder", "method", "threshold_set", "threshold", "detect_drift")
     ENCODER_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_SET_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    DETECT_DRIFT_FIELD_NUMBER: _ClassVar[int]
     encoder: str
     method: Method
     threshold_set: ThresholdSet
     threshold: float
-    def __init__(self, encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., threshold_set: _Optional[_Union[ThresholdSet, str]] = ..., threshold: _Optional[float] = ...) -> None: ...
+    detect_drift: bool
+    def __init__(self, encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., threshold_set: _Optional[_Union[ThresholdSet, str]] = ..., threshold: _Optional[float] = ..., detect_drift: _Optional[bool] = ...) -> None: ...
 
 class Turn(_message.Message):
     __slots__ = ("turn_id", "speaker", "text", "audio")
@@ -114,7 +127,7 @@ class CheckDialogueRequest(_message.Message):
     def __init__(self, dialogue_id: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., references: _Optional[_Iterable[_Union[SpeakerReference, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
 
 class TurnVerdict(_message.Message):
-    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail")
+    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail", "inconsistency_probability", "reason", "closest_speaker", "closest_speaker_margin", "drift_segments", "drift_score")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +140,12 @@ class TurnVerdict(_message.Message):
     AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SPEECH_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    INCONSISTENCY_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CLOSEST_SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    CLOSEST_SPEAKER_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_SCORE_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     speaker: str
     status: TurnStatus
@@ -139,7 +158,23 @@ class TurnVerdict(_message.Message):
     audio_seconds: float
     speech_seconds: float
     detail: str
-    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
+    inconsistency_probability: float
+    reason: FlagReason
+    closest_speaker: str
+    closest_speaker_margin: float
+    drift_segments: _containers.RepeatedCompositeFieldContainer[DriftSegment]
+    drift_score: float
+    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ..., inconsistency_probability: _Optional[float] = ..., reason: _Optional[_Union[FlagReason, str]] = ..., closest_speaker: _Optional[str] = ..., closest_speaker_margin: _Optional[float] = ..., drift_segments: _Optional[_Iterable[_Union[DriftSegment, _Mapping]]] = ..., drift_score: _Optional[float] = ...) -> None: ...
+
+class DriftSegment(_message.Message):
+    __slots__ = ("start_seconds", "end_seconds", "score")
+    START_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    END_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    start_seconds: float
+    end_seconds: float
+    score: float
+    def __init__(self, start_seconds: _Optional[float] = ..., end_seconds: _Optional[float] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SpeakerVerdict(_message.Message):
     __slots__ = ("speaker", "consistent", "judged", "inconsistent_turn_ids", "scored_turns", "unscored_turns")

@@ -1,0 +1,1 @@
+"""Load generation against a sleuthd server (locust); see README.md."""

@@ -1,0 +1,309 @@
+"""`sleuthd bench throughput`: audio-seconds scored per second and latency, three ways, in one run.
+
+Modes, on the same real (synthetic-voice) dialogues of 5 turns x 2-6 s:
+
+- ``resemblyzer``: what a user would do instead: resemblyzer's ``VoiceEncoder`` in-process (torch,
+  CPU), each worker scoring one dialogue at a time (``preprocess_wav`` + ``embed_utterance`` per turn,
+  then pairwise cosines);
+- ``unbatched``: our server with the micro-batcher off: every clip is its own model call;
+- ``batched``: our server with the micro-batcher on (default knobs).
+
+Both servers run as subprocesses with the embedding cache off (every request is scored from scratch)
+and are driven through real gRPC channels by ``concurrency`` closed-loop workers for a fixed time per
+level. Results: audio seconds scored per wall second, per-dialogue latency percentiles, errors, and
+the ratios batched/unbatched and batched/resemblyzer measured side by side. Also checked: batched and
+unbatched scores agree (max |difference| of per-turn pairwise cosines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import soundfile as sf
+
+from sleuthd import synth
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+MODES = ("resemblyzer", "unbatched", "batched")
+TURNS = 5
+
+
+@dataclass(frozen=True)
+class Dialogue:
+    turns: tuple[bytes, ...]  # 16 kHz mono WAV files
+    audio_seconds: float
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    audio_seconds_per_second: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    errors: int
+    dialogues: int
+    wall_seconds: float
+
+
+def build_dialogues(cache_dir: Path, n_dialogues: int, seed: int) -> list[Dialogue]:
+    """``n_dialogues`` dialogues of 5 turns, each turn 2-6 s of one synthetic voice (cached on disk)."""
+    rng = random.Random(seed)
+    voices = [v for v in synth.catalogue() if v.family in ("espeak", "flite")]
+    texts = synth.sentences(n_dialogues * TURNS, seed)
+    dialogues = []
+    for d in range(n_dialogues):
+        voice = voices[d % len(voices)]
+        turns = []
+        for t in range(TURNS):
+            path = cache_dir / f"{d:03d}-{t}.wav"
+            length = rng.uniform(2.0, 6.0)
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                full = cache_dir / f"{d:03d}-{t}.full.wav"
+                synth.synthesize(voice, texts[d * TURNS + t], full)
+                samples, rate = sf.read(full, dtype="float32")
+                sf.write(path, samples[: int(length * rate)], rate, subtype="PCM_16")
+                full.unlink()
+            turns.append(path.read_bytes())
+        seconds = sum(sf.info(io.BytesIO(b)).duration for b in turns)
+        dialogues.append(Dialogue(tuple(turns), seconds))
+    return dialogues
+
+
+def _percentiles(latencies_s: Sequence[float]) -> tuple[float, float, float]:
+    if not latencies_s:
+        return (float("nan"),) * 3
+    p = np.percentile(np.asarray(latencies_s) * 1000.0, [50, 95, 99])
+    return float(p[0]), float(p[1]), float(p[2])
+
+
+def _level(audio: float, latencies: list[float], errors: int, wall: float) -> LevelResult:
+    p50, p95, p99 = _percentiles(latencies)
+    return LevelResult(audio / wall if wall > 0 else 0.0, p50, p95, p99, errors, len(latencies), wall)
+
+
+# ------------------------------------------------------------------------------------------ baseline
+
+
+def run_resemblyzer(dialogues: Sequence[Dialogue], concurrency: int, seconds: float) -> LevelResult:
+    """``concurrency`` threads, each scoring one dialogue at a time with resemblyzer, for ``seconds``."""
+    from resemblyzer import VoiceEncoder, preprocess_wav
+
+    encoder = VoiceEncoder("cpu", verbose=False)
+
+    def score(d: Dialogue) -> np.ndarray:
+        embs = []
+        for wav in d.turns:
+            samples, rate = sf.read(io.BytesIO(wav), dtype="float32")
+            embs.append(encoder.embed_utterance(preprocess_wav(samples, source_sr=rate)))
+        e = np.stack(embs)
+        sims = e @ e.T
+        return (sims.sum(1) - 1.0) / (len(e) - 1)
+
+    score(dialogues[0])  # warm-up
+    stop_at = time.perf_counter() + seconds
+    latencies: list[float] = []
+    audio = 0.0
+    errors = 0
+
+    def worker(offset: int) -> None:
+        nonlocal audio, errors
+        k = offset
+        while time.perf_counter() < stop_at:
+            d = dialogues[k % len(dialogues)]
+            t0 = time.perf_counter()
+            try:
+                score(d)
+            except Exception:  # counted, not hidden: the run reports its errors
+                logger.exception("resemblyzer failed")
+                errors += 1
+            else:
+                latencies.append(time.perf_counter() - t0)
+                audio += d.audio_seconds
+            k += concurrency
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(worker, range(concurrency)))
+    return _level(audio, latencies, errors, time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------------------------------ our server
+
+
+def request_for(d: Dialogue, k: int) -> pb.CheckDialogueRequest:
+    req = pb.CheckDialogueRequest(dialogue_id=f"bench-{k}", options=pb.CheckOptions(method=pb.METHOD_PAIRWISE))
+    for t, wav in enumerate(d.turns):
+        req.turns.add(turn_id=f"t{t}", speaker="S", audio=pb.Audio(encoded=wav))
+    return req
+
+
+async def drive_server(
+    target: str, dialogues: Sequence[Dialogue], concurrency: int, seconds: float
+) -> tuple[LevelResult, dict[int, list[float]]]:
+    """Closed loop: ``concurrency`` workers each send one CheckDialogue at a time for ``seconds``.
+
+    Returns the level result and, per dialogue index, the per-turn pairwise scores last seen."""
+    requests = [request_for(d, k) for k, d in enumerate(dialogues)]
+    scores: dict[int, list[float]] = {}
+    latencies: list[float] = []
+    audio = 0.0
+    errors = 0
+    async with grpc.aio.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        stub = pb_grpc.SleuthStub(ch)
+        await stub.CheckDialogue(requests[0], timeout=120)  # warm-up
+        stop_at = time.perf_counter() + seconds
+
+        async def worker(offset: int) -> None:
+            nonlocal audio, errors
+            k = offset
+            while time.perf_counter() < stop_at:
+                i = k % len(requests)
+                t0 = time.perf_counter()
+                try:
+                    v = await stub.CheckDialogue(requests[i], timeout=300)
+                except grpc.aio.AioRpcError as exc:
+                    errors += 1
+                    logger.warning("request failed: %s %s", exc.code().name, exc.details())
+                else:
+                    latencies.append(time.perf_counter() - t0)
+                    audio += dialogues[i].audio_seconds
+                    scores[i] = [t.pairwise_mean_cosine for t in v.turns]
+                k += concurrency
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(o) for o in range(concurrency)))
+        wall = time.perf_counter() - start
+    return _level(audio, latencies, errors, wall), scores
+
+
+class ServerProcess:
+    """`sleuthd serve` in a subprocess on a free loopback port."""
+
+    def __init__(self, extra_args: Sequence[str]) -> None:
+        cmd = [sys.executable, "-m", "sleuthd.cli", "--log-level", "warning", "serve", "--port", "0",
+               "--metrics-port", "-1", "--embedding-cache-entries", "0", *extra_args]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("sleuthd listening on "):
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise RuntimeError(f"server did not start: {line}{err}")
+        self.target = line.split()[-1]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+def run(
+    concurrency: Sequence[int],
+    seconds: float,
+    n_dialogues: int,
+    cache_dir: Path,
+    device: str,
+    server_args: Sequence[str],
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    dialogues = build_dialogues(cache_dir, n_dialogues, seed=7)
+    total_audio = sum(d.audio_seconds for d in dialogues)
+    progress(f"{len(dialogues)} dialogues of {TURNS} turns, {total_audio:.0f} s of audio in all")
+    results: dict[str, dict[str, LevelResult]] = {m: {} for m in MODES}
+    agreement: dict[str, float] = {}
+    for c in concurrency:
+        progress(f"resemblyzer, concurrency {c} ...")
+        results["resemblyzer"][str(c)] = run_resemblyzer(dialogues, c, seconds)
+    mode_scores: dict[str, dict[int, list[float]]] = {}
+    for mode, flag in (("unbatched", "off"), ("batched", "on")):
+        server = ServerProcess(["--batching", flag, "--device", device, *server_args])
+        try:
+            merged: dict[int, list[float]] = {}
+            for c in concurrency:
+                progress(f"{mode} server, concurrency {c} ...")
+                level, scores = asyncio.run(drive_server(server.target, dialogues, c, seconds))
+                results[mode][str(c)] = level
+                merged.update(scores)
+            mode_scores[mode] = merged
+        finally:
+            server.stop()
+    common = sorted(set(mode_scores["batched"]) & set(mode_scores["unbatched"]))
+    if common:
+        diff = max(
+            float(np.max(np.abs(np.subtract(mode_scores["batched"][i], mode_scores["unbatched"][i])))) for i in common
+        )
+        agreement = {"dialogues_compared": float(len(common)), "max_abs_pairwise_cosine_difference": diff}
+    ratios = {
+        str(c): {
+            "batched_over_unbatched": _ratio(results["batched"][str(c)], results["unbatched"][str(c)]),
+            "batched_over_resemblyzer": _ratio(results["batched"][str(c)], results["resemblyzer"][str(c)]),
+        }
+        for c in concurrency
+    }
+    return {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "device": device},
+        "dialogues": len(dialogues),
+        "turns_per_dialogue": TURNS,
+        "seconds_per_level": seconds,
+        "modes": {m: {c: asdict(r) for c, r in levels.items()} for m, levels in results.items()},
+        "ratios": ratios,
+        "agreement_batched_vs_unbatched": agreement,
+    }
+
+
+def _ratio(a: LevelResult, b: LevelResult) -> float:
+    return a.audio_seconds_per_second / b.audio_seconds_per_second if b.audio_seconds_per_second else float("nan")
+
+
+def table(report: dict[str, Any]) -> str:
+    modes = report["modes"]
+    lines = [
+        "| mode | concurrency | audio s / s | p50 ms | p95 ms | p99 ms | errors | dialogues |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for mode in MODES:
+        for c, r in modes[mode].items():
+            lines.append(
+                f"| {mode} | {c} | {r['audio_seconds_per_second']:.1f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} "
+                f"| {r['p99_ms']:.0f} | {r['errors']} | {r['dialogues']} |"
+            )
+    lines += ["", "| concurrency | batched / unbatched | batched / resemblyzer |", "| ---: | ---: | ---: |"]
+    ratios = report["ratios"]
+    for c, r in ratios.items():
+        lines.append(f"| {c} | {r['batched_over_unbatched']:.2f}x | {r['batched_over_resemblyzer']:.2f}x |")
+    agreement = report.get("agreement_batched_vs_unbatched") or {}
+    if agreement:
+        lines.append(
+            f"\nbatched vs unbatched: max |Δ pairwise cosine| = {agreement['max_abs_pairwise_cosine_difference']:.2e} "
+            f"over {int(agreement['dialogues_compared'])} dialogues"
+        )
+    return "\n".join(lines)
+
+
+def write_json(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")

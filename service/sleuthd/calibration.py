@@ -1,0 +1,174 @@
+"""The `auto` judgment: a calibrated probability that a turn does not belong to its speaker.
+
+Fixed cosine thresholds do not transfer (SpeakerSleuth's central finding): how alike two turns of one
+speaker are depends on the encoder, the voice, the recording and the turn length. `auto` therefore
+never compares a cosine with a constant. It asks how a turn relates to the speaker's *other* turns
+compared with how those relate to each other (and the same against the reference clip), scales
+that gap by the speaker's own spread, and maps the result through a small logistic model fitted on
+the synthetic dev corpus (espeak-ng voices only) and stored, with how it was fitted, in the encoder's
+model manifest. The output is a probability in [0, 1]; turns above ``decision_threshold`` (0.5, the
+Bayes decision for the fitted prior) are flagged.
+
+Every feature is a difference or ratio of cosines measured inside the request, so a corpus whose
+cosines all sit lower (real narrowband speech: same speaker 0.74-0.90) or higher (clean synthetic
+voices: about 0.94) moves the features much less than it moves the raw cosines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Floors keep ratios finite for speakers whose turns are nearly identical.
+MIN_SPREAD = 0.02  # cosine
+MIN_DISTANCE = 0.02  # 1 - cosine
+
+# Which model applies depends on what the request offers for the speaker.
+VARIANTS = ("context_reference", "context", "pair_reference", "pair", "reference_only")
+
+
+class CalibrationError(RuntimeError):
+    """The encoder has no usable calibration for `auto` (missing, for other weights, or malformed)."""
+
+
+@dataclass(frozen=True)
+class LogisticModel:
+    """P(inconsistent) = sigmoid(bias + weights . standardised(features))."""
+
+    features: tuple[str, ...]
+    mean: np.ndarray  # (k,)
+    scale: np.ndarray  # (k,)
+    weights: np.ndarray  # (k,)
+    bias: float
+
+    def probability(self, x: np.ndarray) -> np.ndarray:
+        """x: (n, k) raw features in ``features`` order -> (n,) probabilities."""
+        z = (x - self.mean) / self.scale
+        logit = z @ self.weights + self.bias
+        return np.asarray(1.0 / (1.0 + np.exp(-np.clip(logit, -40, 40))))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "features": list(self.features),
+            "mean": [float(v) for v in self.mean],
+            "scale": [float(v) for v in self.scale],
+            "weights": [float(v) for v in self.weights],
+            "bias": float(self.bias),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LogisticModel:
+        k = len(d["features"])
+        arrays = [np.asarray(d[name], dtype=np.float64) for name in ("mean", "scale", "weights")]
+        if any(a.shape != (k,) for a in arrays):
+            raise CalibrationError(f"calibration model with {k} features has arrays of the wrong length")
+        return cls(tuple(d["features"]), arrays[0], arrays[1], arrays[2], float(d["bias"]))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted models of one encoder, keyed by variant, and the decision threshold on P."""
+
+    models: dict[str, LogisticModel]
+    decision_threshold: float
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_manifest(cls, manifest_raw: Mapping[str, Any], encoder_name: str) -> Calibration:
+        """Load the ``calibration`` block of an encoder manifest; refuse one fitted for other weights."""
+        block = manifest_raw.get("calibration")
+        if not block:
+            raise CalibrationError(
+                f"encoder {encoder_name!r} has no calibration in its manifest, so method auto cannot judge with "
+                "it: use a thresholded method (pairwise, centroid, reference) or fit one with "
+                "`sleuthd calibrate fit`"
+            )
+        weights_sha = manifest_raw.get("source", {}).get("file_sha256")
+        if block.get("encoder_weights_sha256") != weights_sha:
+            raise CalibrationError(
+                f"the calibration of encoder {encoder_name!r} was fitted for weights "
+                f"{str(block.get('encoder_weights_sha256'))[:12]}… but the manifest's weights are "
+                f"{str(weights_sha)[:12]}…: refit it with `sleuthd calibrate fit`"
+            )
+        try:
+            models = {name: LogisticModel.from_json(m) for name, m in block["models"].items()}
+            threshold = float(block["decision_threshold"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CalibrationError(f"calibration of encoder {encoder_name!r} is malformed: {exc}") from exc
+        missing = [v for v in VARIANTS if v not in models]
+        if missing:
+            raise CalibrationError(f"calibration of encoder {encoder_name!r} lacks models for: {', '.join(missing)}")
+        return cls(models, threshold, dict(block))
+
+
+# ------------------------------------------------------------------------------------------ features
+
+
+def _pair_stats(sims: np.ndarray, members: np.ndarray) -> tuple[float, float]:
+    """Mean and std of the cosines between distinct members (indices) of a speaker's turns."""
+    sub = sims[np.ix_(members, members)]
+    iu = np.triu_indices(len(members), k=1)
+    vals = sub[iu]
+    return float(vals.mean()), float(vals.std())
+
+
+def turn_features(emb: np.ndarray, reference: np.ndarray | None, speech_seconds: np.ndarray) -> tuple[str, np.ndarray]:
+    """Features of every turn of one speaker, and the variant (model) they belong to.
+
+    emb: (n, D) unit embeddings of the speaker's usable turns; reference: (D,) or None;
+    speech_seconds: (n,). Returns (variant, (n, k) features in that variant's order).
+    """
+    n = len(emb)
+    sims = emb @ emb.T
+    ref = emb @ reference if reference is not None else None
+    log_dur = np.log(np.maximum(speech_seconds, 0.1))
+    rows = []
+    for i in range(n):
+        others = np.array([j for j in range(n) if j != i], dtype=int)
+        row: dict[str, float] = {"log_speech_seconds": float(log_dur[i])}
+        if n >= 2:
+            p_i = float(sims[i, others].mean())
+            row["pair_cosine"] = p_i  # absolute: only used where nothing relative exists (n == 2)
+        if n >= 3:
+            mu, sd = _pair_stats(sims, others)
+            gap = mu - p_i
+            row["context_gap"] = gap / max(1.0 - mu, MIN_DISTANCE)
+            row["context_z"] = gap / max(sd, MIN_SPREAD)
+            row["log_turns"] = float(np.log(n))
+        if ref is not None:
+            row["reference_cosine"] = float(ref[i])
+            if n >= 2:
+                ref_others = float(ref[others].mean())
+                row["reference_gap"] = (ref_others - float(ref[i])) / max(1.0 - ref_others, MIN_DISTANCE)
+        rows.append(row)
+    variant = _variant(n, reference is not None)
+    names = FEATURES[variant]
+    return variant, np.array([[r[f] for f in names] for r in rows], dtype=np.float64)
+
+
+def _variant(n: int, has_reference: bool) -> str:
+    if n >= 3:
+        return "context_reference" if has_reference else "context"
+    if n == 2:
+        return "pair_reference" if has_reference else "pair"
+    return "reference_only"
+
+
+FEATURES: dict[str, tuple[str, ...]] = {
+    "context_reference": ("context_gap", "context_z", "reference_gap", "log_speech_seconds", "log_turns"),
+    "context": ("context_gap", "context_z", "log_speech_seconds", "log_turns"),
+    "pair_reference": ("reference_gap", "reference_cosine", "pair_cosine", "log_speech_seconds"),
+    "pair": ("pair_cosine", "log_speech_seconds"),
+    "reference_only": ("reference_cosine", "log_speech_seconds"),
+}
+
+
+def inconsistency_probability(
+    calibration: Calibration, emb: np.ndarray, reference: np.ndarray | None, speech_seconds: np.ndarray
+) -> tuple[str, np.ndarray]:
+    """(variant, (n,) P(inconsistent)) for one speaker's usable turns."""
+    variant, x = turn_features(emb, reference, speech_seconds)
+    return variant, calibration.models[variant].probability(x)
