@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 
+import gevent
 import grpc
 import grpc.experimental.gevent as grpc_gevent
 from locust import User, constant_throughput, events, task
@@ -120,6 +121,11 @@ def _load_speech(environment: Environment, **_kwargs: Any) -> None:
     if opts.stream_chunks < 1 or opts.tasks_per_second <= 0:
         raise LocustError("--stream-chunks must be >= 1 and --tasks-per-second > 0")
     _dialogues[:] = speech.dialogues(opts.dialogues)
+    # gevent timers count from the event loop's cached clock, which has not moved since the loop last
+    # ran (before the imports and the speech above, which can take seconds when clips are synthesized).
+    # Locust sets its --run-time timer right after this listener: without a refresh it fires that
+    # much early and the run is cut short.
+    gevent.get_hub().loop.update_now()
 
 
 def grpc_target(host: str | None) -> str:

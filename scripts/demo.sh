@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dialogue="$1"; shift || true
 log=$(mktemp)
-.venv/bin/sleuthd --log-level warning serve --host 127.0.0.1 --port 0 >"$log" 2>&1 &
+.venv/bin/sleuthd --log-level warning serve --host 127.0.0.1 --port 0 --metrics-port -1 >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 120); do

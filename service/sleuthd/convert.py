@@ -20,6 +20,7 @@ _METHOD_FROM_PB = {
     pb.METHOD_PAIRWISE: Method.PAIRWISE,
     pb.METHOD_CENTROID: Method.CENTROID,
     pb.METHOD_REFERENCE: Method.REFERENCE,
+    pb.METHOD_AUTO: Method.AUTO,
 }
 _METHOD_TO_PB = {m: p for p, m in _METHOD_FROM_PB.items() if m is not None}
 _THRESHOLD_SET_FROM_PB = {
@@ -30,6 +31,11 @@ _THRESHOLD_SET_FROM_PB = {
 _THRESHOLD_SET_TO_PB = {
     domain.ThresholdSet.DEFAULT: pb.THRESHOLD_SET_DEFAULT,
     domain.ThresholdSet.PAPER: pb.THRESHOLD_SET_PAPER,
+}
+_REASON_TO_PB = {
+    domain.FlagReason.NONE: pb.FLAG_REASON_UNSPECIFIED,
+    domain.FlagReason.SCORE_THRESHOLD: pb.SCORE_THRESHOLD,
+    domain.FlagReason.SPEAKER_CONFUSION: pb.SPEAKER_CONFUSION,
 }
 _PCM_FROM_PB = {pb.PCM_S16LE: PcmEncoding.S16LE, pb.PCM_F32LE: PcmEncoding.F32LE}
 _STATUS_TO_PB = {
@@ -77,6 +83,7 @@ def options_from_pb(msg: pb.CheckOptions) -> domain.CheckOptions:
         method=_METHOD_FROM_PB[msg.method],
         threshold_set=_THRESHOLD_SET_FROM_PB[msg.threshold_set],
         threshold=msg.threshold if msg.HasField("threshold") else None,
+        detect_drift=msg.detect_drift,
     )
 
 
@@ -118,12 +125,26 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
         audio_seconds=t.audio_seconds,
         speech_seconds=t.speech_seconds,
         detail=t.detail,
+        reason=_REASON_TO_PB[t.reason],  # type: ignore[arg-type]
+        closest_speaker=t.closest_speaker,
     )
     # Optional fields stay unset when the value does not exist: absence is not zero.
-    for name in ("score", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine"):
+    for name in (
+        "score",
+        "threshold",
+        "pairwise_mean_cosine",
+        "centroid_cosine_distance",
+        "reference_cosine",
+        "inconsistency_probability",
+        "closest_speaker_margin",
+    ):
         value = getattr(t, name)
         if value is not None:
             setattr(out, name, value)
+    if t.drift is not None:
+        out.drift_score = t.drift.score
+        for seg in t.drift.segments:
+            out.drift_segments.add(start_seconds=seg.start_seconds, end_seconds=seg.end_seconds, score=seg.score)
     return out
 
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from typing import TYPE_CHECKING
+
 from sleuthd.audio import PcmSpec
 from sleuthd.scoring import Method
+
+if TYPE_CHECKING:
+    from sleuthd.drift import DriftResult
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,7 @@ class CheckOptions:
     method: Method | None = None  # None = the encoder manifest's default method
     threshold_set: ThresholdSet = ThresholdSet.DEFAULT
     threshold: float | None = None  # explicit override on the method's scale
+    detect_drift: bool = False  # also look for voice changes inside each turn
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,12 @@ class DialogueRequest:
     turns: tuple[DialogueTurn, ...]
     references: dict[str, AudioInput] = field(default_factory=dict)
     options: CheckOptions = field(default_factory=CheckOptions)
+
+
+class FlagReason(Enum):
+    NONE = "none"
+    SCORE_THRESHOLD = "score_threshold"  # the method's score crossed its threshold
+    SPEAKER_CONFUSION = "speaker_confusion"  # closer to another speaker of the dialogue (auto only)
 
 
 class TurnStatus(Enum):
@@ -67,6 +79,11 @@ class TurnResult:
     centroid_cosine_distance: float | None = None
     reference_cosine: float | None = None
     detail: str = ""
+    inconsistency_probability: float | None = None
+    reason: FlagReason = FlagReason.NONE
+    closest_speaker: str = ""
+    closest_speaker_margin: float | None = None  # cosine: own speaker minus closest other speaker
+    drift: DriftResult | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 from sleuthd import scoring
 from sleuthd.audio import AudioError
 from sleuthd.batcher import BatcherConfig, BatchObserver, MicroBatcher, NullObserver
+from sleuthd.calibration import Calibration, CalibrationError
 from sleuthd.clips import ClipEmbedding, PreparedClip, pool, prepare
 from sleuthd.domain import (
     AudioInput,
@@ -35,7 +36,7 @@ from sleuthd.domain import (
 )
 from sleuthd.embedding_cache import LruCache, audio_key
 from sleuthd.encoder import OnnxEncoder, ThreadedEncoder, WindowEncoder
-from sleuthd.errors import DeadlineExceeded, InvalidRequest, LimitExceeded, UnknownName
+from sleuthd.errors import DeadlineExceeded, InvalidRequest, LimitExceeded, UnknownName, Unsupported
 from sleuthd.judge import Judgment, judge_dialogue, stack_embeddings
 from sleuthd.manifest import (
     PAPER_THRESHOLDS,
@@ -119,6 +120,15 @@ class Engine:
         self._model_executor = model_executor
         self.cache: LruCache[ClipEmbedding] = LruCache(config.embedding_cache_entries)
         self.active_streams = 0
+        # An encoder without a usable calibration still serves the paper methods; auto then fails
+        # with the reason instead of quietly falling back to a fixed threshold.
+        self.calibrations: dict[str, Calibration | CalibrationError] = {}
+        for name, enc in encoders.items():
+            try:
+                self.calibrations[name] = Calibration.from_manifest(enc.manifest.raw, name)
+            except CalibrationError as exc:
+                logger.warning("%s", exc)
+                self.calibrations[name] = exc
 
     @classmethod
     def load(cls, config: EngineConfig, observer: EngineObserver | None = None) -> Engine:
@@ -169,6 +179,9 @@ class Engine:
         manifest = encoder.manifest
         method = options.method or Method(manifest.default_method)
         info = METHODS[method]
+        calibration = self.calibrations[name]
+        if method is Method.AUTO and isinstance(calibration, CalibrationError):
+            raise Unsupported(str(calibration))
         if options.threshold is not None:
             lo, hi = info.threshold_range
             if not (np.isfinite(options.threshold) and lo <= options.threshold <= hi):
@@ -176,13 +189,19 @@ class Engine:
                     f"threshold {options.threshold} is outside the {method.value} scale ({info.scale}, {lo}–{hi})"
                 )
             threshold = float(options.threshold)
+        elif method is Method.AUTO:
+            if options.threshold_set is ThresholdSet.PAPER:
+                raise InvalidRequest("the paper has no threshold for method auto: use the default threshold set")
+            assert isinstance(calibration, Calibration)
+            threshold = calibration.decision_threshold
         elif options.threshold_set is ThresholdSet.PAPER:
             threshold = PAPER_THRESHOLDS[method.value]
         else:
             if method.value not in manifest.default_thresholds:
                 raise InvalidRequest(f"encoder {name!r} has no default threshold for method {method.value!r}")
             threshold = manifest.default_thresholds[method.value]
-        return ResolvedOptions(encoder, Judgment(method, threshold), options.threshold_set)
+        usable_calibration = calibration if isinstance(calibration, Calibration) else None
+        return ResolvedOptions(encoder, Judgment(method, threshold, usable_calibration), options.threshold_set)
 
     # ------------------------------------------------------------------ embedding
 

@@ -19,6 +19,11 @@ class OutOfSequence(InvalidRequest):
     """A stream message arrived when the stream's state does not allow it (FAILED_PRECONDITION)."""
 
 
+class Unsupported(InvalidRequest):
+    """The request needs something this server's models do not have, e.g. auto without a calibration
+    (FAILED_PRECONDITION)."""
+
+
 class LimitExceeded(InvalidRequest):
     """A per-request or per-stream bound was reached; send less (RESOURCE_EXHAUSTED)."""
 

@@ -1,4 +1,4 @@
-"""Turning one speaker's clip embeddings into per-turn verdicts and a speaker verdict. Pure functions.
+"""Turning clip embeddings into per-turn and per-speaker verdicts. Pure functions.
 
 Shared by CheckDialogue and StreamDialogue, so a stream's final verdict is exactly what CheckDialogue
 gives for the same turns.
@@ -12,23 +12,30 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sleuthd import scoring
+from sleuthd.calibration import Calibration, inconsistency_probability
 from sleuthd.clips import ClipEmbedding
-from sleuthd.domain import SpeakerResult, TurnResult, TurnStatus
+from sleuthd.domain import FlagReason, SpeakerResult, TurnResult, TurnStatus
 from sleuthd.scoring import METHODS, Method
 
 
 @dataclass(frozen=True)
 class Judgment:
-    """How turns are judged: a method and its threshold on the method's scale."""
+    """How turns are judged: a method, its threshold on the method's scale, and the encoder's
+    calibration (None when the encoder has none; required for Method.AUTO)."""
 
     method: Method
     threshold: float
+    calibration: Calibration | None = None
 
 
 def stack_embeddings(clips: Sequence[ClipEmbedding]) -> np.ndarray:
     """(n, D) rows of the usable clips' embeddings; (0, 1) when there are none."""
     rows = [c.embedding for c in clips if c.embedding is not None]
     return np.stack(rows) if rows else np.zeros((0, 1), np.float32)
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v / max(float(np.linalg.norm(v)), 1e-12))
 
 
 def judge_speaker(
@@ -38,18 +45,24 @@ def judge_speaker(
     reference: np.ndarray | None,
     judgment: Judgment,
 ) -> list[TurnResult]:
-    """Verdicts for all of one speaker's audio turns, in the given order.
+    """Verdicts for all of one speaker's audio turns, in the given order (no attribution).
 
     Unusable clips are INSUFFICIENT_AUDIO; usable clips without anything to compare with are
-    INSUFFICIENT_CONTEXT; the rest are scored by ``judgment.method`` and flagged at its threshold.
-    The three paper scores are filled in whenever they are computable.
+    INSUFFICIENT_CONTEXT; the rest are scored by ``judgment.method``. The three paper scores and, with
+    a calibration, the inconsistency probability are filled in whenever they are computable.
     """
     usable = [i for i, c in enumerate(clips) if c.embedding is not None]
     emb = stack_embeddings([clips[i] for i in usable])
     pw = scoring.pairwise_mean_cosine(emb) if len(usable) >= 2 else None
     cd = scoring.centroid_cosine_distance(emb) if len(usable) >= 2 else None
     rc = scoring.reference_cosine(emb, reference) if reference is not None and usable else None
-    method_scores = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc}[judgment.method]
+    prob = None
+    if judgment.calibration is not None and (len(usable) >= 2 or (usable and reference is not None)):
+        seconds = np.array([clips[i].speech_seconds for i in usable])
+        _, prob = inconsistency_probability(judgment.calibration, emb, reference, seconds)
+    method_scores = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc, Method.AUTO: prob}[
+        judgment.method
+    ]
     info = METHODS[judgment.method]
     out: list[TurnResult] = []
     for i, (turn_id, clip) in enumerate(zip(turn_ids, clips, strict=True)):
@@ -71,9 +84,10 @@ def judge_speaker(
             pairwise_mean_cosine=None if pw is None else float(pw[k]),
             centroid_cosine_distance=None if cd is None else float(cd[k]),
             reference_cosine=None if rc is None else float(rc[k]),
+            inconsistency_probability=None if prob is None else float(prob[k]),
             detail=(
                 f"speaker {speaker!r} has no other usable turn to compare with; "
-                "send more turns, or a reference and use method reference"
+                "send more turns, or a reference and use method reference or auto"
             ),
         )
         if method_scores is not None:
@@ -83,6 +97,7 @@ def judge_speaker(
             result = replace(
                 result,
                 status=TurnStatus.INCONSISTENT if bad else TurnStatus.CONSISTENT,
+                reason=FlagReason.SCORE_THRESHOLD if bad else FlagReason.NONE,
                 score=score,
                 score_scale=info.scale,
                 threshold=judgment.threshold,
@@ -92,6 +107,48 @@ def judge_speaker(
                 ),
             )
         out.append(result)
+    return out
+
+
+def attribute(
+    turns: Sequence[tuple[str, str]],
+    clips: Sequence[ClipEmbedding],
+    references: dict[str, np.ndarray],
+) -> dict[str, tuple[str, float]]:
+    """For each usable turn, the dialogue speaker it sounds closest to and the margin (cosine).
+
+    Own evidence: the centroid of the speaker's OTHER usable turns (leave-one-out), else the speaker's
+    reference. Other speakers: the centroid of all their usable turns. Margin = cos(own) - max
+    cos(other); no threshold is involved. Empty when fewer than two speakers have usable audio.
+    """
+    by_speaker: dict[str, list[int]] = {}
+    for i, ((_, speaker), clip) in enumerate(zip(turns, clips, strict=True)):
+        if clip.embedding is not None:
+            by_speaker.setdefault(speaker, []).append(i)
+    if len(by_speaker) < 2:
+        return {}
+    emb: dict[int, np.ndarray] = {}
+    for idx in by_speaker.values():
+        for i in idx:
+            e_i = clips[i].embedding
+            assert e_i is not None
+            emb[i] = e_i
+    centroids = {s: _unit(np.mean([emb[i] for i in idx], axis=0)) for s, idx in by_speaker.items()}
+    out: dict[str, tuple[str, float]] = {}
+    for speaker, idx in by_speaker.items():
+        for i in idx:
+            e = emb[i]
+            others_of_own = [emb[j] for j in idx if j != i]
+            if others_of_own:
+                own = float(e @ _unit(np.mean(others_of_own, axis=0)))
+            elif speaker in references:
+                own = float(e @ references[speaker])
+            else:
+                continue  # nothing of its own speaker to compare with
+            rivals = {s: float(e @ c) for s, c in centroids.items() if s != speaker}
+            rival, rival_cos = max(rivals.items(), key=lambda kv: kv[1])
+            margin = own - rival_cos
+            out[turns[i][0]] = (speaker if margin >= 0 else rival, margin)
     return out
 
 
@@ -115,15 +172,28 @@ def judge_dialogue(
     judgment: Judgment,
 ) -> tuple[list[TurnResult], list[SpeakerResult]]:
     """Verdicts for every (turn_id, speaker) audio turn, in dialogue order, and per speaker in order of
-    first appearance."""
+    first appearance. Under auto, a turn closer to another speaker is flagged SPEAKER_CONFUSION."""
     speakers = list(dict.fromkeys(s for _, s in turns))
     by_turn: dict[str, TurnResult] = {}
-    speaker_results = []
     for speaker in speakers:
         idx = [i for i, (_, s) in enumerate(turns) if s == speaker]
         results = judge_speaker(
             speaker, [turns[i][0] for i in idx], [clips[i] for i in idx], references.get(speaker), judgment
         )
         by_turn.update((r.turn_id, r) for r in results)
-        speaker_results.append(speaker_verdict(speaker, results))
-    return [by_turn[t] for t, _ in turns], speaker_results
+    for turn_id, (closest, margin) in attribute(turns, clips, references).items():
+        r = replace(by_turn[turn_id], closest_speaker=closest, closest_speaker_margin=margin)
+        if judgment.method is Method.AUTO and closest != r.speaker:
+            r = replace(
+                r,
+                status=TurnStatus.INCONSISTENT,
+                reason=FlagReason.SPEAKER_CONFUSION,
+                detail=(
+                    f"sounds closer to speaker {closest!r} than to {r.speaker!r} "
+                    f"(cosine margin {margin:.3f}); {r.detail}"
+                ),
+            )
+        by_turn[turn_id] = r
+    ordered = [by_turn[t] for t, _ in turns]
+    verdicts = [speaker_verdict(s, [r for r in ordered if r.speaker == s]) for s in speakers]
+    return ordered, verdicts

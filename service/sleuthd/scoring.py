@@ -16,6 +16,7 @@ class Method(Enum):
     PAIRWISE = "pairwise"
     CENTROID = "centroid"
     REFERENCE = "reference"
+    AUTO = "auto"  # calibrated probability, see sleuthd.calibration
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,9 @@ METHODS: dict[Method, MethodInfo] = {
     Method.PAIRWISE: MethodInfo("cosine_similarity", flag_above=False, threshold_range=(-1.0, 1.0)),
     Method.CENTROID: MethodInfo("cosine_distance", flag_above=True, threshold_range=(0.0, 2.0)),
     Method.REFERENCE: MethodInfo("cosine_similarity", flag_above=False, threshold_range=(-1.0, 1.0)),
+    Method.AUTO: MethodInfo("probability", flag_above=True, threshold_range=(0.0, 1.0)),
 }
+PAPER_METHODS = (Method.PAIRWISE, Method.CENTROID, Method.REFERENCE)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from sleuthd.errors import (
     OutOfSequence,
     Overloaded,
     UnknownName,
+    Unsupported,
 )
 from sleuthd.manifest import PAPER_THRESHOLDS
 from sleuthd.metrics import ServiceMetrics
@@ -37,6 +38,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (UnknownName, grpc.StatusCode.NOT_FOUND),
     (Duplicate, grpc.StatusCode.ALREADY_EXISTS),
     (OutOfSequence, grpc.StatusCode.FAILED_PRECONDITION),
+    (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
     (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),

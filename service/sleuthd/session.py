@@ -19,7 +19,7 @@ from sleuthd.clips import ClipEmbedding
 from sleuthd.domain import AudioInput, CheckOptions, DialogueResult, SpeakerResult, TurnResult, TurnStatus
 from sleuthd.engine import Engine, ResolvedOptions, check_id
 from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
-from sleuthd.judge import judge_dialogue, judge_speaker, speaker_verdict
+from sleuthd.judge import judge_dialogue
 
 logger = logging.getLogger(__name__)
 
@@ -138,20 +138,26 @@ class DialogueSession:
             opts.encoder, [(AudioInput(data, turn.pcm), f"turn {turn_id!r}")], deadline
         )
         self._done[turn_id] = (turn.speaker, clip)
-        ids = [t for t in self._order if t in self._done and self._done[t][0] == turn.speaker]
-        results = judge_speaker(
-            turn.speaker, ids, [self._done[t][1] for t in ids], self._references.get(turn.speaker), opts.judgment
-        )
-        verdict = speaker_verdict(turn.speaker, results)
+        # Re-judge everything so far: a new turn can change its own speaker's verdicts and, through
+        # attribution, other speakers' too. Embeddings are kept, so this is cheap.
+        results, speakers = self._judge()
+        verdicts = {v.speaker: v for v in speakers}
         # The new turn's verdict first, then revisions of earlier turns in dialogue order.
-        updates = [TurnUpdate(r, False, turn_id, verdict) for r in results if r.turn_id == turn_id]
+        updates = [TurnUpdate(r, False, turn_id, verdicts[r.speaker]) for r in results if r.turn_id == turn_id]
         self.engine.observer.verdict(updates[0].verdict.status)
         for r in results:
             previous = self._last_status.get(r.turn_id)
             if r.turn_id != turn_id and previous is not None and previous is not r.status:
-                updates.append(TurnUpdate(r, True, turn_id, verdict))
+                updates.append(TurnUpdate(r, True, turn_id, verdicts[r.speaker]))
             self._last_status[r.turn_id] = r.status
         return updates
+
+    def _judge(self) -> tuple[list[TurnResult], list[SpeakerResult]]:
+        opts = self._require_open()
+        ids = [t for t in self._order if t in self._done]
+        return judge_dialogue(
+            [(t, self._done[t][0]) for t in ids], [self._done[t][1] for t in ids], self._references, opts.judgment
+        )
 
     def close(self) -> DialogueResult:
         """The whole dialogue's verdict, as CheckDialogue would give it."""
@@ -159,12 +165,9 @@ class DialogueSession:
         if self._open:
             still_open = ", ".join(repr(t) for t in sorted(self._open))
             raise OutOfSequence(f"stream closed with turns still open: {still_open}; send their final chunk first")
-        ids = [t for t in self._order if t in self._done]
-        if not ids:
+        if not self._done:
             raise InvalidRequest("the stream ended without any complete turn: nothing to judge")
-        turns, speakers = judge_dialogue(
-            [(t, self._done[t][0]) for t in ids], [self._done[t][1] for t in ids], self._references, opts.judgment
-        )
+        turns, speakers = self._judge()
         return DialogueResult(
             dialogue_id=self.dialogue_id,
             turns=tuple(turns),
