@@ -12,8 +12,8 @@ reply that does not account for every turn sent. The options this file adds (``-
 
 from __future__ import annotations
 
+import csv
 import itertools
-import logging
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +25,7 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import User, constant_throughput, events, task
 from locust.env import Environment
 from locust.exception import LocustError
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -34,7 +35,6 @@ from loadtest import speech
 # call. It must run before any channel exists, hence at import, before locust creates users.
 grpc_gevent.init_gevent()
 
-logger = logging.getLogger(__name__)
 
 Req: TypeAlias = pb.StreamDialogueRequest
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the server's default --max-message-mb
@@ -128,6 +128,21 @@ def _load_speech(environment: Environment, **_kwargs: Any) -> None:
     gevent.get_hub().loop.update_now()
 
 
+@events.quitting.add_listener
+def _write_final_csv(environment: Environment, **_kwargs: Any) -> None:
+    # Locust rewrites its --csv files once a second and not again at exit, so calls that finish in the
+    # last second (those let through by --stop-timeout among them) are in its printed summary but not
+    # in the CSV. Users are done by the time `quitting` fires: write the final numbers once more.
+    prefix = environment.parsed_options.csv_prefix if environment.parsed_options else None
+    if not prefix:
+        return
+    final = StatsCSV(environment, PERCENTILES_TO_REPORT)
+    with open(f"{prefix}_stats.csv", "w", newline="", encoding="utf-8") as fh:
+        final.requests_csv(csv.writer(fh))
+    with open(f"{prefix}_failures.csv", "w", newline="", encoding="utf-8") as fh:
+        final.failures_csv(csv.writer(fh))
+
+
 def grpc_target(host: str | None) -> str:
     """``host:port`` from locust's ``--host``, which may carry a scheme (``grpc://h:p``) or none (``h:p``)."""
     target = (host or "").strip().rstrip("/")
@@ -139,7 +154,7 @@ def grpc_target(host: str | None) -> str:
 
 def weighted_schedule(weights: dict[str, int]) -> Iterator[str]:
     """Smooth weighted round robin: every ``sum(weights)`` consecutive picks hold each name exactly its
-    weight times, spread out (weights 2:1 give a a b a a b ...). Names of weight 0 never come up."""
+    weight times, spread out (weights a=2, b=1 give a b a a b a ...). Names of weight 0 never come up."""
     live = {name: w for name, w in weights.items() if w > 0}
     total = sum(live.values())
     current = dict.fromkeys(live, 0)
@@ -206,6 +221,13 @@ class SleuthUser(User):
 
     def wait_time(self) -> float:
         return self._pace(self)
+
+    def on_start(self) -> None:
+        # Users spawned together would fire together every interval: bursts of `users` dialogues and
+        # silence between them, which measures how the server drains a burst, not a steady rate. A
+        # random phase within one interval spreads the calls, so the offered load is smooth.
+        gevent.sleep(random.uniform(0, 1 / self.tasks_per_second))
+        self._cp_last_run = time.perf_counter()  # constant_throughput's clock starts after the phase
 
     def on_stop(self) -> None:
         self.channel.close()

@@ -50,9 +50,10 @@ def server_target(models_dir: Path, tmp_path: Path) -> Iterator[str]:
 def test_locust_sends_both_rpcs_and_none_fail(server_target: str, tmp_path: Path) -> None:
     dialogues(2)  # synthesize (or find cached) speech before locust's clock starts
     prefix = tmp_path / "lt"
-    # 2 users at 0.25 RPC/s each for 8 s: about 4 calls, far below what two cores serve. The users
-    # start at different places of the check/stream schedule, so each RPC runs at least once; calls
-    # still in flight at the end finish within --stop-timeout and are counted.
+    # 2 users at 0.25 RPC/s each for 8 s: about 4 calls, far below what two cores serve. Each user
+    # makes its first call within its first 4 s (a random phase in one interval), and the two start
+    # at different places of the check/stream schedule, so each RPC runs at least once; calls still
+    # in flight at the end finish within --stop-timeout and are counted.
     cmd = [sys.executable, "-m", "locust", "-f", "loadtest/locustfile.py", "--headless", "--only-summary",
            "--host", server_target, "--users", "2", "--spawn-rate", "2", "--run-time", "8s",
            "--stop-timeout", "20", "--csv", str(prefix), "--loglevel", "WARNING",

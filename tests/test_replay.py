@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -15,10 +16,11 @@ import pytest_asyncio
 from sleuthd import synth
 from sleuthd.bench.devsets import PRESETS, build_devsets
 from sleuthd.bench.instances import discrimination_candidates, discrimination_context, plan_runs, scenario_turns
-from sleuthd.bench.manifest import ManifestLine, read_manifest, relative_path
-from sleuthd.bench.replay import ReplayConfig, ReplayError, replay
+from sleuthd.bench.manifest import ManifestError, ManifestLine, read_manifest, relative_path
+from sleuthd.bench.replay import ReplayConfig, ReplayError, check_auto_supported, replay
 from sleuthd.engine import Engine
 from sleuthd.server import RunningServer
+from sleuthd.v1 import sleuthd_pb2 as pb
 
 from .support import REPO
 
@@ -85,6 +87,34 @@ def test_instances_derived_from_a_line() -> None:
     assert discrimination_candidates(line, seed=0) == cands  # fixed per dialogue
     orders = {tuple(c.label for c in discrimination_candidates(_line(dialogue_id=f"d{i}"))) for i in range(40)}
     assert len(orders) > 3, "the shuffle should vary between dialogues"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda o: o.pop("s3_audio"), "m.jsonl line 2: missing required field(s) s3_audio"),
+        (lambda o: o.update(altered_turn=4), "m.jsonl line 2: d2: altered_turn 4 is outside 0..3"),
+        (lambda o: o.update(dialogue_id="d1"), "m.jsonl line 2: dialogue_id 'd1' already used on line 1"),
+        (lambda o: o.update(target_turns=["t0.wav"]), "target_turns needs at least 2 turns"),
+        (lambda o: o.update(source="avg"), "source 'avg' is reserved"),
+    ],
+)
+def test_manifest_errors_name_the_line(tmp_path: Path, edit: Any, message: str) -> None:
+    second = _line(dialogue_id="d2").to_json()
+    edit(second)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps(_line().to_json()) + "\n" + json.dumps(second) + "\n")
+    with pytest.raises(ManifestError, match=re.escape(message)):
+        read_manifest(manifest, check_audio=False)
+
+
+def test_auto_needs_the_method_in_the_api() -> None:
+    check_auto_supported(["pairwise", "centroid"])
+    if "METHOD_AUTO" in pb.Method.keys():
+        check_auto_supported(["auto"])
+    else:
+        with pytest.raises(ReplayError, match="this server/client has no auto method"):
+            check_auto_supported(["auto"])
 
 
 # --------------------------------------------------------------------------- through the server

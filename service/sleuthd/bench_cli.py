@@ -15,7 +15,6 @@ from pathlib import Path
 
 logger = logging.getLogger("sleuthd")
 
-REPO = Path(__file__).resolve().parents[2]
 # Exit codes: 0 success, 1 some instances failed (replay without --allow-failures), 2 bad input or
 # unreachable server.
 EXIT_FAILURES = 1
@@ -75,7 +74,7 @@ def cmd_bench_synth(args: argparse.Namespace) -> int:
     from sleuthd.manifest import ManifestError as ModelManifestError
     from sleuthd.synth import SynthesisError
 
-    out = args.out or REPO / "data" / "dev" / args.size
+    out = args.out or Path("data") / "dev" / args.size
     started = time.monotonic()
     try:
         engine = _load_engine(args)
@@ -137,6 +136,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         result = asyncio.run(replay(config))
     except (ManifestError, ReplayError) as exc:
         return _error(str(exc))
+    except KeyboardInterrupt:
+        print("\ninterrupted: no report written", file=sys.stderr)
+        return 130
     print(markdown_table(result.report), end="")
     summary = result.failure_summary()
     if summary:

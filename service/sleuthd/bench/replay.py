@@ -324,49 +324,20 @@ async def replay(config: ReplayConfig) -> ReplayResult:
     check_auto_supported(config.methods)
     lines = read_manifest(config.manifest)
     runs = plan_runs(config.methods, config.thresholds)
-    rank_methods = list(dict.fromkeys(r.method for r in runs))
 
     async with client.channel(config.target) as ch:
         stub = client.stub(ch)
         info = await _connect(ch, stub, config)
         replayer = _Replayer(stub, Path(config.manifest).parent, config)
-        detections: dict[tuple[str, str, str], DetectionOutcome] = {}
-        rankings: dict[tuple[str, str], RankOutcome] = {}
-
-        # Per dialogue, the first ranking call goes alone: it carries every clip of the dialogue
-        # (context, reference, original, S2, S3), so the server embeds each clip once, in one batch,
-        # and the dialogue's other calls all hit its embedding cache. Sent together instead, the
-        # first few calls would all miss the cache and embed the same clips in parallel.
-        # At most `concurrency` dialogues are open at once, which keeps the working set small
-        # enough for the server's cache however long the manifest is.
-        groups: list[tuple[Callable[[], Awaitable[None]], list[Callable[[], Awaitable[None]]]]] = []
-        for line in lines:
-            primer = _rank_job(replayer, rankings, line, rank_methods[0])
-            rest = [_rank_job(replayer, rankings, line, m) for m in rank_methods[1:]]
-            rest += [_detect_job(replayer, detections, line, r, s) for r in runs for s in SCENARIOS]
-            groups.append((primer, rest))
-
-        rpc_slots = asyncio.Semaphore(config.concurrency)
-        dialogue_slots = asyncio.Semaphore(config.concurrency)
-        bar = Progress(sum(1 + len(rest) for _, rest in groups), "replay", enabled=config.show_progress)
-
-        async def bounded(job: Callable[[], Awaitable[None]]) -> None:
-            async with rpc_slots:
-                await job()
-            bar.advance()
-
-        async def dialogue(primer: Callable[[], Awaitable[None]], rest: list[Callable[[], Awaitable[None]]]) -> None:
-            async with dialogue_slots:
-                await bounded(primer)
-                await asyncio.gather(*(bounded(j) for j in rest))
-
-        with bar:
-            await asyncio.gather(*(dialogue(primer, rest) for primer, rest in groups))
+        detections, rankings = await _send_all(replayer, lines, runs)
 
     encoders = [o.encoder for o in detections.values() if o.encoder] + [o.encoder for o in rankings.values()]
     encoder = encoders[0] if encoders else (config.encoder or info.default_encoder)
     if len(set(encoders)) > 1:
         logger.warning("responses name several encoders (%s); the report names %s", sorted(set(encoders)), encoder)
+    unjudged = sum(1 for o in detections.values() if not o.judged)
+    if unjudged:
+        logger.warning("%d detection instance(s) had no scorable turn and count as 'consistent'", unjudged)
 
     methods_report: dict[str, dict[str, Any]] = {}
     incomplete: list[str] = []
@@ -374,13 +345,7 @@ async def replay(config: ReplayConfig) -> ReplayResult:
     for run in runs:
         det = [detections[k].record for k in _keys(lines, run.name) if k in detections]
         disc = [
-            DiscriminationRecord(
-                dialogue_id=line.dialogue_id,
-                source=line.source,
-                labels=tuple(c.label for c in rankings[(run.method, line.dialogue_id)].candidates),
-                scores=tuple(rankings[(run.method, line.dialogue_id)].scores),
-                higher_is_better=rankings[(run.method, line.dialogue_id)].higher_is_better,
-            )
+            _discrimination_record(line, rankings[(run.method, line.dialogue_id)])
             for line in lines
             if (run.method, line.dialogue_id) in rankings
         ]
@@ -390,9 +355,6 @@ async def replay(config: ReplayConfig) -> ReplayResult:
             logger.error("run %s has too few answered instances to score: %s", run.name, exc)
             incomplete.append(run.name)
         predictions.extend(_predictions(lines, run, detections, rankings))
-    unjudged = sum(1 for o in detections.values() if not o.judged)
-    if unjudged:
-        logger.warning("%d detection instance(s) had no scorable turn and count as 'consistent'", unjudged)
 
     report = report_mod.build_report(Path(config.manifest).name, len(lines), encoder, methods_report)
     sweeps = _sweeps(lines, detections)
@@ -442,6 +404,60 @@ async def replay(config: ReplayConfig) -> ReplayResult:
     return ReplayResult(report, written, failures, wall_s, replayer.rpcs, sweeps, incomplete)
 
 
+_Job = Callable[[], Awaitable[None]]
+
+
+async def _send_all(
+    replayer: _Replayer, lines: Sequence[ManifestLine], runs: Sequence[Run]
+) -> tuple[dict[tuple[str, str, str], DetectionOutcome], dict[tuple[str, str], RankOutcome]]:
+    """Every RPC of the replay; returns the answered detections and rankings by instance key."""
+    detections: dict[tuple[str, str, str], DetectionOutcome] = {}
+    rankings: dict[tuple[str, str], RankOutcome] = {}
+    rank_methods = list(dict.fromkeys(r.method for r in runs))
+    concurrency = replayer.config.concurrency
+
+    # Per dialogue, the first ranking call goes alone: it carries every clip of the dialogue
+    # (context, reference, original, S2, S3), so the server embeds each clip once, in one batch,
+    # and the dialogue's other calls all hit its embedding cache. Sent together instead, the
+    # first few calls would all miss the cache and embed the same clips in parallel.
+    # At most `concurrency` dialogues are open at once, which keeps the working set small
+    # enough for the server's cache however long the manifest is.
+    groups: list[tuple[_Job, list[_Job]]] = []
+    for line in lines:
+        primer = _rank_job(replayer, rankings, line, rank_methods[0])
+        rest = [_rank_job(replayer, rankings, line, m) for m in rank_methods[1:]]
+        rest += [_detect_job(replayer, detections, line, r, s) for r in runs for s in SCENARIOS]
+        groups.append((primer, rest))
+
+    rpc_slots = asyncio.Semaphore(concurrency)
+    dialogue_slots = asyncio.Semaphore(concurrency)
+    bar = Progress(sum(1 + len(rest) for _, rest in groups), "replay", enabled=replayer.config.show_progress)
+
+    async def bounded(job: _Job) -> None:
+        async with rpc_slots:
+            await job()
+        bar.advance()
+
+    async def dialogue(primer: _Job, rest: list[_Job]) -> None:
+        async with dialogue_slots:
+            await bounded(primer)
+            await asyncio.gather(*(bounded(j) for j in rest))
+
+    with bar:
+        await asyncio.gather(*(dialogue(primer, rest) for primer, rest in groups))
+    return detections, rankings
+
+
+def _discrimination_record(line: ManifestLine, outcome: RankOutcome) -> DiscriminationRecord:
+    return DiscriminationRecord(
+        dialogue_id=line.dialogue_id,
+        source=line.source,
+        labels=tuple(c.label for c in outcome.candidates),
+        scores=tuple(outcome.scores),
+        higher_is_better=outcome.higher_is_better,
+    )
+
+
 def _keys(lines: Sequence[ManifestLine], run_name: str) -> list[tuple[str, str, str]]:
     return [(run_name, line.dialogue_id, s) for line in lines for s in SCENARIOS]
 
@@ -452,7 +468,7 @@ def _detect_job(
     line: ManifestLine,
     run: Run,
     scenario: Scenario,
-) -> Callable[[], Awaitable[None]]:
+) -> _Job:
     async def job() -> None:
         outcome = await replayer.detect(line, run, scenario)
         if outcome is not None:
@@ -461,9 +477,7 @@ def _detect_job(
     return job
 
 
-def _rank_job(
-    replayer: _Replayer, out: dict[tuple[str, str], RankOutcome], line: ManifestLine, method: str
-) -> Callable[[], Awaitable[None]]:
+def _rank_job(replayer: _Replayer, out: dict[tuple[str, str], RankOutcome], line: ManifestLine, method: str) -> _Job:
     async def job() -> None:
         outcome = await replayer.rank(line, method)
         if outcome is not None:

@@ -1,0 +1,227 @@
+"""`sleuthd calibrate fit`: fit the `auto` method's logistic models on a speaker-labelled corpus.
+
+Training instances are dialogues drawn from the corpus the way the SpeakerSleuth benchmark builds
+them: a target speaker's turns (2 to 10), in a third of them one turn replaced by an opposite-gender
+speaker (S2), in a third by one of the most similar same-gender speakers (S3), with a reference clip
+from outside the turns half of the time. Every turn becomes a row (features from
+sleuthd.calibration, label = replaced or not); one model is fitted per variant (what the request
+offers: context size, reference). The decision threshold on the probability is then chosen once, on
+the same fit instances, to maximise the mean of balanced detection accuracy and balanced
+localization F1 of 5-turn dialogues. Nothing here looks at the evaluation splits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sleuthd.bench.corpus import CorpusClip, read_corpus
+from sleuthd.calibration import FEATURES, VARIANTS, LogisticModel, turn_features
+from sleuthd.domain import AudioInput
+from sleuthd.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+CALIBRATION_VERSION = 1
+L2_PENALTY = 1e-2
+# The benchmark's 5 turns dominate; the others keep every variant trained (1 turn needs a reference).
+TURN_COUNTS = (1, 2, 3, 4, 5, 5, 5, 5, 6, 8, 10)
+
+
+@dataclass(frozen=True)
+class Clip:
+    speaker: str
+    gender: str
+    embedding: np.ndarray
+    speech_seconds: float
+
+
+@dataclass(frozen=True)
+class Instance:
+    variant: str
+    features: np.ndarray  # (n, k)
+    labels: np.ndarray  # (n,) 1 = replaced turn
+    n_turns: int
+    scenario: str
+
+
+async def embed_corpus(engine: Engine, clips: Sequence[CorpusClip], progress: Callable[[int, int], None]) -> list[Clip]:
+    """Embed every clip in-process (offline tooling); clips with too little speech are dropped."""
+    encoder = engine.encoders[engine.config.default_encoder]
+    out: list[Clip] = []
+    chunk = 32
+    for start in range(0, len(clips), chunk):
+        part = clips[start : start + chunk]
+        results = await engine.embed_audio(encoder, [(AudioInput(c.path.read_bytes()), str(c.path)) for c in part])
+        for c, r in zip(part, results, strict=True):
+            if r.embedding is not None:
+                out.append(Clip(c.speaker, c.gender, r.embedding, r.speech_seconds))
+        progress(min(start + chunk, len(clips)), len(clips))
+    return out
+
+
+def _centroids(by_speaker: dict[str, list[Clip]]) -> dict[str, np.ndarray]:
+    out = {}
+    for s, clips in by_speaker.items():
+        m = np.mean([c.embedding for c in clips], axis=0)
+        out[s] = m / np.linalg.norm(m)
+    return out
+
+
+def make_instances(clips: Sequence[Clip], n_instances: int, seed: int) -> list[Instance]:
+    """Benchmark-like training dialogues (S1/S2/S3 in equal shares) drawn from embedded clips."""
+    rng = random.Random(seed)
+    by_speaker: dict[str, list[Clip]] = {}
+    for c in clips:
+        by_speaker.setdefault(c.speaker, []).append(c)
+    centroids = _centroids(by_speaker)
+    gender = {s: cs[0].gender for s, cs in by_speaker.items()}
+    speakers = sorted(s for s, cs in by_speaker.items() if len(cs) >= max(TURN_COUNTS) + 1)
+    similar: dict[str, list[str]] = {}
+    for s in speakers:
+        same = [o for o in by_speaker if o != s and gender[o] == gender[s]]
+        similar[s] = sorted(same, key=lambda o: -float(centroids[s] @ centroids[o]))[:3]
+    out = []
+    for k in range(n_instances):
+        target = rng.choice(speakers)
+        n = rng.choice(TURN_COUNTS)
+        scenario = ("S1", "S2", "S3")[k % 3]
+        own = rng.sample(by_speaker[target], n + 1)
+        turns, reference = own[:n], own[n] if (n == 1 or rng.random() < 0.5) else None
+        labels = np.zeros(n)
+        if scenario != "S1":
+            if scenario == "S2":
+                pool = [o for o in by_speaker if gender[o] != gender[target]]
+            else:  # most similar most of the time, as the benchmark does; the next two for variety
+                pool = similar[target][:1] if rng.random() < 0.6 else similar[target]
+            slot = rng.randrange(n)
+            turns[slot] = rng.choice(by_speaker[rng.choice(pool)])
+            labels[slot] = 1
+        emb = np.stack([t.embedding for t in turns])
+        seconds = np.array([t.speech_seconds for t in turns])
+        variant, x = turn_features(emb, None if reference is None else reference.embedding, seconds)
+        out.append(Instance(variant, x, labels, n, scenario))
+    return out
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, features: Sequence[str], l2: float = L2_PENALTY) -> LogisticModel:
+    """Logistic regression by iteratively reweighted least squares on standardised features."""
+    mean = x.mean(axis=0)
+    scale = np.maximum(x.std(axis=0), 1e-6)
+    z = np.hstack([(x - mean) / scale, np.ones((len(x), 1))])
+    w = np.zeros(z.shape[1])
+    penalty = np.diag([l2 * len(x)] * (z.shape[1] - 1) + [0.0])  # the bias is not penalised
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -40, 40)))
+        grad = z.T @ (p - y) + penalty @ w
+        hess = (z * (p * (1 - p))[:, None]).T @ z + penalty
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.max(np.abs(step)) < 1e-8:
+            break
+    return LogisticModel(tuple(features), mean, scale, w[:-1], float(w[-1]))
+
+
+def expected_calibration_error(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
+    """Mean |observed rate - mean predicted probability| over equal-width bins, weighted by bin size."""
+    edges = np.linspace(0, 1, bins + 1)
+    idx = np.clip(np.digitize(p, edges[1:-1]), 0, bins - 1)
+    total = 0.0
+    for b in range(bins):
+        m = idx == b
+        if m.any():
+            total += m.sum() * abs(float(y[m].mean()) - float(p[m].mean()))
+    return total / len(p)
+
+
+def _dialogue_scores(instances: Sequence[Instance], probs: Sequence[np.ndarray], tau: float) -> tuple[float, float]:
+    """Balanced detection accuracy and balanced localization F1 (percent) at decision threshold tau."""
+    from sleuthd.bench.metrics import localization_prf
+
+    acc: dict[str, list[float]] = {"S1": [], "S2": [], "S3": []}
+    f1: dict[str, list[float]] = {"S1": [], "S2": [], "S3": []}
+    for inst, p in zip(instances, probs, strict=True):
+        pred = frozenset(np.flatnonzero(p > tau).tolist())
+        gold = frozenset(np.flatnonzero(inst.labels).tolist())
+        acc[inst.scenario].append(float(bool(pred) == bool(gold)))
+        f1[inst.scenario].append(localization_prf(gold, pred)[2])
+
+    def bal(d: dict[str, list[float]]) -> float:
+        m = {s: 100 * float(np.mean(v)) for s, v in d.items()}
+        return 0.5 * (m["S1"] + (m["S2"] + m["S3"]) / 2)
+
+    return bal(acc), bal(f1)
+
+
+def fit(clips: Sequence[Clip], n_instances: int, seed: int) -> tuple[dict[str, LogisticModel], dict[str, Any]]:
+    instances = make_instances(clips, n_instances, seed)
+    models: dict[str, LogisticModel] = {}
+    stats: dict[str, Any] = {"variants": {}}
+    for variant in VARIANTS:
+        rows = [i for i in instances if i.variant == variant]
+        x = np.vstack([i.features for i in rows])
+        y = np.concatenate([i.labels for i in rows])
+        models[variant] = fit_logistic(x, y, FEATURES[variant])
+        p = models[variant].probability(x)
+        stats["variants"][variant] = {
+            "dialogues": len(rows),
+            "turns": len(y),
+            "inconsistent_share": round(float(y.mean()), 4),
+            "ece_in_sample": round(expected_calibration_error(p, y), 4),
+        }
+    probs = [models[i.variant].probability(i.features) for i in instances]
+    five = [k for k, i in enumerate(instances) if i.n_turns == 5]
+    grid = np.round(np.arange(0.05, 0.96, 0.01), 2)
+    scored = [
+        (tau, *_dialogue_scores([instances[k] for k in five], [probs[k] for k in five], float(tau))) for tau in grid
+    ]
+    best = max(scored, key=lambda t: (t[1] + t[2]) / 2)
+    stats["decision_threshold_search"] = {
+        "grid": "0.05-0.95 step 0.01",
+        "objective": "mean of balanced detection accuracy and balanced localization F1 on the 5-turn fit dialogues",
+        "best": {"threshold": float(best[0]), "bal": round(best[1], 1), "bal_f1": round(best[2], 1)},
+        "at_0.5": dict(zip(("bal", "bal_f1"), (round(v, 1) for v in _dialogue_scores(
+            [instances[k] for k in five], [probs[k] for k in five], 0.5)), strict=True)),  # fmt: skip
+    }
+    stats["instances"] = len(instances)
+    return models, stats
+
+
+def calibration_block(
+    models: dict[str, LogisticModel], stats: dict[str, Any], manifest_raw: dict[str, Any], corpus: str, seed: int
+) -> dict[str, Any]:
+    threshold = stats["decision_threshold_search"]["best"]["threshold"]
+    return {
+        "version": CALIBRATION_VERSION,
+        "fitted_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "encoder_weights_sha256": manifest_raw["source"]["file_sha256"],
+        "encoder_onnx_sha256": manifest_raw["sha256"],
+        "how": (
+            "logistic regression per variant (IRLS, L2 penalty 1e-2, standardised features) on turns of "
+            f"{stats['instances']} benchmark-like dialogues (S1/S2/S3 in equal shares, 2-10 turns, reference half "
+            f"of the time) drawn with seed {seed} from {corpus}; decision threshold chosen on those dialogues "
+            "(see fit_stats.decision_threshold_search). Never fitted on the transfer or real-speech splits."
+        ),
+        "decision_threshold": threshold,
+        "score_scale": "probability that the turn does not belong to its speaker",
+        "models": {name: m.to_json() for name, m in models.items()},
+        "fit_stats": stats,
+    }
+
+
+def write_into_card(card_path: Path, block: dict[str, Any], make_default: bool) -> None:
+    card = json.loads(card_path.read_text())
+    card["calibration"] = block
+    if make_default:
+        card["default_method"] = "auto"
+    tmp = card_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(card, indent=2) + "\n")
+    tmp.replace(card_path)
