@@ -233,10 +233,15 @@ async def test_rank_bad_candidate_audio(stub: pb_grpc.SleuthStub, speech: Speech
     await assert_still_serving(stub, speech)
 
 
-async def test_rank_without_context(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [(pb.METHOD_PAIRWISE, "at least one context clip"), (pb.METHOD_AUTO, "context clips of the speaker, a reference")],
+)
+async def test_rank_without_context(stub: pb_grpc.SleuthStub, speech: Speech, method: int, expected: str) -> None:
     req = rank_request(speech, 2)
+    req.options.method = method  # type: ignore[assignment]
     del req.context[:]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.RankCandidates(req, timeout=60)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "at least one context clip" in err.value.details()
+    assert expected in err.value.details()

@@ -20,7 +20,18 @@ SLEUTHD = [sys.executable, "-m", "sleuthd.cli"]
 @pytest.fixture(scope="module")
 def served(models_dir: Path) -> Iterator[str]:
     proc = subprocess.Popen(
-        [*SLEUTHD, "--log-level", "warning", "serve", "--port", "0", "--metrics-port", "0", "--models-dir", str(models_dir)],
+        [
+            *SLEUTHD,
+            "--log-level",
+            "warning",
+            "serve",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--models-dir",
+            str(models_dir),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -84,10 +84,11 @@ async def test_chunked_turns_get_verdicts_before_close_and_final_matches_check(
 
 
 async def test_first_turn_turns_out_to_be_the_odd_one(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
-    """Pairwise, no reference: the first turn (another voice) cannot be judged alone, then looks like the
-    speaker's normal voice is the odd one, and is finally revised once the true voice has a majority."""
+    """Auto, no reference: the first turn (another voice) cannot be judged alone; with the second turn
+    both look suspect; once the true voice has a majority the second is revised to consistent and the
+    first stays the odd one out."""
     call = stub.StreamDialogue(timeout=120)
-    await call.write(open_msg(pb.METHOD_PAIRWISE))
+    await call.write(open_msg(pb.METHOD_AUTO))
     turns = [("t0", VOICE_F, 0)] + [(f"t{k}", VOICE_A, k) for k in range(1, 5)]
     for index, (turn_id, voice, k) in enumerate(turns):
         await send_turn(call, turn_id, "B", index, speech.wav_bytes(voice, k))

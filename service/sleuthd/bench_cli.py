@@ -157,6 +157,65 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- throughput
+
+
+def cmd_bench_throughput(args: argparse.Namespace) -> int:
+    from sleuthd.bench import throughput
+
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    if not levels or min(levels) < 1:
+        return _error("--concurrency takes positive integers, e.g. 1,8,32,128")
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    report = throughput.run(
+        levels, args.seconds, args.dialogues, args.cache, args.device, args.server_arg or [], progress
+    )
+    print(throughput.table(report))
+    if args.json:
+        throughput.write_json(report, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- calibrate
+
+
+def cmd_calibrate_fit(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from sleuthd.bench import calibrate
+    from sleuthd.bench.corpus import CorpusError, read_corpus
+    from sleuthd.bench.progress import Progress
+
+    try:
+        clips = read_corpus(args.corpus)
+    except CorpusError as exc:
+        return _error(str(exc))
+    engine = _load_engine(args)
+    bar = Progress(len(clips), "embedding", enabled=not args.quiet)
+
+    async def embed() -> list[calibrate.Clip]:
+        try:
+            return await calibrate.embed_corpus(engine, clips, bar.update_to)
+        finally:
+            await engine.aclose()
+
+    embedded = asyncio.run(embed())
+    bar.close()
+    models, stats = calibrate.fit(embedded, args.dialogues, args.seed)
+    manifest_raw = engine.encoders[engine.config.default_encoder].manifest.raw
+    block = calibrate.calibration_block(models, stats, manifest_raw, args.corpus_label or str(args.corpus), args.seed)
+    calibrate.write_into_card(args.card, block, make_default=args.make_default)
+    print(json.dumps(stats, indent=2))
+    print(f"wrote the calibration into {args.card}; run `make models` to rebuild the manifest")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- parser
 
 
@@ -221,3 +280,33 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--allow-failures", action="store_true", help="exit 0 even if some instances failed")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_replay)
+
+    t = bsub.add_parser(
+        "throughput",
+        help="audio-seconds scored per second and latency: resemblyzer vs our server unbatched vs batched",
+    )
+    t.add_argument("--concurrency", default="1,8,32,128", help="concurrency levels (default: 1,8,32,128)")
+    t.add_argument("--seconds", type=float, default=20.0, help="measuring time per mode and level (default: 20)")
+    t.add_argument("--dialogues", type=int, default=40, help="distinct dialogues of 5 turns x 2-6 s (default: 40)")
+    t.add_argument("--cache", type=Path, default=Path("data/throughput"), help="where the speech is cached")
+    t.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="servers' --device (default: cpu)")
+    t.add_argument("--server-arg", action="append", help="extra `sleuthd serve` argument for both servers (repeat)")
+    t.add_argument("--json", type=Path, help="write the results as JSON")
+    t.add_argument("--quiet", action="store_true")
+    t.set_defaults(func=cmd_bench_throughput)
+
+    c = sub.add_parser("calibrate", help="fit the auto method's calibration")
+    csub = c.add_subparsers(dest="calibrate_command", required=True)
+    f = csub.add_parser(
+        "fit",
+        help="fit the auto method on a speaker-labelled corpus and store it in the encoder's model card",
+        description="Embeds the corpus in-process, draws benchmark-like training dialogues from it, fits one "
+        "logistic model per variant and writes the calibration block (with how it was fitted) into the card.",
+    )
+    f.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text] (the FIT split only)")
+    f.add_argument("--card", type=Path, default=Path("models/ge2e/card.json"), help="model card to update")
+    f.add_argument("--dialogues", type=int, default=8000, help="training dialogues to draw (default: 8000)")
+    f.add_argument("--corpus-label", help="how the corpus is described in the card (default: its path)")
+    f.add_argument("--make-default", action="store_true", help="also make auto the encoder's default method")
+    engine_args(f)
+    f.set_defaults(func=cmd_calibrate_fit)

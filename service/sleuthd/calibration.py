@@ -107,12 +107,14 @@ class Calibration:
 # ------------------------------------------------------------------------------------------ features
 
 
-def _pair_stats(sims: np.ndarray, members: np.ndarray) -> tuple[float, float]:
-    """Mean and std of the cosines between distinct members (indices) of a speaker's turns."""
+def _pair_values(sims: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Cosines between distinct members (indices) of a speaker's turns."""
     sub = sims[np.ix_(members, members)]
-    iu = np.triu_indices(len(members), k=1)
-    vals = sub[iu]
-    return float(vals.mean()), float(vals.std())
+    return np.asarray(sub[np.triu_indices(len(members), k=1)])
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v / max(float(np.linalg.norm(v)), 1e-12))
 
 
 def turn_features(emb: np.ndarray, reference: np.ndarray | None, speech_seconds: np.ndarray) -> tuple[str, np.ndarray]:
@@ -120,30 +122,50 @@ def turn_features(emb: np.ndarray, reference: np.ndarray | None, speech_seconds:
 
     emb: (n, D) unit embeddings of the speaker's usable turns; reference: (D,) or None;
     speech_seconds: (n,). Returns (variant, (n, k) features in that variant's order).
+
+    The yardstick for turn i is the speaker's other evidence (the other turns, and the reference when
+    there is one) measured against itself in the same way; medians, not means, summarise it, so one
+    replaced turn among the others barely moves it.
     """
     n = len(emb)
-    sims = emb @ emb.T
-    ref = emb @ reference if reference is not None else None
+    pool = np.vstack([emb, reference[None, :]]) if reference is not None else emb  # evidence: turns (+ reference)
+    sims = pool @ pool.T
+    m = len(pool)
     log_dur = np.log(np.maximum(speech_seconds, 0.1))
-    rows = []
+    rows: list[dict[str, float]] = [{"log_speech_seconds": float(log_dur[i])} for i in range(n)]
     for i in range(n):
-        others = np.array([j for j in range(n) if j != i], dtype=int)
-        row: dict[str, float] = {"log_speech_seconds": float(log_dur[i])}
+        row = rows[i]
+        turn_others = np.array([j for j in range(n) if j != i], dtype=int)
+        others = np.array([j for j in range(m) if j != i], dtype=int)
         if n >= 2:
-            p_i = float(sims[i, others].mean())
-            row["pair_cosine"] = p_i  # absolute: only used where nothing relative exists (n == 2)
-        if n >= 3:
-            mu, sd = _pair_stats(sims, others)
-            gap = mu - p_i
-            row["context_gap"] = gap / max(1.0 - mu, MIN_DISTANCE)
-            row["context_z"] = gap / max(sd, MIN_SPREAD)
-            row["log_turns"] = float(np.log(n))
-        if ref is not None:
-            row["reference_cosine"] = float(ref[i])
+            row["pair_cosine"] = float(sims[i, turn_others].mean())  # absolute: only where nothing relative exists
+        if reference is not None:
+            row["reference_cosine"] = float(sims[i, n])
             if n >= 2:
-                ref_others = float(ref[others].mean())
-                row["reference_gap"] = (ref_others - float(ref[i])) / max(1.0 - ref_others, MIN_DISTANCE)
-        rows.append(row)
+                ref_level = float(np.median(sims[turn_others, n]))
+                row["reference_gap"] = (ref_level - float(sims[i, n])) / max(1.0 - ref_level, MIN_DISTANCE)
+        if len(others) >= 2 and n >= 2:
+            values = _pair_values(sims, others)
+            level = float(np.median(values))
+            spread = max(float(values.std()), MIN_SPREAD)
+            room = max(1.0 - level, MIN_DISTANCE)
+            mean_i, max_i = float(sims[i, others].mean()), float(sims[i, others].max())
+            row["context_gap"] = (level - mean_i) / room
+            row["context_z"] = (level - mean_i) / spread
+            row["nearest_gap"] = (level - max_i) / room  # even the most alike other evidence is far
+            # Leave-one-out: the turn against the centroid of the rest, versus each of the rest against
+            # the centroid of the others without it.
+            loo_i = float(pool[i] @ _unit(pool[others].mean(axis=0)))
+            loo_rest = np.array([float(pool[j] @ _unit(pool[others[others != j]].mean(axis=0))) for j in others])
+            loo_level = float(np.median(loo_rest))
+            row["loo_gap"] = (loo_level - loo_i) / max(1.0 - loo_level, MIN_DISTANCE)
+            row["loo_z"] = (loo_level - loo_i) / max(float(loo_rest.std()), MIN_SPREAD)
+            row["log_turns"] = float(np.log(n))
+    if all("context_gap" in r for r in rows) and n >= 3:
+        # How much more of an outsider this turn is than the speaker's typical turn.
+        gaps = np.array([r["loo_gap"] for r in rows])
+        for i in range(n):
+            rows[i]["gap_excess"] = float(gaps[i] - np.median(np.delete(gaps, i)))
     variant = _variant(n, reference is not None)
     names = FEATURES[variant]
     return variant, np.array([[r[f] for f in names] for r in rows], dtype=np.float64)
@@ -158,8 +180,27 @@ def _variant(n: int, has_reference: bool) -> str:
 
 
 FEATURES: dict[str, tuple[str, ...]] = {
-    "context_reference": ("context_gap", "context_z", "reference_gap", "log_speech_seconds", "log_turns"),
-    "context": ("context_gap", "context_z", "log_speech_seconds", "log_turns"),
+    "context_reference": (
+        "context_gap",
+        "context_z",
+        "nearest_gap",
+        "loo_gap",
+        "loo_z",
+        "gap_excess",
+        "reference_gap",
+        "log_speech_seconds",
+        "log_turns",
+    ),
+    "context": (
+        "context_gap",
+        "context_z",
+        "nearest_gap",
+        "loo_gap",
+        "loo_z",
+        "gap_excess",
+        "log_speech_seconds",
+        "log_turns",
+    ),
     "pair_reference": ("reference_gap", "reference_cosine", "pair_cosine", "log_speech_seconds"),
     "pair": ("pair_cosine", "log_speech_seconds"),
     "reference_only": ("reference_cosine", "log_speech_seconds"),
@@ -172,3 +213,21 @@ def inconsistency_probability(
     """(variant, (n,) P(inconsistent)) for one speaker's usable turns."""
     variant, x = turn_features(emb, reference, speech_seconds)
     return variant, calibration.models[variant].probability(x)
+
+
+def candidate_fit_probability(
+    calibration: Calibration,
+    candidates: np.ndarray,
+    candidate_seconds: np.ndarray,
+    context: np.ndarray,
+    context_seconds: np.ndarray,
+    reference: np.ndarray | None,
+) -> np.ndarray:
+    """For each candidate, P(it belongs to the speaker) if it filled the slot: 1 - P(inconsistent) of the
+    candidate as one more turn next to the context turns (and reference). (m,) probabilities."""
+    out = np.empty(len(candidates))
+    for j, (cand, secs) in enumerate(zip(candidates, candidate_seconds, strict=True)):
+        emb = np.vstack([context, cand[None, :]])
+        _, p = inconsistency_probability(calibration, emb, reference, np.append(context_seconds, secs))
+        out[j] = 1.0 - p[-1]
+    return out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-
 from typing import TYPE_CHECKING
 
 from sleuthd.audio import PcmSpec

@@ -58,6 +58,9 @@ class DriftConfig:
     max_transition_seconds: float = 6.0
     # At most this many changes are reported per turn (binary segmentation depth).
     max_changes: int = 4
+    # A transition window must lower the squared residual by at least this much (squared norm of unit
+    # embeddings) to be taken out of the sides: keeps an abrupt change from being fitted as a ramp.
+    ramp_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.window_rate_per_second) and self.window_rate_per_second > 0):
@@ -130,7 +133,8 @@ class _Change:
 class _Search:
     """Prefix sums over one turn's windows, for O(D) least-squares fits of any transition."""
 
-    def __init__(self, embeddings: np.ndarray, positions: np.ndarray) -> None:
+    def __init__(self, embeddings: np.ndarray, positions: np.ndarray, ramp_penalty: float) -> None:
+        self.ramp_penalty = ramp_penalty
         self.e = embeddings
         self.p = positions
         zero = np.zeros((1, embeddings.shape[1]))
@@ -158,12 +162,12 @@ class _Search:
             pairs_j.append(j[keep])
         i_idx = np.concatenate(pairs_i)
         j_idx = np.concatenate(pairs_j)
-        rss_gain = self._explained(lo, hi, i_idx, j_idx)
+        rss_gain = self._explained(lo, hi, i_idx, j_idx) - self.ramp_penalty * (j_idx - i_idx)
         k = int(np.argmax(rss_gain))
-        i, j = int(i_idx[k]), int(j_idx[k])
-        before = self.cum_e[i] - self.cum_e[lo]
-        after = self.cum_e[hi] - self.cum_e[j]
-        return _Change(i, j, _cosine_distance(before, after))
+        first_ramp, first_after = int(i_idx[k]), int(j_idx[k])
+        before = self.cum_e[first_ramp] - self.cum_e[lo]
+        after = self.cum_e[hi] - self.cum_e[first_after]
+        return _Change(first_ramp, first_after, _cosine_distance(before, after))
 
     def _explained(self, lo: int, hi: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
         """Squared norm explained by the two-voice model, per candidate (larger = smaller residual)."""
@@ -176,9 +180,7 @@ class _Search:
         # Over the transition r = (p - a) / width; outside it r is 0 (before) or 1 (after).
         n_ramp = (j - i).astype(np.float64)
         sum_r = np.where(ramp, (cp[j] - cp[i] - a * n_ramp) / width, 0.0)
-        sum_rr = np.where(
-            ramp, (cpp[j] - cpp[i] - 2 * a * (cp[j] - cp[i]) + a * a * n_ramp) / (width * width), 0.0
-        )
+        sum_rr = np.where(ramp, (cpp[j] - cpp[i] - 2 * a * (cp[j] - cp[i]) + a * a * n_ramp) / (width * width), 0.0)
         n_after = (hi - j).astype(np.float64)
         n_all = float(hi - lo)
         s11 = n_after + sum_rr  # sum r^2
@@ -188,8 +190,10 @@ class _Search:
         u1 = ce[hi] - ce[j] + ramp_re  # sum r e
         u0 = (ce[hi] - ce[lo])[None, :] - u1  # sum (1 - r) e
         det = s00 * s11 - s01 * s01
-        quad = s11 * np.einsum("kd,kd->k", u0, u0) - 2 * s01 * np.einsum("kd,kd->k", u0, u1) + s00 * np.einsum(
-            "kd,kd->k", u1, u1
+        quad = (
+            s11 * np.einsum("kd,kd->k", u0, u0)
+            - 2 * s01 * np.einsum("kd,kd->k", u0, u1)
+            + s00 * np.einsum("kd,kd->k", u1, u1)
         )
         out: np.ndarray = np.where(det > 1e-9, quad / np.maximum(det, 1e-9), -np.inf)
         return out
@@ -219,7 +223,7 @@ def detect_drift(window_embeddings: np.ndarray, window_times: np.ndarray, config
     if n < 2 * m:
         return DriftResult(score=0.0, segments=())
     positions = t[:, 0] + config.anchor * (t[:, 1] - t[:, 0])
-    search = _Search(e, positions)
+    search = _Search(e, positions, config.ramp_penalty)
 
     top = search.best(0, n, m, config.max_transition_seconds)
     if top is None:

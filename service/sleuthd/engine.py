@@ -21,7 +21,7 @@ import numpy as np
 from sleuthd import scoring
 from sleuthd.audio import AudioError
 from sleuthd.batcher import BatcherConfig, BatchObserver, MicroBatcher, NullObserver
-from sleuthd.calibration import Calibration, CalibrationError
+from sleuthd.calibration import Calibration, CalibrationError, candidate_fit_probability
 from sleuthd.clips import ClipEmbedding, PreparedClip, pool, prepare
 from sleuthd.domain import (
     AudioInput,
@@ -337,8 +337,10 @@ class Engine:
         manifest = opts.encoder.manifest
         if opts.method is Method.REFERENCE and request.reference is None:
             raise InvalidRequest("method reference needs the speaker's reference clip")
-        if opts.method is not Method.REFERENCE and not request.context:
+        if opts.method in (Method.PAIRWISE, Method.CENTROID) and not request.context:
             raise InvalidRequest(f"method {opts.method.value} needs at least one context clip of the speaker")
+        if opts.method is Method.AUTO and not request.context and request.reference is None:
+            raise InvalidRequest("method auto needs context clips of the speaker, a reference, or both")
         audios = [(c.audio, f"candidate {c.candidate_id!r}") for c in request.candidates]
         audios += [(a, f"context clip #{n}") for n, a in enumerate(request.context)]
         if request.reference is not None:
@@ -351,15 +353,30 @@ class Engine:
         if request.reference is not None and not clips[-1].usable:
             raise InvalidRequest(f"reference is unusable: {clips[-1].detail}")
         context = [c for c in clips[n_cand : n_cand + n_ctx] if c.usable]
-        if opts.method is not Method.REFERENCE and not context:
+        if opts.method in (Method.PAIRWISE, Method.CENTROID) and not context:
             raise InvalidRequest(
                 f"none of the {n_ctx} context clips has enough speech "
                 f"(at least {manifest.min_speech_seconds:.2f} s each) for method {opts.method.value}"
             )
         reference = clips[-1].embedding if request.reference is not None else None
-        scores = scoring.candidate_scores(
-            opts.method, stack_embeddings(clips[:n_cand]), stack_embeddings(context), reference
-        )
+        if opts.method is Method.AUTO and not context and reference is None:
+            raise InvalidRequest(
+                f"none of the {n_ctx} context clips has enough speech and there is no reference: method auto has "
+                "nothing to compare the candidates with"
+            )
+        candidates = stack_embeddings(clips[:n_cand])
+        if opts.method is Method.AUTO:
+            assert opts.judgment.calibration is not None  # resolve() refuses auto without one
+            scores = candidate_fit_probability(
+                opts.judgment.calibration,
+                candidates,
+                np.array([c.speech_seconds for c in clips[:n_cand]]),
+                stack_embeddings(context) if context else np.zeros((0, candidates.shape[1]), np.float32),
+                np.array([c.speech_seconds for c in context]),
+                reference,
+            )
+        else:
+            scores = scoring.candidate_scores(opts.method, candidates, stack_embeddings(context), reference)
         info = METHODS[opts.method]
         order = scoring.rank_order(scores, info.higher_is_better)
         ranked = tuple(
@@ -367,7 +384,7 @@ class Engine:
                 candidate_id=request.candidates[j].candidate_id,
                 rank=r + 1,
                 score=float(scores[j]),
-                score_scale=info.scale,
+                score_scale=info.candidate_scale,
                 higher_is_better=info.higher_is_better,
                 speech_seconds=clips[j].speech_seconds,
             )

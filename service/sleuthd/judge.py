@@ -60,9 +60,7 @@ def judge_speaker(
     if judgment.calibration is not None and (len(usable) >= 2 or (usable and reference is not None)):
         seconds = np.array([clips[i].speech_seconds for i in usable])
         _, prob = inconsistency_probability(judgment.calibration, emb, reference, seconds)
-    method_scores = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc, Method.AUTO: prob}[
-        judgment.method
-    ]
+    method_scores = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc, Method.AUTO: prob}[judgment.method]
     info = METHODS[judgment.method]
     out: list[TurnResult] = []
     for i, (turn_id, clip) in enumerate(zip(turn_ids, clips, strict=True)):

@@ -21,20 +21,19 @@ class Method(Enum):
 
 @dataclass(frozen=True)
 class MethodInfo:
-    scale: str  # "cosine_similarity" or "cosine_distance"
+    scale: str  # per-turn score: "cosine_similarity", "cosine_distance" or "probability" (of not belonging)
     flag_above: bool  # True: flagged when score > threshold; False: when score < threshold
     threshold_range: tuple[float, float]
-
-    @property
-    def higher_is_better(self) -> bool:
-        return not self.flag_above
+    candidate_scale: str  # candidate score in RankCandidates
+    higher_is_better: bool  # for candidate scores
 
 
 METHODS: dict[Method, MethodInfo] = {
-    Method.PAIRWISE: MethodInfo("cosine_similarity", flag_above=False, threshold_range=(-1.0, 1.0)),
-    Method.CENTROID: MethodInfo("cosine_distance", flag_above=True, threshold_range=(0.0, 2.0)),
-    Method.REFERENCE: MethodInfo("cosine_similarity", flag_above=False, threshold_range=(-1.0, 1.0)),
-    Method.AUTO: MethodInfo("probability", flag_above=True, threshold_range=(0.0, 1.0)),
+    Method.PAIRWISE: MethodInfo("cosine_similarity", False, (-1.0, 1.0), "cosine_similarity", True),
+    Method.CENTROID: MethodInfo("cosine_distance", True, (0.0, 2.0), "cosine_distance", False),
+    Method.REFERENCE: MethodInfo("cosine_similarity", False, (-1.0, 1.0), "cosine_similarity", True),
+    # auto: a turn scores P(it does NOT belong); a candidate scores P(it DOES belong).
+    Method.AUTO: MethodInfo("probability", True, (0.0, 1.0), "probability", True),
 }
 PAPER_METHODS = (Method.PAIRWISE, Method.CENTROID, Method.REFERENCE)
 

@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -118,10 +119,10 @@ PRESETS: dict[str, DriftSetSpec] = {
 class UtterancePlan:
     """What one dev-set utterance is made of, before any audio exists.
 
-    ``texts`` are voice A's three sentences; ``texts_b`` voice B's (smooth: a whole second
-    utterance; abrupt: only the segments from ``boundary`` on are used). ``boundary`` (1 or 2) is the
-    index of the first segment that is changed (another voice, or augmented); ``noise_seed`` seeds the
-    noise of ``hard_negative_noise``.
+    ``texts`` are voice A's three sentences; ``texts_b`` voice B's (abrupt: index i is used for
+    segment i from ``boundary`` on; smooth: as many as it takes for B to speak as long as A).
+    ``boundary`` (1 or 2) is the index of the first segment that is changed (another voice, or
+    augmented); ``noise_seed`` seeds the noise of ``hard_negative_noise``.
     """
 
     uid: str
@@ -130,7 +131,7 @@ class UtterancePlan:
     voice_a: str
     voice_b: str | None
     texts: tuple[str, str, str]
-    texts_b: tuple[str, str, str] | None
+    texts_b: tuple[str, ...] | None
     boundary: int
     noise_seed: int
     spare_texts: tuple[str, ...] = ()  # appended to a sentence that renders shorter than MIN_SEGMENT_SECONDS
@@ -241,7 +242,7 @@ def plan_driftset(spec: DriftSetSpec, seed: int = 0, splits: Sequence[str] = SPL
     """
     if spec.per_subtype < 1:
         raise DriftSetError("per_subtype must be >= 1")
-    n_texts = sum(1 for _ in splits) * len(SUBTYPES) * spec.per_subtype * 8
+    n_texts = sum(1 for _ in splits) * len(SUBTYPES) * spec.per_subtype * 10
     pool = synth.sentences(n_texts, seed=seed + 7919)
     cursor = 0
 
@@ -272,7 +273,7 @@ def plan_driftset(spec: DriftSetSpec, seed: int = 0, splits: Sequence[str] = SPL
                 drifts = LABELS[subtype] == 1
                 voice_b = rng.choice(drift_partners(voice_a, all_voices)).name if drifts else None
                 texts = take(3)
-                texts_b = take(3) if drifts else None
+                texts_b = take(5) if drifts else None
                 plans.append(
                     UtterancePlan(
                         uid=f"{split}-{subtype}-{i:02d}",
@@ -281,7 +282,7 @@ def plan_driftset(spec: DriftSetSpec, seed: int = 0, splits: Sequence[str] = SPL
                         voice_a=voice_a.name,
                         voice_b=voice_b,
                         texts=(texts[0], texts[1], texts[2]),
-                        texts_b=None if texts_b is None else (texts_b[0], texts_b[1], texts_b[2]),
+                        texts_b=texts_b,
                         # smooth always fades from the start of the second segment, leaving at least
                         # the third segment of B after the fade; the others alternate 1, 2, 1, ...
                         boundary=1 if subtype == "smooth" else 1 + i % 2,
@@ -387,7 +388,9 @@ def _rms(x: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if len(x) else 0.0
 
 
-def join_segments(parts: Sequence[np.ndarray], gap_seconds: float = GAP_SECONDS) -> tuple[np.ndarray, list[tuple[float, float]]]:
+def join_segments(
+    parts: Sequence[np.ndarray], gap_seconds: float = GAP_SECONDS
+) -> tuple[np.ndarray, list[tuple[float, float]]]:
     """Concatenate segments with ``gap_seconds`` of silence; returns the audio and each segment's start/end."""
     gap = np.zeros(round(gap_seconds * SAMPLE_RATE), np.float32)
     pieces: list[np.ndarray] = []
@@ -447,12 +450,16 @@ def render_utterance(plan: UtterancePlan, out_dir: Path, cache: SegmentCache) ->
         interval = (spans[k - 1][1], spans[k][0])
     elif plan.subtype == "smooth":
         assert plan.voice_b is not None and plan.texts_b is not None
-        b_parts = []
+        # B speaks its own sentences (same 500 ms layout) until it has spoken at least as long as A,
+        # so the utterance ends in B's voice rather than in silence.
+        b_parts: list[np.ndarray] = []
         for text in plan.texts_b:
             b_audio, spoken = cache.get(plan.voice_b, text, spare)
             b_parts.append(b_audio)
             texts.append(spoken)
-        audio_b, _ = join_segments(b_parts)
+            audio_b, _ = join_segments(b_parts)
+            if len(audio_b) >= len(audio):
+                break
         start = spans[k][0]
         audio = cross_fade(audio, audio_b, start, FADE_SECONDS)
         change = (start, start + FADE_SECONDS)
@@ -466,7 +473,11 @@ def render_utterance(plan: UtterancePlan, out_dir: Path, cache: SegmentCache) ->
         noise_rms = clean_rms * 10 ** (NOISE_DB / 20)
         audio = audio.copy()
         audio[first:] += (rng.standard_normal(len(audio) - first) * noise_rms).astype(np.float32)
-        augmentation = {"noise_db": NOISE_DB, "noise": "white Gaussian", "reference": "RMS of the clean speech segments"}
+        augmentation = {
+            "noise_db": NOISE_DB,
+            "noise": "white Gaussian",
+            "reference": "RMS of the clean speech segments",
+        }
     rel = f"{plan.split}/{plan.uid}.wav"
     _write_wav(out_dir / rel, audio)
     return DriftLabel(
@@ -668,9 +679,13 @@ def predict(utterances: Sequence[EmbeddedUtterance], config: DriftConfig) -> lis
         result = detect_drift(v.window_embeddings, v.window_times, config)
         elapsed = (time.perf_counter() - started) * 1000
         # The strongest change regardless of the threshold, for localization figures.
-        top = detect_drift(v.window_embeddings, v.window_times, dataclasses.replace(config, threshold=0.0, max_changes=1))
+        top = detect_drift(
+            v.window_embeddings, v.window_times, dataclasses.replace(config, threshold=0.0, max_changes=1)
+        )
         top_span = (top.segments[0].start_seconds, top.segments[0].end_seconds) if top.segments else None
-        out.append(Prediction(u.label, v.rate_per_second, result, top_span, baseline_min_cosine(u.segment_embeddings), elapsed))
+        out.append(
+            Prediction(u.label, v.rate_per_second, result, top_span, baseline_min_cosine(u.segment_embeddings), elapsed)
+        )
     return out
 
 
@@ -711,7 +726,7 @@ def fit_threshold(scores: Sequence[float], truth: Sequence[int], *, drift_if: st
     best: tuple[float, float, float] | None = None  # (accuracy, gap, threshold)
     y = np.asarray(truth)
     s = np.asarray(scores, dtype=np.float64)
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in itertools.pairwise(edges):
         thr = 0.5 * (lo + hi)
         flagged = s > thr if drift_if == "above" else s < thr
         acc = float(np.mean(flagged == (y == 1)))
@@ -756,8 +771,376 @@ def localize(predictions: Iterable[Prediction]) -> list[Localization]:
         covered = max(0.0, min(end, hi) - max(start, lo)) / (hi - lo) if hi > lo else 0.0
         out.append(
             Localization(
-                lab.uid, lab.subtype, mid, abs(mid - truth), _distance_to_interval(mid, lab.change_interval),
-                covered, p.rate_per_second,
-            )  # fmt: skip
+                uid=lab.uid,
+                subtype=lab.subtype,
+                predicted=mid,
+                to_change=abs(mid - truth),
+                to_interval=_distance_to_interval(mid, lab.change_interval),
+                coverage=covered,
+                rate_per_second=p.rate_per_second,
+            )
         )
     return out
+
+
+# ---------------------------------------------------------------------------------------------- fitting
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One detector setting tried on the fit split."""
+
+    config: DriftConfig
+    fit_accuracy: float
+    fit_localization_s: float  # mean distance of the strongest change to the gap/fade, fit abrupt + smooth
+
+
+@dataclass(frozen=True)
+class FitResult:
+    config: DriftConfig  # the chosen detector setting, threshold included
+    baseline_threshold: float  # min adjacent-segment cosine below this = drift
+    baseline_fit_accuracy: float
+    candidates: tuple[Candidate, ...]
+    n_fit: int
+
+
+def _split(predictions: Iterable[Prediction], split: str) -> list[Prediction]:
+    return [p for p in predictions if p.label.split == split]
+
+
+def fit_drift(
+    utterances: Sequence[EmbeddedUtterance],
+    *,
+    rates: Sequence[float],
+    min_sides: Sequence[int] = (3, 4, 6),
+    anchors: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
+    base: DriftConfig | None = None,
+) -> FitResult:
+    """Fit the detector and the baseline on the ``fit`` split only.
+
+    For every (rate, min_side_windows, anchor) the detector threshold is the accuracy-maximising one
+    (:func:`fit_threshold`); the setting with the best fit accuracy wins, ties going to the better
+    localization and then to the lower window rate (cheaper). The baseline threshold is fitted the same way.
+    """
+    base = base or DriftConfig()
+    fit_set = [u for u in utterances if u.label.split == "fit"]
+    if not fit_set:
+        raise DriftSetError("the dev set has no fit split to fit on")
+    truth = [u.label.label for u in fit_set]
+    candidates: list[Candidate] = []
+    for rate in rates:
+        for m in min_sides:
+            for anchor in anchors:
+                cfg = dataclasses.replace(base, window_rate_per_second=rate, min_side_windows=m, anchor=anchor)
+                preds = predict(fit_set, cfg)
+                thr, acc = fit_threshold([p.detector.score for p in preds], truth, drift_if="above")
+                loc = localize(preds)
+                mean_loc = float(np.mean([x.to_interval for x in loc])) if loc else math.inf
+                candidates.append(Candidate(dataclasses.replace(cfg, threshold=round(thr, 4)), acc, mean_loc))
+    best = max(candidates, key=lambda c: (c.fit_accuracy, -c.fit_localization_s, -c.config.window_rate_per_second))
+    base_thr, base_acc = fit_threshold(
+        [baseline_min_cosine(u.segment_embeddings) for u in fit_set], truth, drift_if="below"
+    )
+    return FitResult(best.config, round(base_thr, 4), base_acc, tuple(candidates), len(fit_set))
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def _method_summary(preds: Sequence[Prediction], flagged: Sequence[bool], threshold: float) -> dict[str, Any]:
+    scores = binary_scores([p.label.label for p in preds], flagged)
+    per_subtype = {}
+    for subtype in SUBTYPES:
+        idx = [k for k, p in enumerate(preds) if p.label.subtype == subtype]
+        if idx:
+            correct = sum(1 for k in idx if flagged[k] == (preds[k].label.label == 1))
+            per_subtype[subtype] = {"n": len(idx), "accuracy": correct / len(idx)}
+    return {"threshold": threshold, **dataclasses.asdict(scores), "per_subtype": per_subtype}
+
+
+def _localization_summary(loc: Sequence[Localization]) -> dict[str, Any]:
+    if not loc:
+        return {"n": 0}
+    to_change = np.array([x.to_change for x in loc])
+    to_interval = np.array([x.to_interval for x in loc])
+    hop = 1.0 / loc[0].rate_per_second
+    return {
+        "n": len(loc),
+        "hop_seconds": hop,
+        "to_change_median_s": float(np.median(to_change)),
+        "to_change_mean_s": float(np.mean(to_change)),
+        "to_change_max_s": float(np.max(to_change)),
+        "to_interval_median_s": float(np.median(to_interval)),
+        "to_interval_mean_s": float(np.mean(to_interval)),
+        "to_interval_max_s": float(np.max(to_interval)),
+        "to_interval_mean_windows": float(np.mean(to_interval) / hop),
+        "within_one_hop": float(np.mean(to_interval <= hop + 1e-9)),
+        "coverage_mean": float(np.mean([x.coverage for x in loc])),
+    }
+
+
+def evaluate(utterances: Sequence[EmbeddedUtterance], fit: FitResult) -> dict[str, Any]:
+    """Both methods at their fitted thresholds on every split; localization and detector runtime."""
+    preds = predict(utterances, fit.config)
+    report: dict[str, Any] = {
+        "drift_config": dataclasses.asdict(fit.config),
+        "baseline_threshold": fit.baseline_threshold,
+        "splits": {},
+        "localization": {},
+    }
+    for split in SPLITS:
+        ps = _split(preds, split)
+        if not ps:
+            continue
+        report["splits"][split] = {
+            "n": len(ps),
+            "detector": _method_summary(
+                ps, [p.detector.score > fit.config.threshold for p in ps], fit.config.threshold
+            ),
+            "baseline": _method_summary(
+                ps, [p.baseline_score < fit.baseline_threshold for p in ps], fit.baseline_threshold
+            ),
+        }
+        loc = localize(ps)
+        report["localization"][split] = {
+            subtype: _localization_summary([x for x in loc if x.subtype == subtype]) for subtype in ("abrupt", "smooth")
+        }
+        # Reported segments on drift utterances, at the fitted threshold.
+        pos = [p for p in ps if p.label.label == 1 and p.detector.segments]
+        report["localization"][split]["segments_per_detected_drift"] = (
+            float(np.mean([len(p.detector.segments) for p in pos])) if pos else 0.0
+        )
+    times = np.array([p.detect_ms for p in preds])
+    windows = np.array(
+        [
+            len(u.subsampled(max(1, round(u.rate_per_second / fit.config.window_rate_per_second))).window_times)
+            for u in utterances
+        ]
+    )
+    report["runtime"] = {
+        "detect_drift_ms_median": float(np.median(times)),
+        "detect_drift_ms_p95": float(np.percentile(times, 95)),
+        "detect_drift_ms_max": float(np.max(times)),
+        "windows_per_turn_median": float(np.median(windows)),
+        "turn_seconds_median": float(np.median([u.label.duration_seconds for u in utterances])),
+    }
+    report["predictions"] = [
+        {
+            "uid": p.label.uid,
+            "split": p.label.split,
+            "subtype": p.label.subtype,
+            "label": p.label.label,
+            "detector_score": round(p.detector.score, 5),
+            "segments": [
+                [round(s.start_seconds, 3), round(s.end_seconds, 3), round(s.score, 4)] for s in p.detector.segments
+            ],
+            "top_change": None if p.top_change is None else [round(t, 3) for t in p.top_change],
+            "baseline_min_cosine": round(p.baseline_score, 5),
+            "change_seconds": list(p.label.change_seconds),
+            "change_interval": p.label.change_interval,
+        }
+        for p in preds
+    ]
+    return report
+
+
+def drift_block(fit: FitResult, report: Mapping[str, Any]) -> dict[str, Any]:
+    """The model card's ``drift`` block: the fitted setting and how it was fitted."""
+    c = fit.config
+    fit_det = report["splits"]["fit"]["detector"]
+    how = (
+        f"fitted on the fit split of `sleuthd bench drift` ({fit.n_fit} espeak-ng utterances: 5 subtypes x "
+        f"{fit.n_fit // len(SUBTYPES)}, paper layout of 3 segments + 500 ms silence): threshold = the accuracy-"
+        f"maximising cut of the detector score (fit accuracy {fit_det['accuracy']:.3f}, F1 {fit_det['f1']:.3f}); "
+        f"window rate, min_side_windows and anchor chosen from {len(fit.candidates)} settings by fit accuracy, "
+        "then localization."
+    )
+    if "transfer" in report["splits"]:
+        tr = report["splits"]["transfer"]["detector"]
+        how += (
+            f" Transfer split (flite + sox voices, never fitted on): accuracy {tr['accuracy']:.3f}, F1 {tr['f1']:.3f}."
+        )
+    return {
+        "window_rate_per_second": c.window_rate_per_second,
+        "threshold": c.threshold,
+        "scale": "cosine_distance",
+        "min_side_windows": c.min_side_windows,
+        "anchor": c.anchor,
+        "max_transition_seconds": c.max_transition_seconds,
+        "max_changes": c.max_changes,
+        "how": how,
+    }
+
+
+def markdown_report(report: Mapping[str, Any]) -> str:
+    """The comparison and localization tables as markdown."""
+    short = {"non_drift": "non-drift", "hard_negative_speed": "HN speed", "hard_negative_noise": "HN noise"}
+    lines = [
+        "| split | method | threshold | accuracy | F1 | precision | recall | "
+        + " | ".join(short.get(s, s) for s in SUBTYPES)
+        + " |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(SUBTYPES),
+    ]
+    names = {"detector": "drift detector (cos. distance >)", "baseline": "paper baseline (min adj. cos <)"}
+    for split, rows in report["splits"].items():
+        for method in ("detector", "baseline"):
+            r = rows[method]
+            subs = " | ".join(f"{r['per_subtype'][s]['accuracy']:.3f}" for s in SUBTYPES if s in r["per_subtype"])
+            lines.append(
+                f"| {split} (n={rows['n']}) | {names[method]} | {r['threshold']:.4f} | {r['accuracy']:.3f} | "
+                f"{r['f1']:.3f} | {r['precision']:.3f} | {r['recall']:.3f} | {subs} |"
+            )
+    lines += [
+        "",
+        "Localization of the strongest change (all drift utterances, whatever their score). to change: |predicted - "
+        "true| with true = start of the changed segment (abrupt) or middle of the fade (smooth); to gap/fade: "
+        "distance to the 500 ms silence before the changed segment (abrupt) or to the fade (smooth), 0 inside.",
+        "",
+        "| split | subtype | n | to change median / mean / max (s) | to gap/fade median / mean / max (s) | "
+        "to gap/fade mean (hops) | within 1 hop | coverage of gap/fade |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for split, per in report["localization"].items():
+        for subtype in ("abrupt", "smooth"):
+            x = per[subtype]
+            if not x.get("n"):
+                continue
+            lines.append(
+                f"| {split} | {subtype} | {x['n']} | {x['to_change_median_s']:.2f} / {x['to_change_mean_s']:.2f} / "
+                f"{x['to_change_max_s']:.2f} | {x['to_interval_median_s']:.2f} / {x['to_interval_mean_s']:.2f} / "
+                f"{x['to_interval_max_s']:.2f} | {x['to_interval_mean_windows']:.2f} | {x['within_one_hop']:.3f} | "
+                f"{x['coverage_mean']:.2f} |"
+            )
+    rt = report["runtime"]
+    lines += [
+        "",
+        f"detect_drift: median {rt['detect_drift_ms_median']:.2f} ms, p95 {rt['detect_drift_ms_p95']:.2f} ms, "
+        f"max {rt['detect_drift_ms_max']:.2f} ms per turn (median {rt['windows_per_turn_median']:.0f} windows, "
+        f"{rt['turn_seconds_median']:.1f} s turns; NumPy on this machine's CPU, embeddings not included).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- command
+
+
+@dataclass(frozen=True)
+class DriftBenchResult:
+    out_dir: Path
+    fit: FitResult
+    report: dict[str, Any]
+    block: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def _embedding_rates(rates: Sequence[float]) -> float:
+    """The one rate to embed at; every other rate must be it divided by a whole number."""
+    top = max(rates)
+    for r in rates:
+        k = top / r
+        if r <= 0 or abs(k - round(k)) > 1e-6:
+            raise DriftSetError(f"window rates must be the largest one divided by whole numbers: {list(rates)}")
+    return top
+
+
+async def run_drift_bench(
+    out_dir: Path,
+    spec: DriftSetSpec,
+    engine: Engine,
+    *,
+    seed: int = 0,
+    rates: Sequence[float] = (5.0, 2.5),
+    encoder: str = "ge2e",
+    workers: int = 2,
+    show_progress: bool = True,
+) -> DriftBenchResult:
+    """Build (or reuse) the dev set, embed it, fit on ``fit``, evaluate on every split and write the report.
+
+    Writes ``labels.jsonl`` and the audio, ``report.json``, ``report.md`` and ``drift_block.json``
+    (the card's ``drift`` block) under ``out_dir``.
+    """
+    top_rate = _embedding_rates(rates)
+    labels_path = await asyncio.to_thread(build_driftset, out_dir, spec, seed=seed, workers=workers)
+    utterances = await embed_driftset(labels_path, engine, top_rate, encoder=encoder, show_progress=show_progress)
+    fit = fit_drift(utterances, rates=rates)
+    report = evaluate(utterances, fit)
+    block = drift_block(fit, report)
+    report["drift_block"] = block
+    report["candidates"] = [
+        {**dataclasses.asdict(c.config), "fit_accuracy": c.fit_accuracy, "fit_localization_s": c.fit_localization_s}
+        for c in fit.candidates
+    ]
+    files = {
+        "report.json": out_dir / "report.json",
+        "report.md": out_dir / "report.md",
+        "drift_block.json": out_dir / "drift_block.json",
+    }
+    files["report.json"].write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    files["report.md"].write_text(markdown_report(report), encoding="utf-8")
+    files["drift_block.json"].write_text(json.dumps(block, indent=2) + "\n", encoding="utf-8")
+    return DriftBenchResult(out_dir, fit, report, block, files)
+
+
+def cmd_bench_drift(args: argparse.Namespace) -> int:
+    """``sleuthd bench drift``: exit 0 on success, 2 on bad input or a missing tool/model."""
+    from sleuthd.engine import Engine, EngineConfig
+    from sleuthd.manifest import ManifestError
+
+    out = Path(args.out) if args.out else REPO / "data" / "drift" / args.size
+    try:
+        rates = [float(r) for r in args.rates.split(",") if r.strip()]
+        _embedding_rates(rates)
+        engine = Engine.load(
+            EngineConfig(models_dir=args.models_dir, default_encoder=args.encoder, device=args.device, batching=False)
+        )
+    except (ValueError, ManifestError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    try:
+        result = asyncio.run(
+            run_drift_bench(
+                out,
+                PRESETS[args.size],
+                engine,
+                seed=args.seed,
+                rates=rates,
+                encoder=args.encoder,
+                workers=args.workers,
+                show_progress=not args.quiet,
+            )
+        )
+    except (DriftSetError, synth.SynthesisError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close()
+    print(markdown_report(result.report), end="")
+    print("\ndrift block for the model card:")
+    print(json.dumps(result.block, indent=2))
+    print(f"report in {out} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``drift`` subcommand (``sleuthd bench drift``) to ``subparsers``."""
+    from sleuthd.cli import default_models_dir
+
+    p = subparsers.add_parser(
+        "drift",
+        help="build the speaker-drift dev set, fit drift detection on it and compare with the paper's baseline",
+        description="Build the speaker-drift dev set (3 segments + 500 ms silence; non-drift, hard negatives "
+        "(speed x1.05, noise -30 dB), abrupt and smooth drift, equal numbers; fit = espeak voices, transfer = "
+        "flite + sox voices), fit the detector and the paper's min-adjacent-cosine baseline on fit, and report "
+        "accuracy, F1 and localization on both splits. Prints the card's drift block.",
+    )
+    p.add_argument("--size", choices=sorted(PRESETS), default="small", help="small: 4, large: 32 per subtype and split")
+    p.add_argument("--out", type=Path, help="output folder (default: data/drift/<size>/)")
+    p.add_argument("--rates", default="5,2.5", help="window rates to try, windows/s; each the largest / a whole number")
+    p.add_argument("--seed", type=int, default=0, help="seed for voices, sentences and noise (default: 0)")
+    p.add_argument("--workers", type=int, default=2, help="parallel synthesis threads (default: 2)")
+    p.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
+    p.add_argument("--encoder", default="ge2e", help="encoder to embed with (default: ge2e)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the encoder runs")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=cmd_bench_drift)

@@ -1,0 +1,161 @@
+"""The auto method: speaker-confusion attribution, calibration files, and refusing to run uncalibrated."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import pytest_asyncio
+from sleuthd.calibration import Calibration, CalibrationError, LogisticModel, inconsistency_probability
+from sleuthd.engine import Engine, EngineConfig
+from sleuthd.manifest import load_encoder_manifest
+from sleuthd.metrics import ServiceMetrics
+from sleuthd.server import RunningServer, ServerConfig, create_server
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, enc
+
+
+def dialogue(
+    speech: Speech, script: list[tuple[str, str, int]], method: int = pb.METHOD_AUTO
+) -> pb.CheckDialogueRequest:
+    """script: (speaker label, voice that actually speaks, clip index) per turn."""
+    req = pb.CheckDialogueRequest(dialogue_id="attr", options=pb.CheckOptions(method=method))  # type: ignore[arg-type]
+    for k, (speaker, voice, clip) in enumerate(script):
+        req.turns.add(turn_id=f"t{k}", speaker=speaker, audio=enc(speech.wav_bytes(voice, clip)))
+    return req
+
+
+async def test_two_speakers_swapped_turn_is_speaker_confusion(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    script = [("Ann", VOICE_A, 0), ("Fay", VOICE_F, 0), ("Ann", VOICE_A, 1), ("Fay", VOICE_F, 1),
+              ("Ann", VOICE_F, 2), ("Fay", VOICE_F, 3), ("Ann", VOICE_A, 3), ("Fay", VOICE_F, 4)]  # fmt: skip
+    v = await stub.CheckDialogue(dialogue(speech, script), timeout=60)
+    swapped = v.turns[4]
+    assert swapped.status == pb.INCONSISTENT and swapped.reason == pb.SPEAKER_CONFUSION
+    assert swapped.closest_speaker == "Fay" and swapped.closest_speaker_margin < 0
+    assert "closer to speaker 'Fay'" in swapped.detail
+    for t in v.turns:
+        if t.turn_id != "t4":
+            assert t.status == pb.CONSISTENT, t.detail
+            assert t.closest_speaker == t.speaker and t.closest_speaker_margin > 0
+    assert [list(s.inconsistent_turn_ids) for s in v.speakers] == [["t4"], []]
+
+
+async def test_three_speakers_names_the_right_one(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    script = [("Ann", VOICE_A, 0), ("Fay", VOICE_F, 0), ("Cat", VOICE_C, 0),
+              ("Ann", VOICE_A, 1), ("Fay", VOICE_F, 1), ("Cat", VOICE_C, 1),
+              ("Ann", VOICE_C, 2), ("Fay", VOICE_F, 2), ("Cat", VOICE_C, 3), ("Ann", VOICE_A, 3)]  # fmt: skip
+    v = await stub.CheckDialogue(dialogue(speech, script), timeout=60)
+    swapped = next(t for t in v.turns if t.turn_id == "t6")
+    assert swapped.reason == pb.SPEAKER_CONFUSION and swapped.closest_speaker == "Cat"
+    assert [t.turn_id for t in v.turns if t.status == pb.INCONSISTENT] == ["t6"]
+
+
+async def test_paper_methods_report_but_do_not_flag_confusion(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    script = [("Ann", VOICE_A, 0), ("Fay", VOICE_F, 0), ("Ann", VOICE_A, 1), ("Fay", VOICE_F, 1), ("Ann", VOICE_F, 2)]
+    v = await stub.CheckDialogue(dialogue(speech, script, pb.METHOD_PAIRWISE), timeout=60)
+    swapped = v.turns[4]
+    assert swapped.closest_speaker == "Fay"  # attribution is reported whatever the method...
+    assert swapped.reason != pb.SPEAKER_CONFUSION  # ...but only auto flags it as confusion
+
+
+async def test_auto_with_paper_thresholds_is_refused(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    req = dialogue(speech, [("Ann", VOICE_A, 0), ("Ann", VOICE_A, 1)])
+    req.options.threshold_set = pb.THRESHOLD_SET_PAPER
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.CheckDialogue(req, timeout=60)
+    assert (
+        err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no threshold for method auto" in err.value.details()
+    )
+
+
+async def test_auto_ranking_puts_true_speaker_first(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    req = pb.RankCandidatesRequest(speaker="A", options=pb.CheckOptions(method=pb.METHOD_AUTO))
+    for k in range(3):
+        req.context.append(enc(speech.wav_bytes(VOICE_A, k)))
+    req.reference.CopyFrom(enc(speech.wav_bytes(VOICE_A, 5)))
+    for cid, voice, k in (("similar", VOICE_B, 3), ("true", VOICE_A, 4), ("other-gender", VOICE_F, 3)):
+        req.candidates.add(candidate_id=cid, audio=enc(speech.wav_bytes(voice, k)))
+    r = await stub.RankCandidates(req, timeout=60)
+    assert [c.candidate_id for c in r.candidates][0] == "true"
+    assert all(c.score_scale == "probability" and c.higher_is_better for c in r.candidates)
+    assert r.candidates[0].score > 0.5 > r.candidates[-1].score
+
+
+# ------------------------------------------------------------------------------------------ calibration files
+
+
+def test_calibration_round_trips_and_is_versioned_with_the_encoder(models_dir: Path) -> None:
+    manifest = load_encoder_manifest(models_dir / "ge2e")
+    cal = Calibration.from_manifest(manifest.raw, "ge2e")
+    assert cal.raw["encoder_weights_sha256"] == manifest.raw["source"]["file_sha256"]
+    assert cal.decision_threshold == 0.5 and "espeak" in cal.raw["how"]
+    # JSON round trip gives the same model, and the same probabilities.
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(5, 256))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    seconds = np.array([3.0, 4.0, 2.5, 5.0, 3.5])
+    again = json.loads(json.dumps(manifest.raw))
+    cal2 = Calibration.from_manifest(again, "ge2e")
+    for name, model in cal.models.items():
+        restored = LogisticModel.from_json(model.to_json())
+        assert restored.features == model.features and np.array_equal(restored.weights, model.weights)
+    assert np.array_equal(
+        inconsistency_probability(cal, emb, emb[0], seconds)[1],
+        inconsistency_probability(cal2, emb, emb[0], seconds)[1],
+    )
+    # A calibration fitted for other weights is refused, not used.
+    again["source"]["file_sha256"] = "0" * 64
+    with pytest.raises(CalibrationError, match="fitted for weights"):
+        Calibration.from_manifest(again, "ge2e")
+    del again["calibration"]
+    with pytest.raises(CalibrationError, match="no calibration"):
+        Calibration.from_manifest(again, "ge2e")
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def two_encoder_server(
+    models_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RunningServer]:
+    """A server with ge2e and a second encoder, 'plain', whose manifest has no calibration."""
+    root = tmp_path_factory.mktemp("models")
+    for name in ("ge2e", "silero_vad"):
+        shutil.copytree(models_dir / name, root / name)
+    plain = root / "plain"
+    plain.mkdir()
+    shutil.copy(models_dir / "ge2e" / "ge2e.onnx", plain / "ge2e.onnx")
+    m = json.loads((models_dir / "ge2e" / "manifest.json").read_text())
+    m["name"] = "plain"
+    del m["calibration"]
+    m["default_method"] = "pairwise"
+    (plain / "manifest.json").write_text(json.dumps(m))
+    engine = Engine.load(EngineConfig(models_dir=root, device="cpu"))
+    running = await create_server(engine, ServerConfig(port=0), ServiceMetrics())
+    yield running
+    await running.stop(grace=1.0)
+    await engine.aclose()
+
+
+async def test_auto_on_an_uncalibrated_encoder_fails_clearly(two_encoder_server: RunningServer, speech: Speech) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{two_encoder_server.port}") as ch:
+        stub = pb_grpc.SleuthStub(ch)
+        req = dialogue(speech, [("Ann", VOICE_A, 0), ("Ann", VOICE_A, 1), ("Ann", VOICE_F, 2)])
+        req.options.encoder = "plain"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.CheckDialogue(req, timeout=60)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "encoder 'plain' has no calibration" in err.value.details()
+        # The same encoder still serves the paper methods, and ge2e still serves auto.
+        req.options.method = pb.METHOD_PAIRWISE
+        v = await stub.CheckDialogue(req, timeout=60)
+        assert v.encoder == "plain" and v.method == pb.METHOD_PAIRWISE
+        assert not any(t.HasField("inconsistency_probability") for t in v.turns)
+        req.options.encoder, req.options.method = "ge2e", pb.METHOD_AUTO
+        v = await stub.CheckDialogue(req, timeout=60)
+        assert list(v.speakers[0].inconsistent_turn_ids) == ["t2"]
