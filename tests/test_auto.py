@@ -83,7 +83,7 @@ async def test_auto_ranking_puts_true_speaker_first(stub: pb_grpc.SleuthStub, sp
     for cid, voice, k in (("similar", VOICE_B, 3), ("true", VOICE_A, 4), ("other-gender", VOICE_F, 3)):
         req.candidates.add(candidate_id=cid, audio=enc(speech.wav_bytes(voice, k)))
     r = await stub.RankCandidates(req, timeout=60)
-    assert [c.candidate_id for c in r.candidates][0] == "true"
+    assert r.candidates[0].candidate_id == "true"
     assert all(c.score_scale == "probability" and c.higher_is_better for c in r.candidates)
     assert r.candidates[0].score > 0.5 > r.candidates[-1].score
 
@@ -103,7 +103,7 @@ def test_calibration_round_trips_and_is_versioned_with_the_encoder(models_dir: P
     seconds = np.array([3.0, 4.0, 2.5, 5.0, 3.5])
     again = json.loads(json.dumps(manifest.raw))
     cal2 = Calibration.from_manifest(again, "ge2e")
-    for name, model in cal.models.items():
+    for model in cal.models.values():
         restored = LogisticModel.from_json(model.to_json())
         assert restored.features == model.features and np.array_equal(restored.weights, model.weights)
     assert np.array_equal(

@@ -164,9 +164,9 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        for pool in (self._executor, self._model_executor):
-            if isinstance(pool, ThreadPoolExecutor):
-                pool.shutdown(wait=True, cancel_futures=True)
+        for executor in (self._executor, self._model_executor):
+            if isinstance(executor, ThreadPoolExecutor):
+                executor.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------------ options
 
