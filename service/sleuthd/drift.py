@@ -3,27 +3,25 @@
 Pure NumPy over window embeddings (no I/O, no grpc). The engine embeds a turn's overlapping 1.6 s
 windows at ``DriftConfig.window_rate_per_second`` and calls :func:`detect_drift`.
 
-Method: least-squares change-point search with a linear transition.
+Method: least-squares change-point search (binary segmentation) on the window embeddings.
 
-* Every window is placed in time at its *anchor*, ``start + anchor * (end - start)``. GE2E embeds a
-  window with an LSTM and keeps the last step's state, so the end of a window counts for more than
-  its start: on spliced speech a window already looks like the new voice when about a quarter of it
-  is the new voice. The anchor (fitted on the dev set) puts each window where its embedding "sits".
-* A change is modelled as ``e_j ≈ (1 - r_j) μ_before + r_j μ_after`` with ``r_j`` 0 before the change,
-  1 after it, and rising linearly with the anchor time across a transition of zero or more windows
-  (an abrupt splice is a zero-width transition; a cross-fade is a ramp). The transition with the
-  smallest squared residual is chosen, every window on each side counting; the search uses prefix
-  sums, so one candidate costs O(D).
-* The change's score is the cosine distance between the mean embedding of the windows before the
-  transition and the mean of those after it (1 - cos, in [0, 2]; larger = stronger). The turn's
-  score is that of its strongest change; a change is reported when its score exceeds
-  ``DriftConfig.threshold``.
-* Several changes: binary segmentation. After a reported change the windows before and after its
-  transition are searched again on their own, up to ``max_changes`` changes.
-
-A reported segment runs from the anchor of the last window wholly before the transition to the
-anchor of the first window wholly after it, so an abrupt change gives a segment one window hop wide
-around the switch and a cross-fade gives one that covers the fade.
+* Split: for every split of the windows into "before" and "after" with at least ``min_side_windows``
+  on each side, the squared residual a one-voice fit loses by fitting each side with its own mean is
+  ``n_before * n_after / n * |mean_before - mean_after|^2``; the split with the largest gain is the
+  change. Prefix sums make one split O(D). Unlike the largest cosine distance, this criterion does
+  not favour splits with only a few noisy windows on one side.
+* Score: the cosine distance (1 - cos, in [0, 2]; larger = stronger) between the mean embedding of
+  the windows before the split and that of the windows after it. The turn's score is its strongest
+  change's; a change is reported when its score exceeds ``threshold``.
+* Transition: each window is placed between the two voices (0 = the mean before, 1 = the mean after,
+  smoothed by a running median of 3); the windows around the split still between
+  ``transition_level`` and ``1 - transition_level`` are the transition. An abrupt splice gives a
+  transition about one window long (windows straddling the splice hold both voices); a cross-fade
+  gives a longer one.
+* Segment: from the centre of the last window settled in the voice before to the centre of the first
+  settled in the voice after; its middle is the best guess of when the voice changes.
+* Several changes: after a reported change, the windows before and after its transition are searched
+  again on their own, up to ``max_changes`` changes.
 """
 
 from __future__ import annotations
@@ -47,20 +45,15 @@ class DriftConfig:
     window_rate_per_second: float = 5.0
     # Decision threshold on the score scale: cosine distance (1 - cos) between the mean embeddings
     # before and after a change; a change scoring above it is reported.
-    threshold: float = 0.2
-    # A change needs at least this many windows wholly on each side (fewer: too little of a voice to
-    # compare, and the means get noisy).
+    threshold: float = 0.12
+    # A change needs at least this many windows on each side (fewer: too little of a voice to
+    # compare, and the side means get noisy).
     min_side_windows: int = 4
-    # Where in a window its embedding sits in time, as a fraction of the window (0 start, 1 end).
-    anchor: float = 0.75
-    # Longest transition considered, seconds; bounds the search and separates a slow drift from two
-    # voices that just differ.
-    max_transition_seconds: float = 6.0
+    # A window is part of the transition while its position between the two voices (0 = the mean
+    # before, 1 = the mean after) is above this level on the way up and below 1 - level on the way down.
+    transition_level: float = 0.15
     # At most this many changes are reported per turn (binary segmentation depth).
     max_changes: int = 4
-    # A transition window must lower the squared residual by at least this much (squared norm of unit
-    # embeddings) to be taken out of the sides: keeps an abrupt change from being fitted as a ramp.
-    ramp_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.window_rate_per_second) and self.window_rate_per_second > 0):
@@ -69,10 +62,8 @@ class DriftConfig:
             raise ValueError(f"threshold is a cosine distance in [0, 2], not {self.threshold}")
         if self.min_side_windows < 1:
             raise ValueError(f"min_side_windows must be >= 1, not {self.min_side_windows}")
-        if not 0.0 <= self.anchor <= 1.0:
-            raise ValueError(f"anchor is a fraction of the window in [0, 1], not {self.anchor}")
-        if not self.max_transition_seconds >= 0.0:
-            raise ValueError(f"max_transition_seconds must be >= 0, not {self.max_transition_seconds}")
+        if not 0.0 < self.transition_level < 0.5:
+            raise ValueError(f"transition_level must be in (0, 0.5), not {self.transition_level}")
         if self.max_changes < 1:
             raise ValueError(f"max_changes must be >= 1, not {self.max_changes}")
 
@@ -86,8 +77,7 @@ class DriftConfig:
             "window_rate_per_second": float,
             "threshold": float,
             "min_side_windows": int,
-            "anchor": float,
-            "max_transition_seconds": float,
+            "transition_level": float,
             "max_changes": int,
         }
         unknown = [k for k in block if k not in fields and k not in ("how", "scale") and not k.endswith("_how")]
@@ -97,8 +87,10 @@ class DriftConfig:
         for key, kind in fields.items():
             if key in block:
                 value = block[key]
-                if kind is int and (isinstance(value, bool) or not float(value).is_integer()):
-                    raise ValueError(f"drift.{key} must be an integer, not {value!r}")
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ValueError(f"drift.{key} must be a number, not {value!r}")
+                if kind is int and not float(value).is_integer():
+                    raise ValueError(f"drift.{key} must be a whole number, not {value!r}")
                 kwargs[key] = kind(value)
         return cls(**kwargs)
 
@@ -119,84 +111,78 @@ class DriftSegment:
 
 @dataclass(frozen=True)
 class DriftResult:
-    score: float  # cosine distance of the turn's strongest change; 0.0 if too few windows to look
+    score: float  # cosine distance of the turn's strongest change found; 0.0 if too few windows to look
     segments: tuple[DriftSegment, ...]  # reported changes in time order; empty when no drift
 
 
 @dataclass(frozen=True)
 class _Change:
-    first_ramp: int  # index of the first window of the transition (= first window after when abrupt)
-    first_after: int  # index of the first window wholly after the transition
+    first_transition: int  # index of the first window of the transition (the first one after, when abrupt)
+    first_after: int  # index of the first window settled in the voice after
     score: float
 
 
-class _Search:
-    """Prefix sums over one turn's windows, for O(D) least-squares fits of any transition."""
+class _Turn:
+    """One turn's windows with prefix sums, so any split's side means cost O(D)."""
 
-    def __init__(self, embeddings: np.ndarray, positions: np.ndarray, ramp_penalty: float) -> None:
-        self.ramp_penalty = ramp_penalty
+    def __init__(self, embeddings: np.ndarray, config: DriftConfig) -> None:
         self.e = embeddings
-        self.p = positions
-        zero = np.zeros((1, embeddings.shape[1]))
-        self.cum_e = np.concatenate([zero, np.cumsum(embeddings, axis=0)])  # (n + 1, D)
-        self.cum_pe = np.concatenate([zero, np.cumsum(positions[:, None] * embeddings, axis=0)])
-        self.cum_p = np.concatenate([[0.0], np.cumsum(positions)])
-        self.cum_pp = np.concatenate([[0.0], np.cumsum(positions * positions)])
+        self.config = config
+        self.cum = np.concatenate([np.zeros((1, embeddings.shape[1])), np.cumsum(embeddings, axis=0)])
 
-    def best(self, lo: int, hi: int, min_side: int, max_ramp_seconds: float) -> _Change | None:
-        """The best single change among windows [lo, hi), or None when there is no room for one."""
-        p = self.p
-        # Candidate (i, j): windows [lo, i) before, [i, j) the transition, [j, hi) after.
-        i_all = np.arange(lo + min_side, hi - min_side + 1)
-        if len(i_all) == 0:
+    def best_change(self, lo: int, hi: int) -> _Change | None:
+        """The strongest change among windows [lo, hi), or None when there is no room for one."""
+        m = self.config.min_side_windows
+        k = np.arange(lo + m, hi - m + 1)
+        if len(k) == 0:
             return None
-        pairs_i: list[np.ndarray] = []
-        pairs_j: list[np.ndarray] = []
-        for i in i_all:
-            # a = midpoint before window i; the transition may extend while b - a stays within the limit.
-            a = 0.5 * (p[i - 1] + p[i])
-            j = np.arange(i, hi - min_side + 1)
-            b = 0.5 * (p[j - 1] + p[j])
-            keep = (j == i) | (b - a <= max_ramp_seconds)
-            pairs_i.append(np.full(int(keep.sum()), i))
-            pairs_j.append(j[keep])
-        i_idx = np.concatenate(pairs_i)
-        j_idx = np.concatenate(pairs_j)
-        rss_gain = self._explained(lo, hi, i_idx, j_idx) - self.ramp_penalty * (j_idx - i_idx)
-        k = int(np.argmax(rss_gain))
-        first_ramp, first_after = int(i_idx[k]), int(j_idx[k])
-        before = self.cum_e[first_ramp] - self.cum_e[lo]
-        after = self.cum_e[hi] - self.cum_e[first_after]
-        return _Change(first_ramp, first_after, _cosine_distance(before, after))
+        n_before = (k - lo).astype(np.float64)
+        n_after = (hi - k).astype(np.float64)
+        before = self.cum[k] - self.cum[lo]
+        after = self.cum[hi] - self.cum[k]
+        gap = before / n_before[:, None] - after / n_after[:, None]
+        # Least squares: the split that removes the most squared residual from a one-voice fit.
+        gain = n_before * n_after / (n_before + n_after) * np.einsum("kd,kd->k", gap, gap)
+        split = int(k[int(np.argmax(gain))])
+        mean_before = (self.cum[split] - self.cum[lo]) / (split - lo)
+        mean_after = (self.cum[hi] - self.cum[split]) / (hi - split)
+        first, after_first = self._transition(lo, hi, split, mean_before, mean_after)
+        return _Change(first, after_first, _cosine_distance(mean_before, mean_after))
 
-    def _explained(self, lo: int, hi: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-        """Squared norm explained by the two-voice model, per candidate (larger = smaller residual)."""
-        p, ce, cpe, cp, cpp = self.p, self.cum_e, self.cum_pe, self.cum_p, self.cum_pp
-        a = 0.5 * (p[i - 1] + p[i])
-        b = 0.5 * (p[j - 1] + p[j])
-        ramp = j > i
-        width = np.where(ramp, b - a, 1.0)
-        width = np.maximum(width, 1e-9)
-        # Over the transition r = (p - a) / width; outside it r is 0 (before) or 1 (after).
-        n_ramp = (j - i).astype(np.float64)
-        sum_r = np.where(ramp, (cp[j] - cp[i] - a * n_ramp) / width, 0.0)
-        sum_rr = np.where(ramp, (cpp[j] - cpp[i] - 2 * a * (cp[j] - cp[i]) + a * a * n_ramp) / (width * width), 0.0)
-        n_after = (hi - j).astype(np.float64)
-        n_all = float(hi - lo)
-        s11 = n_after + sum_rr  # sum r^2
-        s01 = sum_r - sum_rr  # sum r (1 - r)
-        s00 = n_all - n_after - 2 * sum_r + sum_rr  # sum (1 - r)^2
-        ramp_re = np.where(ramp[:, None], (cpe[j] - cpe[i] - a[:, None] * (ce[j] - ce[i])) / width[:, None], 0.0)
-        u1 = ce[hi] - ce[j] + ramp_re  # sum r e
-        u0 = (ce[hi] - ce[lo])[None, :] - u1  # sum (1 - r) e
-        det = s00 * s11 - s01 * s01
-        quad = (
-            s11 * np.einsum("kd,kd->k", u0, u0)
-            - 2 * s01 * np.einsum("kd,kd->k", u0, u1)
-            + s00 * np.einsum("kd,kd->k", u1, u1)
-        )
-        out: np.ndarray = np.where(det > 1e-9, quad / np.maximum(det, 1e-9), -np.inf)
-        return out
+    def _transition(
+        self, lo: int, hi: int, split: int, mean_before: np.ndarray, mean_after: np.ndarray
+    ) -> tuple[int, int]:
+        """Windows around ``split`` that sit between the two voices: (first in transition, first after).
+
+        The side means of the split still hold the transition's mixed windows, which pulls them
+        toward each other; so the transition is found once with them, then again with the means of
+        the windows outside that first transition.
+        """
+        first, after = self._run(lo, hi, split, mean_before, mean_after)
+        # _run keeps at least one window on each side (lo < first, after < hi), so both means exist.
+        settled_before = (self.cum[first] - self.cum[lo]) / (first - lo)
+        settled_after = (self.cum[hi] - self.cum[after]) / (hi - after)
+        return self._run(lo, hi, split, settled_before, settled_after)
+
+    def _run(self, lo: int, hi: int, split: int, mean_before: np.ndarray, mean_after: np.ndarray) -> tuple[int, int]:
+        """(first window in transition, first window after) for one pair of voice means."""
+        axis = mean_after - mean_before
+        norm2 = float(np.dot(axis, axis))
+        if norm2 <= 1e-12:
+            return split, split
+        # Position of each window between the voices (0 = mean before, 1 = mean after), with a
+        # running median of 3 so one odd window neither ends nor stretches the transition.
+        z = (self.e[lo:hi] - mean_before) @ axis / norm2
+        if len(z) >= 3:
+            z = np.concatenate([z[:1], np.median(np.stack([z[:-2], z[1:-1], z[2:]]), axis=0), z[-1:]])
+        level = self.config.transition_level
+        first = split
+        while first - 1 > lo and z[first - 1 - lo] > level:
+            first -= 1
+        after = split
+        while after < hi - 1 and z[after - lo] < 1.0 - level:
+            after += 1
+        return first, after
 
 
 def _cosine_distance(x: np.ndarray, y: np.ndarray) -> float:
@@ -219,33 +205,33 @@ def detect_drift(window_embeddings: np.ndarray, window_times: np.ndarray, config
         raise ValueError(f"expected (n, D) embeddings and (n, 2) times, got {e.shape} and {t.shape}")
     if not (np.all(np.isfinite(e)) and np.all(np.isfinite(t))):
         raise ValueError("window embeddings and times must be finite")
-    n, m = len(e), config.min_side_windows
-    if n < 2 * m:
-        return DriftResult(score=0.0, segments=())
-    positions = t[:, 0] + config.anchor * (t[:, 1] - t[:, 0])
-    search = _Search(e, positions, config.ramp_penalty)
-
-    top = search.best(0, n, m, config.max_transition_seconds)
+    positions = 0.5 * (t[:, 0] + t[:, 1])  # window centres
+    turn = _Turn(e, config)
+    top = turn.best_change(0, len(e))
     if top is None:
         return DriftResult(score=0.0, segments=())
-    found: list[_Change] = []
-    # Binary segmentation: a reported change splits the turn; each side is searched on its own.
-    todo: list[tuple[int, int, _Change | None]] = [(0, n, top)]
+    found: list[DriftSegment] = []
+    # Binary segmentation: a reported change splits the turn and each side is searched on its own,
+    # leaving out every window that overlaps the segment (1.6 s windows near a transition still hold
+    # some of it, and would show up as a weaker copy of the same change).
+    todo: list[tuple[int, int, _Change | None]] = [(0, len(e), top)]
     while todo and len(found) < config.max_changes:
         lo, hi, change = todo.pop()
         if change is None:
-            change = search.best(lo, hi, m, config.max_transition_seconds)
+            change = turn.best_change(lo, hi)
         if change is None or change.score <= config.threshold:
             continue
-        found.append(change)
-        todo.append((lo, change.first_ramp, None))
-        todo.append((change.first_after, hi, None))
-    segments = tuple(
-        DriftSegment(
-            start_seconds=float(positions[c.first_ramp - 1]),
-            end_seconds=float(positions[c.first_after]),
-            score=c.score,
+        segment = DriftSegment(
+            start_seconds=float(positions[change.first_transition - 1]),
+            end_seconds=float(positions[change.first_after]),
+            score=change.score,
         )
-        for c in sorted(found, key=lambda c: c.first_ramp)
-    )
-    return DriftResult(score=top.score, segments=segments)
+        found.append(segment)
+        left_end = lo + int(np.searchsorted(t[lo:hi, 1], segment.start_seconds, side="left"))
+        right_start = lo + int(np.searchsorted(t[lo:hi, 0], segment.end_seconds, side="right"))
+        todo.append((lo, min(left_end, change.first_transition), None))
+        todo.append((max(right_start, change.first_after), hi, None))
+    segments = tuple(sorted(found, key=lambda s: s.start_seconds))
+    # A change found inside one side can be stronger than the split of the whole turn.
+    score = max([top.score, *(s.score for s in segments)])
+    return DriftResult(score=score, segments=segments)

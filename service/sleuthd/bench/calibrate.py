@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from sleuthd.bench.corpus import CorpusClip
+from sleuthd.bench.reliability import expected_calibration_error
 from sleuthd.calibration import FEATURES, VARIANTS, LogisticModel, turn_features
 from sleuthd.domain import AudioInput
 from sleuthd.engine import Engine
@@ -161,18 +162,6 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, features: Sequence[str], l2: floa
         if np.max(np.abs(step)) < 1e-8:
             break
     return LogisticModel(tuple(features), mean, scale, w[:-1], float(w[-1]))
-
-
-def expected_calibration_error(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
-    """Mean |observed rate - mean predicted probability| over equal-width bins, weighted by bin size."""
-    edges = np.linspace(0, 1, bins + 1)
-    idx = np.clip(np.digitize(p, edges[1:-1]), 0, bins - 1)
-    total = 0.0
-    for b in range(bins):
-        m = idx == b
-        if m.any():
-            total += m.sum() * abs(float(y[m].mean()) - float(p[m].mean()))
-    return total / len(p)
 
 
 def _dialogue_scores(instances: Sequence[Instance], probs: Sequence[np.ndarray], tau: float) -> tuple[float, float]:

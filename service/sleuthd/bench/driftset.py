@@ -792,6 +792,7 @@ class Candidate:
 
     config: DriftConfig
     fit_accuracy: float
+    fit_spurious_segments: int  # reported segments away from any true change (fit split)
     fit_localization_s: float  # mean distance of the strongest change to the gap/fade, fit abrupt + smooth
 
 
@@ -808,19 +809,47 @@ def _split(predictions: Iterable[Prediction], split: str) -> list[Prediction]:
     return [p for p in predictions if p.label.split == split]
 
 
+def shortest_turn_seconds(config: DriftConfig, window_seconds: float = 1.6) -> float:
+    """Speech a turn needs before it can be searched: ``2 * min_side_windows`` windows at the config's rate."""
+    return (2 * config.min_side_windows - 1) / config.window_rate_per_second + window_seconds
+
+
+def spurious_segments(predictions: Iterable[Prediction]) -> tuple[int, int]:
+    """(segments on a true change, segments elsewhere) among the reported segments.
+
+    A segment is on the change when it comes within one window hop of the 500 ms gap (abrupt) or
+    the fade (smooth); every segment of a label-0 utterance is elsewhere.
+    """
+    on, off = 0, 0
+    for p in predictions:
+        hop = 1.0 / p.rate_per_second
+        for seg in p.detector.segments:
+            interval = p.label.change_interval
+            if interval is not None and seg.end_seconds >= interval[0] - hop and seg.start_seconds <= interval[1] + hop:
+                on += 1
+            else:
+                off += 1
+    return on, off
+
+
 def fit_drift(
     utterances: Sequence[EmbeddedUtterance],
     *,
     rates: Sequence[float],
-    min_sides: Sequence[int] = (3, 4, 6),
-    anchors: Sequence[float] = (0.5, 0.6, 0.7, 0.8),
+    min_sides: Sequence[int] = (4, 6, 8, 10),
+    levels: Sequence[float] = (0.1, 0.15, 0.2),
+    max_shortest_turn_seconds: float = 6.0,
     base: DriftConfig | None = None,
 ) -> FitResult:
     """Fit the detector and the baseline on the ``fit`` split only.
 
-    For every (rate, min_side_windows, anchor) the detector threshold is the accuracy-maximising one
-    (:func:`fit_threshold`); the setting with the best fit accuracy wins, ties going to the better
-    localization and then to the lower window rate (cheaper). The baseline threshold is fitted the same way.
+    For every (rate, min_side_windows, transition_level) the detector threshold is the accuracy-
+    maximising one (:func:`fit_threshold`). The setting with the best fit accuracy wins; ties go to
+    fewer spurious segments (reported away from any true change: binary segmentation on the shorter
+    sides of a change is where noise gets through), then to the better localization (mean distance of
+    the change point to the gap or fade), then to the lower window rate (cheaper). Settings that could
+    not search a turn of ``max_shortest_turn_seconds`` of speech are not tried. The baseline threshold
+    is fitted the same way.
     """
     base = base or DriftConfig()
     fit_set = [u for u in utterances if u.label.split == "fit"]
@@ -830,18 +859,33 @@ def fit_drift(
     candidates: list[Candidate] = []
     for rate in rates:
         for m in min_sides:
-            for anchor in anchors:
-                cfg = dataclasses.replace(base, window_rate_per_second=rate, min_side_windows=m, anchor=anchor)
-                preds = predict(fit_set, cfg)
-                thr, acc = fit_threshold([p.detector.score for p in preds], truth, drift_if="above")
+            for level in levels:
+                cfg = dataclasses.replace(base, window_rate_per_second=rate, min_side_windows=m, transition_level=level)
+                if shortest_turn_seconds(cfg) > max_shortest_turn_seconds:
+                    continue
+                scores = [p.detector.score for p in predict(fit_set, cfg)]
+                thr, _ = fit_threshold(scores, truth, drift_if="above")
+                cfg = dataclasses.replace(cfg, threshold=round(thr, 4))
+                preds = predict(fit_set, cfg)  # again, so segments are those at the fitted threshold
+                acc = binary_scores(truth, [p.detector.score > cfg.threshold for p in preds]).accuracy
                 loc = localize(preds)
                 mean_loc = float(np.mean([x.to_interval for x in loc])) if loc else math.inf
-                candidates.append(Candidate(dataclasses.replace(cfg, threshold=round(thr, 4)), acc, mean_loc))
-    best = max(candidates, key=lambda c: (c.fit_accuracy, -c.fit_localization_s, -c.config.window_rate_per_second))
-    base_thr, base_acc = fit_threshold(
-        [baseline_min_cosine(u.segment_embeddings) for u in fit_set], truth, drift_if="below"
+                candidates.append(Candidate(cfg, acc, spurious_segments(preds)[1], mean_loc))
+    if not candidates:
+        raise DriftSetError("no detector setting can search turns as short as asked")
+    best = max(
+        candidates,
+        key=lambda c: (
+            c.fit_accuracy,
+            -c.fit_spurious_segments,
+            -c.fit_localization_s,
+            -c.config.window_rate_per_second,
+        ),
     )
-    return FitResult(best.config, round(base_thr, 4), base_acc, tuple(candidates), len(fit_set))
+    base_thr, _ = fit_threshold([baseline_min_cosine(u.segment_embeddings) for u in fit_set], truth, drift_if="below")
+    base_thr = round(base_thr, 4)
+    base_acc = binary_scores(truth, [baseline_min_cosine(u.segment_embeddings) < base_thr for u in fit_set]).accuracy
+    return FitResult(best.config, base_thr, base_acc, tuple(candidates), len(fit_set))
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -905,11 +949,9 @@ def evaluate(utterances: Sequence[EmbeddedUtterance], fit: FitResult) -> dict[st
         report["localization"][split] = {
             subtype: _localization_summary([x for x in loc if x.subtype == subtype]) for subtype in ("abrupt", "smooth")
         }
-        # Reported segments on drift utterances, at the fitted threshold.
-        pos = [p for p in ps if p.label.label == 1 and p.detector.segments]
-        report["localization"][split]["segments_per_detected_drift"] = (
-            float(np.mean([len(p.detector.segments) for p in pos])) if pos else 0.0
-        )
+        # Reported segments at the fitted threshold: on a true change, or elsewhere.
+        on, off = spurious_segments(ps)
+        report["localization"][split]["segments"] = {"on_change": on, "elsewhere": off}
     times = np.array([p.detect_ms for p in preds])
     windows = np.array(
         [
@@ -917,6 +959,7 @@ def evaluate(utterances: Sequence[EmbeddedUtterance], fit: FitResult) -> dict[st
             for u in utterances
         ]
     )
+    report["shortest_turn_seconds"] = shortest_turn_seconds(fit.config)
     report["runtime"] = {
         "detect_drift_ms_median": float(np.median(times)),
         "detect_drift_ms_p95": float(np.percentile(times, 95)),
@@ -952,8 +995,9 @@ def drift_block(fit: FitResult, report: Mapping[str, Any]) -> dict[str, Any]:
         f"fitted on the fit split of `sleuthd bench drift` ({fit.n_fit} espeak-ng utterances: 5 subtypes x "
         f"{fit.n_fit // len(SUBTYPES)}, paper layout of 3 segments + 500 ms silence): threshold = the accuracy-"
         f"maximising cut of the detector score (fit accuracy {fit_det['accuracy']:.3f}, F1 {fit_det['f1']:.3f}); "
-        f"window rate, min_side_windows and anchor chosen from {len(fit.candidates)} settings by fit accuracy, "
-        "then localization."
+        f"window rate, min_side_windows and transition_level chosen from {len(fit.candidates)} settings by fit "
+        "accuracy, then fewest segments away from a true change, then localization, then lower rate. Turns with "
+        f"less than {shortest_turn_seconds(c):.1f} s of speech are too short to search (score 0)."
     )
     if "transfer" in report["splits"]:
         tr = report["splits"]["transfer"]["detector"]
@@ -965,8 +1009,7 @@ def drift_block(fit: FitResult, report: Mapping[str, Any]) -> dict[str, Any]:
         "threshold": c.threshold,
         "scale": "cosine_distance",
         "min_side_windows": c.min_side_windows,
-        "anchor": c.anchor,
-        "max_transition_seconds": c.max_transition_seconds,
+        "transition_level": c.transition_level,
         "max_changes": c.max_changes,
         "how": how,
     }
@@ -1011,6 +1054,13 @@ def markdown_report(report: Mapping[str, Any]) -> str:
                 f"{x['to_interval_max_s']:.2f} | {x['to_interval_mean_windows']:.2f} | {x['within_one_hop']:.3f} | "
                 f"{x['coverage_mean']:.2f} |"
             )
+    lines.append("")
+    for split, per in report["localization"].items():
+        seg = per["segments"]
+        lines.append(
+            f"{split}: {seg['on_change']} reported segments on a true change, {seg['elsewhere']} elsewhere "
+            "(label-0 utterances or away from the change)."
+        )
     rt = report["runtime"]
     lines += [
         "",
@@ -1067,7 +1117,12 @@ async def run_drift_bench(
     block = drift_block(fit, report)
     report["drift_block"] = block
     report["candidates"] = [
-        {**dataclasses.asdict(c.config), "fit_accuracy": c.fit_accuracy, "fit_localization_s": c.fit_localization_s}
+        {
+            **dataclasses.asdict(c.config),
+            "fit_accuracy": c.fit_accuracy,
+            "fit_spurious_segments": c.fit_spurious_segments,
+            "fit_localization_s": c.fit_localization_s,
+        }
         for c in fit.candidates
     ]
     files = {

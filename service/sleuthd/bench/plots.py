@@ -211,3 +211,28 @@ def plot_bias_scatter(report: Mapping[str, Any], path: Path | str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
+
+
+def plot_reliability(summary: Mapping[str, Any], path: Path | str, title: str) -> Path:
+    """Reliability diagram: observed share of inconsistent turns against mean predicted probability per
+    bin (the diagonal is perfect calibration), with the bin counts below. ``summary`` is
+    sleuthd.bench.reliability.summary()."""
+    out = Path(path)
+    fig = _new_figure(5.4, 6.0)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
+    bins = summary["bins"]
+    xs = [b["predicted"] for b in bins]
+    top.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=0.9, label="perfect calibration")
+    top.plot(xs, [b["observed"] for b in bins], marker="o", label="auto")
+    top.set_ylabel("observed share of inconsistent turns")
+    top.set_title(f"{title}\nECE {summary['ece']:.3f}, Brier {summary['brier']:.3f}, {summary['turns']} turns")
+    top.set_xlim(0, 1)
+    top.set_ylim(0, 1)
+    top.grid(True, alpha=0.3)
+    top.legend(loc="upper left", fontsize="small")
+    bottom.bar([(b["low"] + b["high"]) / 2 for b in bins], [b["count"] for b in bins], width=0.09)
+    bottom.set_yscale("log")
+    bottom.set_xlabel("predicted probability that the turn does not belong to its speaker")
+    bottom.set_ylabel("turns")
+    fig.savefig(out)
+    return out

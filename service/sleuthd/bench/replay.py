@@ -368,6 +368,8 @@ async def replay(config: ReplayConfig) -> ReplayResult:
         predictions,
         sweep_defaults={m: defaults[m] for m in sweeps if m in defaults},
     )
+    if any(run.method == AUTO for run in runs):
+        written.update(_write_reliability(out_dir, predictions, Path(config.manifest).name))
     wall_s = time.monotonic() - started
     failures = replayer.failures
     marks = {"paper": dict(info.paper_thresholds), "default": defaults}
@@ -595,3 +597,17 @@ def _append_markdown(
     parts += [f"Replay: {rpcs} RPCs in {wall_s:.1f} s wall time.", ""]
     with path.open("a", encoding="utf-8") as fh:
         fh.write("\n".join(parts))
+
+
+def _write_reliability(out_dir: Path, predictions: list[dict[str, Any]], manifest: str) -> dict[str, Path]:
+    """calibration.json and reliability.png for the auto run: are its probabilities probabilities?"""
+    from sleuthd.bench import plots, reliability
+
+    probs, labels = reliability.turn_pairs(predictions, AUTO)
+    if len(probs) == 0:
+        return {}
+    summary = reliability.summary(probs, labels)
+    path = out_dir / "calibration.json"
+    path.write_text(json.dumps({"manifest": manifest, "run": AUTO, **summary}, indent=2) + "\n")
+    png = plots.plot_reliability(summary, out_dir / "reliability.png", f"auto on {manifest}")
+    return {"calibration": path, "reliability": png}
