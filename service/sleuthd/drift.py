@@ -3,25 +3,32 @@
 Pure NumPy over window embeddings (no I/O, no grpc). The engine embeds a turn's overlapping 1.6 s
 windows at ``DriftConfig.window_rate_per_second`` and calls :func:`detect_drift`.
 
-Method: least-squares change-point search (binary segmentation) on the window embeddings.
+Method: least-squares change points on the window embeddings, found by binary segmentation and then
+pruned by merging.
 
 * Split: for every split of the windows into "before" and "after" with at least ``min_side_windows``
   on each side, the squared residual a one-voice fit loses by fitting each side with its own mean is
   ``n_before * n_after / n * |mean_before - mean_after|^2``; the split with the largest gain is the
   change. Prefix sums make one split O(D). Unlike the largest cosine distance, this criterion does
   not favour splits with only a few noisy windows on one side.
+* Candidates (binary segmentation): after the turn's best split, the windows before and after its
+  transition are searched again on their own, whatever the split's score, down to ranges too short
+  for two sides; windows that overlap a transition in time are left out of the next searches.
 * Score: the cosine distance (1 - cos, in [0, 2]; larger = stronger) between the mean embedding of
-  the windows before the split and that of the windows after it. The turn's score is its strongest
-  change's; a change is reported when its score exceeds ``threshold``.
+  the windows before a change and that of the windows after it, each side running to the
+  neighbouring change (or the turn's end). With one change, that is the split of the whole turn.
+* Decision (merge): the weakest candidate is dropped and its neighbours re-scored until every change
+  left scores above ``threshold`` and at most ``max_changes`` are left. The turn's score is its
+  strongest kept change's, or the last candidate's when none is kept. Judging each change against
+  its neighbours finds the two changes of a voice that drifts away and comes back, which a split of
+  the whole turn dilutes.
 * Transition: each window is placed between the two voices (0 = the mean before, 1 = the mean after,
-  smoothed by a running median of 3); the windows around the split still between
-  ``transition_level`` and ``1 - transition_level`` are the transition. An abrupt splice gives a
-  transition about one window long (windows straddling the splice hold both voices); a cross-fade
-  gives a longer one.
+  smoothed by a running median of 3, means re-taken without the first transition found); the windows
+  around the split still between ``transition_level`` and ``1 - transition_level`` are the
+  transition. An abrupt splice gives a transition of about one window (windows straddling the
+  splice hold both voices); a cross-fade gives a longer one.
 * Segment: from the centre of the last window settled in the voice before to the centre of the first
   settled in the voice after; its middle is the best guess of when the voice changes.
-* Several changes: after a reported change, the windows before and after its transition are searched
-  again on their own, up to ``max_changes`` changes.
 """
 
 from __future__ import annotations
@@ -66,6 +73,12 @@ class DriftConfig:
             raise ValueError(f"transition_level must be in (0, 0.5), not {self.transition_level}")
         if self.max_changes < 1:
             raise ValueError(f"max_changes must be >= 1, not {self.max_changes}")
+
+    @property
+    def min_windows(self) -> int:
+        """Fewest windows a turn needs to be searched at all; below it detect_drift returns score 0.0
+        and no segments, which callers should report as "too short", not as "no drift"."""
+        return 2 * self.min_side_windows
 
     @classmethod
     def from_manifest(cls, block: Mapping[str, Any]) -> DriftConfig:
@@ -117,9 +130,10 @@ class DriftResult:
 
 @dataclass(frozen=True)
 class _Change:
-    first_transition: int  # index of the first window of the transition (the first one after, when abrupt)
+    split: int  # index of the first window on the "after" side of the least-squares split
+    first_transition: int  # index of the first window of the transition (= split when abrupt)
     first_after: int  # index of the first window settled in the voice after
-    score: float
+    score: float  # cosine distance between the side means of the range it was found in
 
 
 class _Turn:
@@ -147,7 +161,7 @@ class _Turn:
         mean_before = (self.cum[split] - self.cum[lo]) / (split - lo)
         mean_after = (self.cum[hi] - self.cum[split]) / (hi - split)
         first, after_first = self._transition(lo, hi, split, mean_before, mean_after)
-        return _Change(first, after_first, _cosine_distance(mean_before, mean_after))
+        return _Change(split, first, after_first, _cosine_distance(mean_before, mean_after))
 
     def _transition(
         self, lo: int, hi: int, split: int, mean_before: np.ndarray, mean_after: np.ndarray
@@ -197,7 +211,7 @@ def detect_drift(window_embeddings: np.ndarray, window_times: np.ndarray, config
 
     ``window_embeddings``: (n, D) unit vectors of overlapping windows in time order; ``window_times``:
     (n, 2) start/end seconds of each window in the turn's audio. A turn with fewer than
-    ``2 * min_side_windows`` windows is too short to judge: score 0.0 and no segments.
+    ``config.min_windows`` windows is too short to judge: score 0.0 and no segments.
     """
     e = np.asarray(window_embeddings, dtype=np.float64)
     t = np.asarray(window_times, dtype=np.float64)
@@ -207,31 +221,71 @@ def detect_drift(window_embeddings: np.ndarray, window_times: np.ndarray, config
         raise ValueError("window embeddings and times must be finite")
     positions = 0.5 * (t[:, 0] + t[:, 1])  # window centres
     turn = _Turn(e, config)
-    top = turn.best_change(0, len(e))
-    if top is None:
+    candidates = _split_phase(turn, t)
+    if not candidates:
         return DriftResult(score=0.0, segments=())
-    found: list[DriftSegment] = []
-    # Binary segmentation: a reported change splits the turn and each side is searched on its own,
-    # leaving out every window that overlaps the segment (1.6 s windows near a transition still hold
-    # some of it, and would show up as a weaker copy of the same change).
-    todo: list[tuple[int, int, _Change | None]] = [(0, len(e), top)]
-    while todo and len(found) < config.max_changes:
-        lo, hi, change = todo.pop()
-        if change is None:
-            change = turn.best_change(lo, hi)
-        if change is None or change.score <= config.threshold:
-            continue
-        segment = DriftSegment(
-            start_seconds=float(positions[change.first_transition - 1]),
-            end_seconds=float(positions[change.first_after]),
-            score=change.score,
+    kept, score = _merge_phase(turn, candidates, config)
+    segments = tuple(
+        DriftSegment(
+            start_seconds=float(positions[c.first_transition - 1]),
+            end_seconds=float(positions[c.first_after]),
+            score=local,
         )
-        found.append(segment)
-        left_end = lo + int(np.searchsorted(t[lo:hi, 1], segment.start_seconds, side="left"))
-        right_start = lo + int(np.searchsorted(t[lo:hi, 0], segment.end_seconds, side="right"))
-        todo.append((lo, min(left_end, change.first_transition), None))
-        todo.append((max(right_start, change.first_after), hi, None))
-    segments = tuple(sorted(found, key=lambda s: s.start_seconds))
-    # A change found inside one side can be stronger than the split of the whole turn.
-    score = max([top.score, *(s.score for s in segments)])
+        for c, local in kept
+    )
     return DriftResult(score=score, segments=segments)
+
+
+def _split_phase(turn: _Turn, times: np.ndarray) -> list[_Change]:
+    """Candidate changes by binary segmentation, whatever their score, in time order.
+
+    Each side of a change is searched again without the windows that overlap its transition in
+    time (1.6 s windows near a transition still hold some of it and would give a weaker copy of the
+    same change). Splitting does not stop at weak changes: a voice that changes and comes back
+    (A, B, A) dilutes the whole-turn split, and the change hidden behind it shows up one level down.
+    """
+    centres = 0.5 * (times[:, 0] + times[:, 1])
+    found: list[_Change] = []
+    todo = [(0, len(times))]
+    while todo:
+        lo, hi = todo.pop()
+        change = turn.best_change(lo, hi)
+        if change is None:
+            continue
+        found.append(change)
+        start = centres[change.first_transition - 1]
+        end = centres[change.first_after]
+        left_end = lo + int(np.searchsorted(times[lo:hi, 1], start, side="left"))
+        right_start = lo + int(np.searchsorted(times[lo:hi, 0], end, side="right"))
+        todo.append((lo, min(left_end, change.first_transition)))
+        todo.append((max(right_start, change.first_after), hi))
+    return sorted(found, key=lambda c: c.split)
+
+
+def _merge_phase(
+    turn: _Turn, candidates: list[_Change], config: DriftConfig
+) -> tuple[list[tuple[_Change, float]], float]:
+    """Drop the weakest candidate until every one left beats the threshold (and at most max_changes are left).
+
+    A candidate's score is the cosine distance between the mean of the windows from the previous
+    candidate's split to its split and the mean from its split to the next one's (the turn's ends
+    for the first and last), so each change is judged against its neighbours, not the whole turn.
+    Returns the kept changes with their scores and the turn's score: the strongest kept change's,
+    or, when none is kept, the score of the last one standing (the turn's strongest change).
+    """
+    kept = list(candidates)
+    n = len(turn.e)
+    while True:
+        bounds = [0, *(c.split for c in kept), n]
+        scores = [
+            _cosine_distance(
+                turn.cum[bounds[k + 1]] - turn.cum[bounds[k]], turn.cum[bounds[k + 2]] - turn.cum[bounds[k + 1]]
+            )
+            for k in range(len(kept))
+        ]
+        weakest = int(np.argmin(scores))
+        if scores[weakest] > config.threshold and len(kept) <= config.max_changes:
+            return list(zip(kept, scores, strict=True)), max(scores)
+        if len(kept) == 1:
+            return [], scores[0]
+        del kept[weakest]
