@@ -248,3 +248,35 @@ async def test_one_voice_speech_has_no_segment(
     assert set(label.segment_voices) == {VOICE_A}
     assert result.segments == (), result
     assert result.score < config.threshold
+
+
+# ---------------------------------------------------------------------------------------------- through the API
+
+
+async def test_check_dialogue_reports_drift_segments(
+    stub: Any, speech: Any, config: DriftConfig, tmp_path: Path
+) -> None:
+    """detect_drift through the real server: a spliced turn gets a segment at the change, a one-voice
+    turn gets a score and no segment, a short turn is reported as too short rather than drift-free."""
+    from sleuthd.v1 import sleuthd_pb2 as pb
+
+    from .support import enc
+
+    spliced = driftset.render_utterance(_plan("abrupt", 1, VOICE_B), tmp_path, driftset.SegmentCache(DRIFT_CACHE))
+    steady = driftset.render_utterance(_plan("non_drift", 1, None), tmp_path, driftset.SegmentCache(DRIFT_CACHE))
+    req = pb.CheckDialogueRequest(
+        dialogue_id="drift", options=pb.CheckOptions(method=pb.METHOD_AUTO, detect_drift=True)
+    )
+    req.turns.add(turn_id="spliced", speaker="A", audio=enc((tmp_path / spliced.path).read_bytes()))
+    req.turns.add(turn_id="steady", speaker="A", audio=enc((tmp_path / steady.path).read_bytes()))
+    req.turns.add(turn_id="short", speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 0)))
+    v = await stub.CheckDialogue(req, timeout=120)
+    by_id = {t.turn_id: t for t in v.turns}
+    (segment,) = by_id["spliced"].drift_segments
+    assert spliced.change_interval is not None
+    hop = 1.0 / config.window_rate_per_second + 1e-6
+    middle = (segment.start_seconds + segment.end_seconds) / 2
+    assert spliced.change_interval[0] - hop <= middle <= spliced.change_interval[1] + hop
+    assert segment.score > config.threshold and by_id["spliced"].drift_score == pytest.approx(segment.score)
+    assert not by_id["steady"].drift_segments and by_id["steady"].drift_score < config.threshold
+    assert not by_id["short"].HasField("drift_score") and "too little speech to search" in by_id["short"].detail

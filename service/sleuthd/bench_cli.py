@@ -295,6 +295,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_bench_throughput)
 
+    from sleuthd.bench import driftset
+
+    driftset.register(bsub)
+
     c = sub.add_parser("calibrate", help="fit the auto method's calibration")
     csub = c.add_subparsers(dest="calibrate_command", required=True)
     f = csub.add_parser(

@@ -44,11 +44,14 @@ class LogisticModel:
     weights: np.ndarray  # (k,)
     bias: float
 
+    def logit(self, x: np.ndarray) -> np.ndarray:
+        """x: (n, k) raw features in ``features`` order -> (n,) log-odds of inconsistency."""
+        z = (x - self.mean) / self.scale
+        return np.asarray(z @ self.weights + self.bias)
+
     def probability(self, x: np.ndarray) -> np.ndarray:
         """x: (n, k) raw features in ``features`` order -> (n,) probabilities."""
-        z = (x - self.mean) / self.scale
-        logit = z @ self.weights + self.bias
-        return np.asarray(1.0 / (1.0 + np.exp(-np.clip(logit, -40, 40))))
+        return np.asarray(1.0 / (1.0 + np.exp(-np.clip(self.logit(x), -40, 40))))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -215,19 +218,20 @@ def inconsistency_probability(
     return variant, calibration.models[variant].probability(x)
 
 
-def candidate_fit_probability(
+def candidate_fit(
     calibration: Calibration,
     candidates: np.ndarray,
     candidate_seconds: np.ndarray,
     context: np.ndarray,
     context_seconds: np.ndarray,
     reference: np.ndarray | None,
-) -> np.ndarray:
-    """For each candidate, P(it belongs to the speaker) if it filled the slot: 1 - P(inconsistent) of the
-    candidate as one more turn next to the context turns (and reference). (m,) probabilities."""
-    out = np.empty(len(candidates))
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each candidate as one more turn next to the context turns (and reference): P(it belongs to
+    the speaker), and the log-odds of belonging. Rank by the log-odds: two clearly foreign candidates
+    both have P close to 0, but their log-odds still say which is the less foreign. ((m,), (m,))"""
+    logits = np.empty(len(candidates))
     for j, (cand, secs) in enumerate(zip(candidates, candidate_seconds, strict=True)):
         emb = np.vstack([context, cand[None, :]])
-        _, p = inconsistency_probability(calibration, emb, reference, np.append(context_seconds, secs))
-        out[j] = 1.0 - p[-1]
-    return out
+        variant, x = turn_features(emb, reference, np.append(context_seconds, secs))
+        logits[j] = -calibration.models[variant].logit(x[-1:])[0]
+    return 1.0 / (1.0 + np.exp(-np.clip(logits, -40, 40))), logits

@@ -48,7 +48,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_clip_seconds=args.max_clip_seconds,
         workers=args.workers,
         embedding_cache_entries=args.embedding_cache_entries,
-        batching=args.batching == "on",
+        batching=args.batching,
+        vad=args.vad,
         batcher=BatcherConfig(
             max_batch_windows=args.max_batch_windows,
             max_wait_ms=args.max_wait_ms,
@@ -180,7 +181,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=e.embedding_cache_entries,
         help=f"clip embeddings remembered by audio hash; 0 = off (default: {e.embedding_cache_entries})",
     )
-    p.add_argument("--batching", choices=["on", "off"], default="on", help="micro-batch model calls (default: on)")
+    p.add_argument(
+        "--vad", choices=["silero", "energy"], default=e.vad,
+        help=f"speech detection: silero (robust to noise) or energy (fast, clean audio) (default: {e.vad})",
+    )  # fmt: skip
+    p.add_argument(
+        "--batching", choices=["on", "off", "clip"], default="on",
+        help="on: micro-batch windows across requests; off: one window per model call; clip: one call per clip",
+    )  # fmt: skip
     p.add_argument(
         "--max-batch-windows",
         type=int,

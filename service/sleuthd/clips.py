@@ -13,9 +13,9 @@ import numpy as np
 
 from sleuthd.audio import Waveform, decode_encoded, decode_pcm, normalize_loudness, to_model_rate
 from sleuthd.domain import AudioInput
-from sleuthd.features import make_windows
+from sleuthd.features import WindowSpec, make_windows
 from sleuthd.manifest import EncoderManifest
-from sleuthd.vad import SileroVad
+from sleuthd.vad import Vad
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,21 @@ def decode(audio: AudioInput, max_seconds: float) -> Waveform:
     return to_model_rate(wave)
 
 
-def prepare(audio: AudioInput, manifest: EncoderManifest, vad: SileroVad, max_seconds: float) -> PreparedClip:
-    """Decode, normalise, trim silence and cut windows. Raises AudioError for unusable bytes."""
+def prepare(
+    audio: AudioInput, manifest: EncoderManifest, vad: Vad, max_seconds: float, window: WindowSpec | None = None
+) -> PreparedClip:
+    """Decode, normalise, trim silence and cut windows. Raises AudioError for unusable bytes.
+
+    ``window`` overrides the manifest's window placement (drift analysis uses denser windows)."""
     wave = decode(audio, max_seconds)
-    return prepare_waveform(wave.samples, manifest, vad)
+    return prepare_waveform(wave.samples, manifest, vad, window)
 
 
-def prepare_waveform(samples: np.ndarray, manifest: EncoderManifest, vad: SileroVad) -> PreparedClip:
+def prepare_waveform(
+    samples: np.ndarray, manifest: EncoderManifest, vad: Vad, window: WindowSpec | None = None
+) -> PreparedClip:
     """The same as :func:`prepare` for a 16 kHz mono float32 waveform already in memory."""
+    spec = window or manifest.window
     audio_seconds = len(samples) / 16_000
     samples = normalize_loudness(samples, manifest.loudness_target_dbfs)
     mask = vad.speech_mask(samples)
@@ -62,10 +69,10 @@ def prepare_waveform(samples: np.ndarray, manifest: EncoderManifest, vad: Silero
             ),
         )
     kept_index = np.flatnonzero(mask.keep)
-    windows, starts = make_windows(samples[kept_index], manifest.window)
+    windows, starts = make_windows(samples[kept_index], spec)
     # Map each window's span in the trimmed clip back to the original clip's clock.
-    span = manifest.window.span_samples
-    first = starts * manifest.window.hop_samples
+    span = spec.span_samples
+    first = starts * spec.hop_samples
     last = np.minimum(first + span, len(kept_index)) - 1
     times = np.stack([kept_index[first], kept_index[np.maximum(last, first)] + 1], axis=1) / 16_000
     return PreparedClip(

@@ -184,18 +184,21 @@ def rank_from_pb(msg: pb.RankCandidatesRequest) -> domain.RankRequest:
 
 
 def rank_to_pb(result: domain.RankResult) -> pb.RankCandidatesResponse:
+    ranked = []
+    for c in result.candidates:
+        msg = pb.RankedCandidate(
+            candidate_id=c.candidate_id,
+            rank=c.rank,
+            score=c.score,
+            score_scale=c.score_scale,
+            higher_is_better=c.higher_is_better,
+            speech_seconds=c.speech_seconds,
+        )
+        if c.fit_probability is not None:
+            msg.fit_probability = c.fit_probability
+        ranked.append(msg)
     return pb.RankCandidatesResponse(
-        candidates=[
-            pb.RankedCandidate(
-                candidate_id=c.candidate_id,
-                rank=c.rank,
-                score=c.score,
-                score_scale=c.score_scale,
-                higher_is_better=c.higher_is_better,
-                speech_seconds=c.speech_seconds,
-            )
-            for c in result.candidates
-        ],
+        candidates=ranked,
         encoder=result.encoder,
         method=method_to_pb(result.method),  # type: ignore[arg-type]
         usable_context=result.usable_context,

@@ -128,6 +128,7 @@ class RankedCandidateResult:
     score_scale: str
     higher_is_better: bool
     speech_seconds: float
+    fit_probability: float | None = None  # P(belongs to the speaker), when the encoder is calibrated
 
 
 @dataclass(frozen=True)

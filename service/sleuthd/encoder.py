@@ -45,6 +45,9 @@ class OnnxEncoder:
         so.intra_op_num_threads = intra_op_threads or (os.cpu_count() or 1)
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Idle intra-op threads would otherwise spin for more work, burning the CPU that decoding and
+        # VAD on the other threads need between model calls.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.manifest = manifest
         self._session = ort.InferenceSession(str(manifest.path), so, providers=choose_providers(device))
         self.provider = self._session.get_providers()[0]
@@ -79,16 +82,25 @@ class WindowEncoder(Protocol):
 
 
 class ThreadedEncoder:
-    """Runs every call as its own model call on a worker thread: no batching across clips or requests."""
+    """Model calls on worker threads with no batching across requests (the micro-batcher's baseline).
 
-    def __init__(self, encoder: OnnxEncoder, executor: Executor) -> None:
+    ``windows_per_call`` = 1: every window is its own model call (no batching at all); None: each
+    clip's windows go in one call (as resemblyzer's embed_utterance does).
+    """
+
+    def __init__(self, encoder: OnnxEncoder, executor: Executor, windows_per_call: int | None = 1) -> None:
         self.encoder = encoder
         self.manifest = encoder.manifest
         self.provider = encoder.provider
         self._executor = executor
+        self._step = windows_per_call
 
     async def encode(self, windows: np.ndarray, deadline: float | None = None) -> np.ndarray:
         loop = asyncio.get_running_loop()
-        if deadline is not None and loop.time() >= deadline:
-            raise DeadlineExceeded("the deadline passed before the model call")
-        return await loop.run_in_executor(self._executor, self.encoder.embed, windows)
+        step = self._step or max(len(windows), 1)
+        parts = []
+        for start in range(0, len(windows), step):
+            if deadline is not None and loop.time() >= deadline:
+                raise DeadlineExceeded("the deadline passed before the model call")
+            parts.append(await loop.run_in_executor(self._executor, self.encoder.embed, windows[start : start + step]))
+        return np.concatenate(parts) if len(parts) > 1 else (parts[0] if parts else self.encoder.embed(windows))

@@ -12,16 +12,16 @@ import logging
 import os
 from collections.abc import Collection, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
 from sleuthd import scoring
 from sleuthd.audio import AudioError
 from sleuthd.batcher import BatcherConfig, BatchObserver, MicroBatcher, NullObserver
-from sleuthd.calibration import Calibration, CalibrationError, candidate_fit_probability
+from sleuthd.calibration import Calibration, CalibrationError, candidate_fit
 from sleuthd.clips import ClipEmbedding, PreparedClip, pool, prepare
 from sleuthd.domain import (
     AudioInput,
@@ -32,11 +32,14 @@ from sleuthd.domain import (
     RankRequest,
     RankResult,
     ThresholdSet,
+    TurnResult,
     TurnStatus,
 )
+from sleuthd.drift import DriftConfig, DriftResult, detect_drift
 from sleuthd.embedding_cache import LruCache, audio_key
 from sleuthd.encoder import OnnxEncoder, ThreadedEncoder, WindowEncoder
 from sleuthd.errors import DeadlineExceeded, InvalidRequest, LimitExceeded, UnknownName, Unsupported
+from sleuthd.features import WindowSpec
 from sleuthd.judge import Judgment, judge_dialogue, stack_embeddings
 from sleuthd.manifest import (
     PAPER_THRESHOLDS,
@@ -46,7 +49,7 @@ from sleuthd.manifest import (
     vad_model_path,
 )
 from sleuthd.scoring import METHODS, Method
-from sleuthd.vad import SileroVad
+from sleuthd.vad import EnergyVad, SileroVad, Vad
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +70,13 @@ class EngineConfig:
     workers: int = 0  # threads for decoding/VAD and model calls; 0 = CPU count
     # Clip embeddings remembered by audio hash (about 2 KB each); 0 disables the cache.
     embedding_cache_entries: int = 4096
-    # Merge the windows of concurrent requests into shared model calls (see sleuthd.batcher).
-    # Off: every clip is its own model call, as resemblyzer's embed_utterance does.
-    batching: bool = True
+    # "on": merge the windows of concurrent requests into shared model calls (sleuthd.batcher).
+    # "off": no batching, every window is its own model call. "clip": each clip's windows in one call
+    # (as resemblyzer's embed_utterance does) but nothing shared across clips or requests.
+    batching: Literal["on", "off", "clip"] = "on"
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    # Speech detection for silence trimming and the minimum-speech check (sleuthd.vad).
+    vad: Literal["silero", "energy"] = "energy"
 
 
 class EngineObserver(BatchObserver, Protocol):
@@ -90,6 +96,11 @@ class NullEngineObserver(NullObserver):
 
 
 @dataclass(frozen=True)
+class _DriftEntry:
+    result: DriftResult | None  # None: too little speech to search
+
+
+@dataclass(frozen=True)
 class ResolvedOptions:
     encoder: WindowEncoder
     judgment: Judgment
@@ -104,7 +115,7 @@ class Engine:
     def __init__(
         self,
         encoders: dict[str, WindowEncoder],
-        vad: SileroVad,
+        vad: Vad,
         config: EngineConfig,
         executor: Executor,
         observer: EngineObserver | None = None,
@@ -119,16 +130,20 @@ class Engine:
         self._executor = executor
         self._model_executor = model_executor
         self.cache: LruCache[ClipEmbedding] = LruCache(config.embedding_cache_entries)
+        self._drift_cache: LruCache[_DriftEntry] = LruCache(config.embedding_cache_entries)
         self.active_streams = 0
         # An encoder without a usable calibration still serves the paper methods; auto then fails
         # with the reason instead of quietly falling back to a fixed threshold.
         self.calibrations: dict[str, Calibration | CalibrationError] = {}
+        self.drift_configs: dict[str, DriftConfig] = {}
         for name, enc in encoders.items():
             try:
                 self.calibrations[name] = Calibration.from_manifest(enc.manifest.raw, name)
             except CalibrationError as exc:
                 logger.warning("%s", exc)
                 self.calibrations[name] = exc
+            if "drift" in enc.manifest.raw:
+                self.drift_configs[name] = DriftConfig.from_manifest(enc.manifest.raw["drift"])
 
     @classmethod
     def load(cls, config: EngineConfig, observer: EngineObserver | None = None) -> Engine:
@@ -136,23 +151,22 @@ class Engine:
         # Two pools, so model calls never queue behind a backlog of decoding/VAD jobs: with one shared
         # FIFO pool a batch ready to run would wait for every clip queued before it.
         executor = ThreadPoolExecutor(max_workers=config.workers or (os.cpu_count() or 1), thread_name_prefix="prep")
-        model_threads = config.batcher.max_concurrent_batches if config.batching else (os.cpu_count() or 1)
+        if config.batching not in ("on", "off", "clip"):
+            raise ValueError(f"batching must be on, off or clip, not {config.batching!r}")
+        batched = config.batching == "on"
+        model_threads = config.batcher.max_concurrent_batches if batched else (os.cpu_count() or 1)
         model_executor = ThreadPoolExecutor(max_workers=model_threads, thread_name_prefix="model")
-        vad = SileroVad(vad_model_path(config.models_dir))
+        vad: Vad = SileroVad(vad_model_path(config.models_dir)) if config.vad == "silero" else EnergyVad()
         encoders: dict[str, WindowEncoder] = {}
         for model_dir in find_encoders(config.models_dir):
             runner = OnnxEncoder(load_encoder_manifest(model_dir), device=config.device)
             runner.warm_up()
-            if config.batching:
+            if batched:
                 encoders[runner.manifest.name] = MicroBatcher(runner, model_executor, config.batcher, observer)
             else:
-                encoders[runner.manifest.name] = ThreadedEncoder(runner, model_executor)
-            logger.info(
-                "encoder %s on %s, batching %s",
-                runner.manifest.name,
-                runner.provider,
-                "on" if config.batching else "off",
-            )
+                per_call = 1 if config.batching == "off" else None
+                encoders[runner.manifest.name] = ThreadedEncoder(runner, model_executor, per_call)
+            logger.info("encoder %s on %s, batching %s", runner.manifest.name, runner.provider, config.batching)
         if not encoders:
             raise InvalidRequest(f"no encoder manifests under {config.models_dir}: run `sleuthd models export ge2e`")
         return cls(encoders, vad, config, executor, observer, model_executor)
@@ -200,16 +214,20 @@ class Engine:
             if method.value not in manifest.default_thresholds:
                 raise InvalidRequest(f"encoder {name!r} has no default threshold for method {method.value!r}")
             threshold = manifest.default_thresholds[method.value]
+        if options.detect_drift and name not in self.drift_configs:
+            raise Unsupported(f"encoder {name!r} has no drift settings in its manifest, so detect_drift is unavailable")
         usable_calibration = calibration if isinstance(calibration, Calibration) else None
         return ResolvedOptions(encoder, Judgment(method, threshold, usable_calibration), options.threshold_set)
 
     # ------------------------------------------------------------------ embedding
 
-    async def _prepare(self, audio: AudioInput, manifest: EncoderManifest, label: str) -> PreparedClip:
+    async def _prepare(
+        self, audio: AudioInput, manifest: EncoderManifest, label: str, window: WindowSpec | None = None
+    ) -> PreparedClip:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(
-                self._executor, prepare, audio, manifest, self.vad, self.config.max_clip_seconds
+                self._executor, prepare, audio, manifest, self.vad, self.config.max_clip_seconds, window
             )
         except AudioError as exc:
             raise AudioError(f"{label}: {exc}") from exc
@@ -259,6 +277,46 @@ class Engine:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
+    async def drift_for(
+        self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None
+    ) -> DriftResult | None:
+        """Voice changes inside one turn (sleuthd.drift), on windows denser than judging uses.
+
+        None when the turn has too little speech to search (fewer windows than the detector needs):
+        "too short to tell" is not "no drift"."""
+        config = self.drift_configs[encoder.manifest.name]
+        dense = replace(encoder.manifest.window, rate_per_second=config.window_rate_per_second)
+        key = audio_key(encoder.manifest.sha256, audio) + f":drift@{config.window_rate_per_second}"
+        cached = self._drift_cache.get(key)
+        if cached is not None:
+            return cached.result
+        clip = await self._prepare(audio, encoder.manifest, label, dense)
+        result = None
+        if clip.windows is not None and clip.window_times is not None and len(clip.windows) >= config.min_windows:
+            window_emb = await encoder.encode(clip.windows, deadline=deadline)
+            result = detect_drift(window_emb, clip.window_times, config)
+        self._drift_cache.put(key, _DriftEntry(result))
+        return result
+
+    async def _attach_drift(
+        self, opts: ResolvedOptions, turns: list[TurnResult], audios: dict[str, AudioInput], deadline: float | None
+    ) -> list[TurnResult]:
+        usable = [t for t in turns if t.status not in (TurnStatus.INSUFFICIENT_AUDIO,)]
+        found = await asyncio.gather(
+            *(self.drift_for(opts.encoder, audios[t.turn_id], f"turn {t.turn_id!r}", deadline) for t in usable)
+        )
+        drift = {t.turn_id: d for t, d in zip(usable, found, strict=True)}
+        config = self.drift_configs[opts.encoder.manifest.name]
+        needed = config.min_windows / config.window_rate_per_second
+        too_short = f"drift: too little speech to search (about {needed:.0f} s needed)"
+        out = []
+        for t in turns:
+            if t.turn_id in drift:
+                result = drift[t.turn_id]
+                t = replace(t, drift=result) if result is not None else replace(t, detail=f"{t.detail}; {too_short}")
+            out.append(t)
+        return out
+
     # ------------------------------------------------------------------ CheckDialogue
 
     async def check_dialogue(self, request: DialogueRequest, deadline: float | None = None) -> DialogueResult:
@@ -273,6 +331,9 @@ class Engine:
         turns, speakers = judge_dialogue(
             [(t.turn_id, t.speaker) for t in audio_turns], clips, references, opts.judgment
         )
+        if request.options.detect_drift:
+            audios = {t.turn_id: t.audio for t in audio_turns if t.audio is not None}
+            turns = await self._attach_drift(opts, turns, audios, deadline)
         for t in turns:
             self.observer.verdict(t.status)
         return DialogueResult(
@@ -365,18 +426,18 @@ class Engine:
                 "nothing to compare the candidates with"
             )
         candidates = stack_embeddings(clips[:n_cand])
-        if opts.method is Method.AUTO:
-            assert opts.judgment.calibration is not None  # resolve() refuses auto without one
-            scores = candidate_fit_probability(
+        context_emb = stack_embeddings(context) if context else np.zeros((0, candidates.shape[1]), np.float32)
+        scores = scoring.candidate_scores(opts.method, candidates, context_emb, reference)
+        fit: np.ndarray | None = None
+        if opts.judgment.calibration is not None and (context or reference is not None):
+            fit, _ = candidate_fit(
                 opts.judgment.calibration,
                 candidates,
                 np.array([c.speech_seconds for c in clips[:n_cand]]),
-                stack_embeddings(context) if context else np.zeros((0, candidates.shape[1]), np.float32),
+                context_emb,
                 np.array([c.speech_seconds for c in context]),
                 reference,
             )
-        else:
-            scores = scoring.candidate_scores(opts.method, candidates, stack_embeddings(context), reference)
         info = METHODS[opts.method]
         order = scoring.rank_order(scores, info.higher_is_better)
         ranked = tuple(
@@ -387,6 +448,7 @@ class Engine:
                 score_scale=info.candidate_scale,
                 higher_is_better=info.higher_is_better,
                 speech_seconds=clips[j].speech_seconds,
+                fit_probability=None if fit is None else float(fit[j]),
             )
             for r, j in enumerate(order)
         )

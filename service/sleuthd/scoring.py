@@ -32,8 +32,9 @@ METHODS: dict[Method, MethodInfo] = {
     Method.PAIRWISE: MethodInfo("cosine_similarity", False, (-1.0, 1.0), "cosine_similarity", True),
     Method.CENTROID: MethodInfo("cosine_distance", True, (0.0, 2.0), "cosine_distance", False),
     Method.REFERENCE: MethodInfo("cosine_similarity", False, (-1.0, 1.0), "cosine_similarity", True),
-    # auto: a turn scores P(it does NOT belong); a candidate scores P(it DOES belong).
-    Method.AUTO: MethodInfo("probability", True, (0.0, 1.0), "probability", True),
+    # auto: a turn scores P(it does NOT belong); candidates are ordered by cosine similarity to the
+    # context centroid (the best discriminator on our dev set) and also carry P(it belongs).
+    Method.AUTO: MethodInfo("probability", True, (0.0, 1.0), "cosine_similarity", True),
 }
 PAPER_METHODS = (Method.PAIRWISE, Method.CENTROID, Method.REFERENCE)
 
@@ -91,9 +92,16 @@ def candidate_scores(
     """Discrimination scores q_j of candidate rows against a speaker's context turns.
 
     pairwise: mean cosine similarity to the context turns; centroid: cosine distance to the context
-    centroid (lower is better); reference: cosine similarity to the reference.
+    centroid (lower is better); reference: cosine similarity to the reference; auto: cosine similarity
+    to the context centroid, or to the reference when there is no context.
     """
     c = _unit(candidates)
+    if method is Method.AUTO:
+        if len(context):
+            return np.asarray(c @ _unit(_unit(context).mean(axis=0)))
+        if reference is None:
+            raise ValueError("auto ranking needs context turns or a reference")
+        return np.asarray(c @ _unit(reference))
     if method is Method.PAIRWISE:
         return np.asarray((c @ _unit(context).T).mean(axis=1))
     if method is Method.CENTROID:

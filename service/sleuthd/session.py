@@ -10,13 +10,14 @@ CheckDialogue gives for the whole dialogue.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from sleuthd.audio import PcmSpec
 from sleuthd.clips import ClipEmbedding
 from sleuthd.domain import AudioInput, CheckOptions, DialogueResult, SpeakerResult, TurnResult, TurnStatus
+from sleuthd.drift import DriftResult
 from sleuthd.engine import Engine, ResolvedOptions, check_id
 from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
 from sleuthd.judge import judge_dialogue
@@ -63,6 +64,8 @@ class DialogueSession:
         self._order: list[str] = []  # turn ids in dialogue (start) order
         self._last_status: dict[str, TurnStatus] = {}
         self._last_index = -1
+        self._detect_drift = False
+        self._drift: dict[str, DriftResult | None] = {}
         self._buffered = 0
         self.engine.active_streams += 1
         self._released = False
@@ -92,6 +95,7 @@ class DialogueSession:
         opts = self.engine.resolve(options)
         self._references = await self.engine.embed_references(opts, references, deadline)
         self.dialogue_id = dialogue_id
+        self._detect_drift = options.detect_drift
         self._opts = opts
 
     def start_turn(self, turn_id: str, speaker: str, index: int, pcm: PcmSpec | None) -> None:
@@ -138,6 +142,10 @@ class DialogueSession:
             opts.encoder, [(AudioInput(data, turn.pcm), f"turn {turn_id!r}")], deadline
         )
         self._done[turn_id] = (turn.speaker, clip)
+        if self._detect_drift and clip.usable:
+            self._drift[turn_id] = await self.engine.drift_for(
+                opts.encoder, AudioInput(data, turn.pcm), f"turn {turn_id!r}", deadline
+            )
         # Re-judge everything so far: a new turn can change its own speaker's verdicts and, through
         # attribution, other speakers' too. Embeddings are kept, so this is cheap.
         results, speakers = self._judge()
@@ -155,9 +163,11 @@ class DialogueSession:
     def _judge(self) -> tuple[list[TurnResult], list[SpeakerResult]]:
         opts = self._require_open()
         ids = [t for t in self._order if t in self._done]
-        return judge_dialogue(
+        turns, speakers = judge_dialogue(
             [(t, self._done[t][0]) for t in ids], [self._done[t][1] for t in ids], self._references, opts.judgment
         )
+        turns = [replace(t, drift=self._drift[t.turn_id]) if self._drift.get(t.turn_id) else t for t in turns]
+        return turns, speakers
 
     def close(self) -> DialogueResult:
         """The whole dialogue's verdict, as CheckDialogue would give it."""

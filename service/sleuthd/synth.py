@@ -166,8 +166,11 @@ _SOX_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Near-duplicate voices left out of catalogue(): under GE2E (resemblyzer, 10 clips per voice)
 # their mean cosine to their nearest other voice exceeded 0.95, i.e. matched their own
 # same-voice cosine. The three Steph variants differ only in formant amplitudes; Steph is kept
-# (nearest other after the drop: 0.84 or lower).
-DROPPED_VOICES: frozenset[str] = frozenset({"espeak-steph2", "espeak-steph3"})
+# (nearest other after the drop: 0.84 or lower). flite's kal and kal16 are the same recorded
+# speaker at 8 and 16 kHz: as two "speakers" they made S3 instances whose "similar speaker" is the
+# target himself (wrong labels), so kal is left out and kal16 kept (kal's sox variant stays: a
+# pitch-shifted voice is a different, similar speaker).
+DROPPED_VOICES: frozenset[str] = frozenset({"espeak-steph2", "espeak-steph3", "flite-kal"})
 
 _EFFECT_TAGS = {"pitch": "p", "tempo": "t", "treble": "tr", "bass": "b"}
 

@@ -1150,7 +1150,7 @@ def cmd_bench_drift(args: argparse.Namespace) -> int:
         rates = [float(r) for r in args.rates.split(",") if r.strip()]
         _embedding_rates(rates)
         engine = Engine.load(
-            EngineConfig(models_dir=args.models_dir, default_encoder=args.encoder, device=args.device, batching=False)
+            EngineConfig(models_dir=args.models_dir, default_encoder=args.encoder, device=args.device, batching="clip")
         )
     except (ValueError, ManifestError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -231,20 +231,22 @@ class RankCandidatesRequest(_message.Message):
     def __init__(self, speaker: _Optional[str] = ..., context: _Optional[_Iterable[_Union[Audio, _Mapping]]] = ..., reference: _Optional[_Union[Audio, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
 
 class RankedCandidate(_message.Message):
-    __slots__ = ("candidate_id", "rank", "score", "score_scale", "higher_is_better", "speech_seconds")
+    __slots__ = ("candidate_id", "rank", "score", "score_scale", "higher_is_better", "speech_seconds", "fit_probability")
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     SCORE_SCALE_FIELD_NUMBER: _ClassVar[int]
     HIGHER_IS_BETTER_FIELD_NUMBER: _ClassVar[int]
     SPEECH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FIT_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     candidate_id: str
     rank: int
     score: float
     score_scale: str
     higher_is_better: bool
     speech_seconds: float
-    def __init__(self, candidate_id: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., higher_is_better: _Optional[bool] = ..., speech_seconds: _Optional[float] = ...) -> None: ...
+    fit_probability: float
+    def __init__(self, candidate_id: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., higher_is_better: _Optional[bool] = ..., speech_seconds: _Optional[float] = ..., fit_probability: _Optional[float] = ...) -> None: ...
 
 class RankCandidatesResponse(_message.Message):
     __slots__ = ("candidates", "encoder", "method", "usable_context")
