@@ -89,3 +89,19 @@ def test_window_placement_matches_ge2e_partials() -> None:
     assert windows.shape == (3, 25840)
     # Window k starts 200 samples (the STFT's centring pad) before frame starts[k].
     assert windows[1, 200] == x[77 * 160] and windows[0, 199] == 0.0
+
+
+def test_energy_vad_trims_silence_and_agrees_with_silero(models_dir: Path, speech: Speech) -> None:
+    from sleuthd.vad import EnergyVad
+
+    samples, rate = sf.read(speech.clips[VOICE_A][1], dtype="float32")
+    gap = np.zeros(rate * 2, np.float32)
+    padded = np.concatenate([gap, normalize_loudness(samples), gap])
+    energy = EnergyVad().speech_mask(padded)
+    silero = SileroVad(vad_model_path(models_dir)).speech_mask(padded)
+    assert not energy.keep[:rate].any() and not energy.keep[-rate:].any()
+    assert energy.speech_seconds == pytest.approx(silero.speech_seconds, rel=0.15)
+    assert EnergyVad().speech_mask(gap).speech_seconds == 0.0
+    # Quiet hiss under the floor is not speech, even though it is the loudest thing in the clip.
+    hiss = (np.random.default_rng(0).normal(0, 10 ** (-70 / 20), rate * 3)).astype(np.float32)
+    assert EnergyVad().speech_mask(hiss).speech_seconds == 0.0

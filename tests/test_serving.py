@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import re
 import urllib.request
+from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 import soundfile as sf
 from sleuthd.batcher import MicroBatcher
-from sleuthd.engine import Engine
+from sleuthd.domain import AudioInput
+from sleuthd.engine import Engine, EngineConfig
 from sleuthd.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
@@ -95,3 +98,30 @@ async def test_deadline_exceeded_is_reported(stub: pb_grpc.SleuthStub, speech: S
     # The server is fine afterwards.
     v = await stub.CheckDialogue(req, timeout=60)
     assert len(v.turns) == 5 and np.all([t.HasField("score") for t in v.turns])
+
+
+@pytest.mark.parametrize(("batching", "calls_for_one_clip"), [("off", "windows"), ("clip", 1)])
+async def test_unbatched_modes_make_the_model_calls_they_say(
+    models_dir: Path, speech: Speech, batching: str, calls_for_one_clip: object
+) -> None:
+    """The throughput benchmark's baselines: `off` = one model call per window, `clip` = one per clip."""
+    engine = Engine.load(
+        EngineConfig(models_dir=models_dir, device="cpu", batching=batching, embedding_cache_entries=0)
+    )  # type: ignore[arg-type]
+    try:
+        runner = engine.encoders["ge2e"].encoder  # type: ignore[attr-defined]
+        calls: list[int] = []
+        real = runner.embed
+
+        def counting(windows: np.ndarray) -> np.ndarray:
+            calls.append(len(windows))
+            return real(windows)
+
+        runner.embed = counting
+        (clip,) = await engine.embed_audio(engine.encoders["ge2e"], [(AudioInput(speech.wav_bytes(VOICE_A, 0)), "c")])
+        assert clip.window_embeddings is not None
+        n = len(clip.window_embeddings)
+        assert n >= 3
+        assert calls == ([1] * n if calls_for_one_clip == "windows" else [n])
+    finally:
+        await engine.aclose()

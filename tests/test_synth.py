@@ -112,7 +112,7 @@ def test_require_tools_reports_missing_tool() -> None:
 
 
 @needs_tools
-@pytest.mark.parametrize("name", ["espeak-m3", "flite-slt", "flite-kal-p+200", "espeak-f2-p-200"])
+@pytest.mark.parametrize("name", ["espeak-m3", "flite-slt", "flite-kal16", "espeak-f2-p-200"])
 def test_synthesize_clip_format(tmp_path: Path, name: str) -> None:
     out = synth.synthesize(synth.get_voice(name), TEXT, tmp_path / "clip.wav")
     info = sf.info(str(out))

@@ -168,8 +168,8 @@ _SOX_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # same-voice cosine. The three Steph variants differ only in formant amplitudes; Steph is kept
 # (nearest other after the drop: 0.84 or lower). flite's kal and kal16 are the same recorded
 # speaker at 8 and 16 kHz: as two "speakers" they made S3 instances whose "similar speaker" is the
-# target himself (wrong labels), so kal is left out and kal16 kept (kal's sox variant stays: a
-# pitch-shifted voice is a different, similar speaker).
+# target himself (wrong labels), so kal (and, as for every dropped voice, its sox variant) is left
+# out and kal16 kept.
 DROPPED_VOICES: frozenset[str] = frozenset({"espeak-steph2", "espeak-steph3", "flite-kal"})
 
 _EFFECT_TAGS = {"pitch": "p", "tempo": "t", "treble": "tr", "bass": "b"}
