@@ -104,6 +104,12 @@ class Calibration:
         missing = [v for v in VARIANTS if v not in models]
         if missing:
             raise CalibrationError(f"calibration of encoder {encoder_name!r} lacks models for: {', '.join(missing)}")
+        stale = [v for v in VARIANTS if models[v].features != FEATURES[v]]
+        if stale:
+            raise CalibrationError(
+                f"calibration of encoder {encoder_name!r} was fitted on other features ({', '.join(stale)}): "
+                "refit it with `sleuthd calibrate fit`"
+            )
         return cls(models, threshold, dict(block))
 
 
@@ -182,28 +188,10 @@ def _variant(n: int, has_reference: bool) -> str:
     return "reference_only"
 
 
+_CONTEXT_FEATURES = ("context_gap", "context_z", "nearest_gap", "loo_gap", "loo_z", "gap_excess")
 FEATURES: dict[str, tuple[str, ...]] = {
-    "context_reference": (
-        "context_gap",
-        "context_z",
-        "nearest_gap",
-        "loo_gap",
-        "loo_z",
-        "gap_excess",
-        "reference_gap",
-        "log_speech_seconds",
-        "log_turns",
-    ),
-    "context": (
-        "context_gap",
-        "context_z",
-        "nearest_gap",
-        "loo_gap",
-        "loo_z",
-        "gap_excess",
-        "log_speech_seconds",
-        "log_turns",
-    ),
+    "context_reference": (*_CONTEXT_FEATURES, "reference_gap", "log_speech_seconds", "log_turns"),
+    "context": (*_CONTEXT_FEATURES, "log_speech_seconds", "log_turns"),
     "pair_reference": ("reference_gap", "reference_cosine", "pair_cosine", "log_speech_seconds"),
     "pair": ("pair_cosine", "log_speech_seconds"),
     "reference_only": ("reference_cosine", "log_speech_seconds"),

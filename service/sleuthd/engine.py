@@ -31,6 +31,7 @@ from sleuthd.domain import (
     RankedCandidateResult,
     RankRequest,
     RankResult,
+    SpeakerResult,
     ThresholdSet,
     TurnResult,
     TurnStatus,
@@ -109,6 +110,19 @@ class ResolvedOptions:
     @property
     def method(self) -> Method:
         return self.judgment.method
+
+    def result(
+        self, dialogue_id: str, turns: Sequence[TurnResult], speakers: Sequence[SpeakerResult]
+    ) -> DialogueResult:
+        """The dialogue verdict, stating which encoder, method and threshold set judged it."""
+        return DialogueResult(
+            dialogue_id=dialogue_id,
+            turns=tuple(turns),
+            speakers=tuple(speakers),
+            encoder=self.encoder.manifest.name,
+            method=self.method,
+            threshold_set=self.threshold_set,
+        )
 
 
 class Engine:
@@ -336,14 +350,7 @@ class Engine:
             turns = await self._attach_drift(opts, turns, audios, deadline)
         for t in turns:
             self.observer.verdict(t.status)
-        return DialogueResult(
-            dialogue_id=request.dialogue_id,
-            turns=tuple(turns),
-            speakers=tuple(speakers),
-            encoder=opts.encoder.manifest.name,
-            method=opts.method,
-            threshold_set=opts.threshold_set,
-        )
+        return opts.result(request.dialogue_id, turns, speakers)
 
     @staticmethod
     def require_references(opts: ResolvedOptions, speakers: Sequence[str], with_reference: Collection[str]) -> None:

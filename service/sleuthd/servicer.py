@@ -176,9 +176,7 @@ class SleuthServicer(pb_grpc.SleuthServicer):
                 self._check_size(message.ByteSize())
                 for response in await self._stream_step(session, message, context):
                     yield response
-            final = session.close()
-            for t in final.turns:
-                self.engine.observer.verdict(t.status)
+            final = session.close()  # its turns' verdicts were counted as each turn completed
             yield pb.StreamDialogueResponse(final=convert.verdict_to_pb(final))
         except _Abort as abort:
             await self._finish(context, "StreamDialogue", started, abort)

@@ -178,11 +178,4 @@ class DialogueSession:
         if not self._done:
             raise InvalidRequest("the stream ended without any complete turn: nothing to judge")
         turns, speakers = self._judge()
-        return DialogueResult(
-            dialogue_id=self.dialogue_id,
-            turns=tuple(turns),
-            speakers=tuple(speakers),
-            encoder=opts.encoder.manifest.name,
-            method=opts.method,
-            threshold_set=opts.threshold_set,
-        )
+        return opts.result(self.dialogue_id, turns, speakers)
