@@ -139,9 +139,16 @@ def verdict_table(v: pb.DialogueVerdict) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    scale = next((t.score_scale for t in v.turns if t.score_scale), "")
+    flagged = "above" if scale in ("probability", "cosine_distance") else "below"
+    meaning = {
+        "probability": "probability that the turn does not belong to its speaker",
+        "cosine_similarity": "cosine similarity",
+        "cosine_distance": "cosine distance",
+    }.get(scale, scale or "-")
     lines = [
-        f"dialogue {v.dialogue_id}: encoder {v.encoder}, method {method} "
-        "(pairwise/reference: cosine similarity, flagged below thr; centroid: cosine distance, flagged above thr)"
+        f"dialogue {v.dialogue_id}: encoder {v.encoder}, method {method}; score = {meaning}, flagged {flagged} thr",
+        "(paper scores: pairwise and reference = cosine similarity, centroid = cosine distance)",
     ]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.append("")
@@ -154,8 +161,13 @@ def verdict_table(v: pb.DialogueVerdict) -> str:
             verdict = f"INCONSISTENT: {', '.join(s.inconsistent_turn_ids)}"
         lines.append(f"speaker {s.speaker}: {verdict} ({s.scored_turns} scored, {s.unscored_turns} unscored)")
     for t in v.turns:
-        if t.status in (pb.INSUFFICIENT_AUDIO, pb.INSUFFICIENT_CONTEXT):
+        if t.status in (pb.INSUFFICIENT_AUDIO, pb.INSUFFICIENT_CONTEXT) or t.reason == pb.SPEAKER_CONFUSION:
             lines.append(f"  {t.turn_id}: {t.detail}")
+        for seg in t.drift_segments:
+            lines.append(
+                f"  {t.turn_id}: voice changes between {seg.start_seconds:.1f} s and {seg.end_seconds:.1f} s "
+                f"(cosine distance {seg.score:.3f})"
+            )
     return "\n".join(lines)
 
 
