@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import grpc
-import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -145,8 +144,3 @@ async def test_health_and_reflection(channel: grpc.aio.Channel) -> None:
     async for r in refl.ServerReflectionInfo(one()):
         names = [s.name for s in r.list_services_response.service]
     assert "sleuthd.v1.Sleuth" in names and "grpc.health.v1.Health" in names
-
-
-def _sine(seconds: float, rate: int = 16_000) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
