@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from sleuthd.scoring import unit
+
 # Floors keep ratios finite for speakers whose turns are nearly identical.
 MIN_SPREAD = 0.02  # cosine
 MIN_DISTANCE = 0.02  # 1 - cosine
@@ -122,10 +124,6 @@ def _pair_values(sims: np.ndarray, members: np.ndarray) -> np.ndarray:
     return np.asarray(sub[np.triu_indices(len(members), k=1)])
 
 
-def _unit(v: np.ndarray) -> np.ndarray:
-    return np.asarray(v / max(float(np.linalg.norm(v)), 1e-12))
-
-
 def turn_features(emb: np.ndarray, reference: np.ndarray | None, speech_seconds: np.ndarray) -> tuple[str, np.ndarray]:
     """Features of every turn of one speaker, and the variant (model) they belong to.
 
@@ -164,8 +162,8 @@ def turn_features(emb: np.ndarray, reference: np.ndarray | None, speech_seconds:
             row["nearest_gap"] = (level - max_i) / room  # even the most alike other evidence is far
             # Leave-one-out: the turn against the centroid of the rest, versus each of the rest against
             # the centroid of the others without it.
-            loo_i = float(pool[i] @ _unit(pool[others].mean(axis=0)))
-            loo_rest = np.array([float(pool[j] @ _unit(pool[others[others != j]].mean(axis=0))) for j in others])
+            loo_i = float(pool[i] @ unit(pool[others].mean(axis=0)))
+            loo_rest = np.array([float(pool[j] @ unit(pool[others[others != j]].mean(axis=0))) for j in others])
             loo_level = float(np.median(loo_rest))
             row["loo_gap"] = (loo_level - loo_i) / max(1.0 - loo_level, MIN_DISTANCE)
             row["loo_z"] = (loo_level - loo_i) / max(float(loo_rest.std()), MIN_SPREAD)

@@ -15,7 +15,7 @@ from sleuthd import scoring
 from sleuthd.calibration import Calibration, inconsistency_probability
 from sleuthd.clips import ClipEmbedding
 from sleuthd.domain import FlagReason, SpeakerResult, TurnResult, TurnStatus
-from sleuthd.scoring import METHODS, Method
+from sleuthd.scoring import METHODS, Method, unit
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,6 @@ def stack_embeddings(clips: Sequence[ClipEmbedding]) -> np.ndarray:
     """(n, D) rows of the usable clips' embeddings; (0, 1) when there are none."""
     rows = [c.embedding for c in clips if c.embedding is not None]
     return np.stack(rows) if rows else np.zeros((0, 1), np.float32)
-
-
-def _unit(v: np.ndarray) -> np.ndarray:
-    return np.asarray(v / max(float(np.linalg.norm(v)), 1e-12))
 
 
 def judge_speaker(
@@ -131,14 +127,14 @@ def attribute(
             e_i = clips[i].embedding
             assert e_i is not None
             emb[i] = e_i
-    centroids = {s: _unit(np.mean([emb[i] for i in idx], axis=0)) for s, idx in by_speaker.items()}
+    centroids = {s: unit(np.mean([emb[i] for i in idx], axis=0)) for s, idx in by_speaker.items()}
     out: dict[str, tuple[str, float]] = {}
     for speaker, idx in by_speaker.items():
         for i in idx:
             e = emb[i]
             others_of_own = [emb[j] for j in idx if j != i]
             if others_of_own:
-                own = float(e @ _unit(np.mean(others_of_own, axis=0)))
+                own = float(e @ unit(np.mean(others_of_own, axis=0)))
             elif speaker in references:
                 own = float(e @ references[speaker])
             else:

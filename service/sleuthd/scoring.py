@@ -39,7 +39,8 @@ METHODS: dict[Method, MethodInfo] = {
 PAPER_METHODS = (Method.PAIRWISE, Method.CENTROID, Method.REFERENCE)
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows (or a single vector) scaled to unit length; zero rows stay finite."""
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     return np.asarray(x / np.maximum(norms, 1e-12))
 
@@ -49,7 +50,7 @@ def pairwise_mean_cosine(emb: np.ndarray) -> np.ndarray:
     n = len(emb)
     if n < 2:
         raise ValueError("pairwise similarity needs at least two embeddings")
-    e = _unit(emb)
+    e = unit(emb)
     sims = e @ e.T
     return np.asarray((sims.sum(axis=1) - np.diag(sims)) / (n - 1))
 
@@ -58,14 +59,14 @@ def centroid_cosine_distance(emb: np.ndarray) -> np.ndarray:
     """s_i = 1 - cos(e_i, c) with c the mean of all rows (e_i included); (n,) cosine distance."""
     if len(emb) < 1:
         raise ValueError("centroid distance needs at least one embedding")
-    e = _unit(emb)
-    c = _unit(e.mean(axis=0))
+    e = unit(emb)
+    c = unit(e.mean(axis=0))
     return np.asarray(1.0 - e @ c)
 
 
 def reference_cosine(emb: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """s_i = cos(e_i, r); (n,) cosine similarity."""
-    return np.asarray(_unit(emb) @ _unit(reference))
+    return np.asarray(unit(emb) @ unit(reference))
 
 
 def turn_scores(method: Method, emb: np.ndarray, reference: np.ndarray | None) -> np.ndarray:
@@ -95,20 +96,20 @@ def candidate_scores(
     centroid (lower is better); reference: cosine similarity to the reference; auto: cosine similarity
     to the context centroid, or to the reference when there is no context.
     """
-    c = _unit(candidates)
+    c = unit(candidates)
     if method is Method.AUTO:
         if len(context):
-            return np.asarray(c @ _unit(_unit(context).mean(axis=0)))
+            return np.asarray(c @ unit(unit(context).mean(axis=0)))
         if reference is None:
             raise ValueError("auto ranking needs context turns or a reference")
-        return np.asarray(c @ _unit(reference))
+        return np.asarray(c @ unit(reference))
     if method is Method.PAIRWISE:
-        return np.asarray((c @ _unit(context).T).mean(axis=1))
+        return np.asarray((c @ unit(context).T).mean(axis=1))
     if method is Method.CENTROID:
-        return np.asarray(1.0 - c @ _unit(_unit(context).mean(axis=0)))
+        return np.asarray(1.0 - c @ unit(unit(context).mean(axis=0)))
     if reference is None:
         raise ValueError("reference comparison needs a reference embedding")
-    return np.asarray(c @ _unit(reference))
+    return np.asarray(c @ unit(reference))
 
 
 def rank_order(scores: np.ndarray, higher_is_better: bool) -> np.ndarray:
