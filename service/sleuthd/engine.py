@@ -97,11 +97,6 @@ class NullEngineObserver(NullObserver):
 
 
 @dataclass(frozen=True)
-class _DriftEntry:
-    result: DriftResult | None  # None: too little speech to search
-
-
-@dataclass(frozen=True)
 class ResolvedOptions:
     encoder: WindowEncoder
     judgment: Judgment
@@ -144,7 +139,6 @@ class Engine:
         self._executor = executor
         self._model_executor = model_executor
         self.cache: LruCache[ClipEmbedding] = LruCache(config.embedding_cache_entries)
-        self._drift_cache: LruCache[_DriftEntry] = LruCache(config.embedding_cache_entries)
         self.active_streams = 0
         # An encoder without a usable calibration still serves the paper methods; auto then fails
         # with the reason instead of quietly falling back to a fixed threshold.
@@ -247,15 +241,23 @@ class Engine:
             raise AudioError(f"{label}: {exc}") from exc
 
     async def _embed_one(
-        self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None
-    ) -> ClipEmbedding:
+        self,
+        encoder: WindowEncoder,
+        audio: AudioInput,
+        label: str,
+        deadline: float | None,
+        window: WindowSpec | None = None,
+    ) -> tuple[ClipEmbedding, bool]:
+        """A clip's embedding and whether it came from the cache. ``window`` overrides the manifest's
+        window placement (drift analysis); it is part of the cache key."""
         # Hashing costs ~1 ms per MB; skip it when the cache is off.
-        key = audio_key(encoder.manifest.sha256, audio) if self.cache.max_entries > 0 else ""
+        key = ""
+        if self.cache.max_entries > 0:
+            key = audio_key(encoder.manifest.sha256, audio) + (f":{window}" if window else "")
         cached = self.cache.get(key) if key else None
         if cached is not None:
-            self.observer.clip_embedded(cached.audio_seconds, cached=True)
-            return cached
-        clip = await self._prepare(audio, encoder.manifest, label)
+            return cached, True
+        clip = await self._prepare(audio, encoder.manifest, label, window)
         if clip.windows is None:
             result = ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail)
         else:
@@ -265,8 +267,7 @@ class Engine:
             )
         if key:
             self.cache.put(key, result)
-        self.observer.clip_embedded(result.audio_seconds, cached=False)
-        return result
+        return result, False
 
     async def embed_audio(
         self,
@@ -283,13 +284,16 @@ class Engine:
             raise DeadlineExceeded("the deadline passed before the request could be started")
         tasks = [asyncio.ensure_future(self._embed_one(encoder, a, label, deadline)) for a, label in audios]
         try:
-            return list(await asyncio.gather(*tasks))
+            found = await asyncio.gather(*tasks)
         except BaseException:
             # One clip failed (or the RPC was cancelled): withdraw the others' queued work too.
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+        for clip, cached in found:
+            self.observer.clip_embedded(clip.audio_seconds, cached=cached)
+        return [clip for clip, _ in found]
 
     async def drift_for(
         self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None
@@ -300,26 +304,25 @@ class Engine:
         "too short to tell" is not "no drift"."""
         config = self.drift_configs[encoder.manifest.name]
         dense = replace(encoder.manifest.window, rate_per_second=config.window_rate_per_second)
-        key = audio_key(encoder.manifest.sha256, audio) + f":drift@{config.window_rate_per_second}"
-        cached = self._drift_cache.get(key)
-        if cached is not None:
-            return cached.result
-        clip = await self._prepare(audio, encoder.manifest, label, dense)
-        result = None
-        if clip.windows is not None and clip.window_times is not None and len(clip.windows) >= config.min_windows:
-            window_emb = await encoder.encode(clip.windows, deadline=deadline)
-            result = detect_drift(window_emb, clip.window_times, config)
-        self._drift_cache.put(key, _DriftEntry(result))
-        return result
+        clip, _ = await self._embed_one(encoder, audio, label, deadline, dense)
+        if clip.window_embeddings is None or clip.window_times is None or len(clip.window_times) < config.min_windows:
+            return None
+        return detect_drift(clip.window_embeddings, clip.window_times, config)
 
     async def _attach_drift(
         self, opts: ResolvedOptions, turns: list[TurnResult], audios: dict[str, AudioInput], deadline: float | None
     ) -> list[TurnResult]:
-        usable = [t for t in turns if t.status not in (TurnStatus.INSUFFICIENT_AUDIO,)]
+        usable = [t for t in turns if t.status is not TurnStatus.INSUFFICIENT_AUDIO]
         found = await asyncio.gather(
             *(self.drift_for(opts.encoder, audios[t.turn_id], f"turn {t.turn_id!r}", deadline) for t in usable)
         )
-        drift = {t.turn_id: d for t, d in zip(usable, found, strict=True)}
+        return self.apply_drift(opts, turns, {t.turn_id: d for t, d in zip(usable, found, strict=True)})
+
+    def apply_drift(
+        self, opts: ResolvedOptions, turns: Sequence[TurnResult], drift: dict[str, DriftResult | None]
+    ) -> list[TurnResult]:
+        """Attach drift results to the turns that were searched; a None result (too little speech)
+        becomes a note in the turn's detail rather than a score."""
         config = self.drift_configs[opts.encoder.manifest.name]
         needed = config.min_windows / config.window_rate_per_second
         too_short = f"drift: too little speech to search (about {needed:.0f} s needed)"

@@ -10,7 +10,7 @@ CheckDialogue gives for the whole dialogue.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -166,7 +166,8 @@ class DialogueSession:
         turns, speakers = judge_dialogue(
             [(t, self._done[t][0]) for t in ids], [self._done[t][1] for t in ids], self._references, opts.judgment
         )
-        turns = [replace(t, drift=self._drift[t.turn_id]) if self._drift.get(t.turn_id) else t for t in turns]
+        if self._detect_drift:
+            turns = self.engine.apply_drift(opts, turns, self._drift)
         return turns, speakers
 
     def close(self) -> DialogueResult:
