@@ -184,9 +184,9 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- calibrate
 
 
-def cmd_calibrate_fit(args: argparse.Namespace) -> int:
+def _embed_calibration_corpus(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(engine manifest, embedded clips) for the calibrate commands, or an exit code on a bad corpus."""
     import asyncio
-    import json
 
     from sleuthd.bench import calibrate
     from sleuthd.bench.corpus import CorpusError, read_corpus
@@ -207,12 +207,70 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
 
     embedded = asyncio.run(embed())
     bar.close()
+    return engine.encoders[engine.config.default_encoder].manifest.raw, embedded
+
+
+def cmd_calibrate_fit(args: argparse.Namespace) -> int:
+    import json
+
+    from sleuthd.bench import calibrate
+
+    loaded = _embed_calibration_corpus(args)
+    if isinstance(loaded, int):
+        return loaded
+    manifest_raw, embedded = loaded
     models, stats = calibrate.fit(embedded, args.dialogues, args.seed)
-    manifest_raw = engine.encoders[engine.config.default_encoder].manifest.raw
     block = calibrate.calibration_block(models, stats, manifest_raw, args.corpus_label or str(args.corpus), args.seed)
     calibrate.write_into_card(args.card, block, make_default=args.make_default)
     print(json.dumps(stats, indent=2))
     print(f"wrote the calibration into {args.card}; run `make models` to rebuild the manifest")
+    return 0
+
+
+def cmd_calibrate_cv(args: argparse.Namespace) -> int:
+    import json
+
+    from sleuthd.bench import calibrate_cv
+
+    try:
+        jitter_sets = [tuple(float(v) for v in part.split(",")) for part in args.jitter_sets.split(";") if part.strip()]
+        l2_values = [float(v) for v in args.l2.split(",") if v.strip()]
+    except ValueError:
+        return _error("--jitter-sets takes sets like '0;0,0.01,0.02' and --l2 numbers like '1e-3,1e-2'")
+    if not jitter_sets or not l2_values or any(j < 0 for js in jitter_sets for j in js) or min(l2_values) <= 0:
+        return _error("--jitter-sets needs at least one set of levels >= 0 and --l2 at least one value > 0")
+    loaded = _embed_calibration_corpus(args)
+    if isinstance(loaded, int):
+        return loaded
+    _, embedded = loaded
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    try:
+        results = calibrate_cv.cross_validate(
+            embedded,
+            jitter_sets,
+            l2_values,
+            folds=args.folds,
+            repeats=args.repeats,
+            seed=args.seed,
+            train_dialogues=args.dialogues,
+            test_dialogues=args.test_dialogues,
+            progress=progress,
+        )
+    except ValueError as exc:
+        return _error(str(exc))
+    chosen = calibrate_cv.select(results, args.min_s1)
+    print(calibrate_cv.table(results, chosen, args.min_s1))
+    print(
+        f"\nchosen: {chosen.setting.label() if chosen else f'none keeps S1 >= {args.min_s1:g} % at every test jitter'}"
+    )
+    if args.json:
+        params = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"}
+        args.json.write_text(json.dumps(calibrate_cv.to_json(results, chosen, params), indent=2) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -314,3 +372,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     f.add_argument("--make-default", action="store_true", help="also make auto the encoder's default method")
     engine_args(f)
     f.set_defaults(func=cmd_calibrate_fit)
+    v = csub.add_parser(
+        "cv",
+        help="compare fitting settings (jitter, L2) by cross-validation over held-out voices of the fit corpus",
+        description="Splits the corpus's speakers into folds, fits on the others and scores benchmark-style "
+        "dialogues of the held-out target speakers at decision threshold 0.5, as recorded and with their "
+        "embeddings jittered. Chooses the best mean balanced accuracy among settings that keep S1 accuracy "
+        ">= --min-s1 at every test jitter. Values are percentages (mean over folds).",
+    )
+    v.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text] (the FIT split only)")
+    v.add_argument(
+        "--jitter-sets",
+        default="0;0,0.01,0.02;0,0.02;0,0.01,0.02,0.03",
+        help="';'-separated sets of training jitter levels (default: %(default)s)",
+    )
+    v.add_argument("--l2", default="1e-3,2e-3,3e-3,5e-3,1e-2", help="L2 penalties to try (default: %(default)s)")
+    v.add_argument("--folds", type=int, default=6, help="speaker folds (default: 6)")
+    v.add_argument("--repeats", type=int, default=2, help="independent fold splits, averaged (default: 2)")
+    v.add_argument("--dialogues", type=int, default=4000, help="training dialogues per fold (default: 4000)")
+    v.add_argument(
+        "--test-dialogues", type=int, default=1200, help="test dialogues per fold and jitter (default: 1200)"
+    )
+    v.add_argument("--min-s1", type=float, default=99.0, help="S1 accuracy (%%) a setting must keep (default: 99)")
+    v.add_argument("--json", type=Path, help="write every result as JSON")
+    engine_args(v)
+    v.set_defaults(func=cmd_calibrate_cv)

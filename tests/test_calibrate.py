@@ -1,0 +1,136 @@
+"""Fitting and cross-validating the auto calibration (offline tooling).
+
+These tests run the fitting code on embeddings drawn around per-speaker centres, not on speech: what is
+tested is the bookkeeping (who is a target, what is jittered, what is held out, which setting the rule
+picks), which needs speakers with known identities and no encoder. The shipped calibration itself is
+exercised through the real server in test_auto.py and the replay tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sleuthd.bench.calibrate import Clip, Instance, dialogue_scores, fit_models, make_instances
+from sleuthd.bench.calibrate_cv import Setting, SettingResult, cross_validate, select, speaker_folds
+from sleuthd.calibration import FEATURES, VARIANTS
+
+DIM = 32
+
+
+def corpus(n_speakers: int = 12, clips_each: int = 12, spread: float = 0.15, seed: int = 0) -> list[Clip]:
+    """Speaker k's clips lie around its own random centre and all last 1 + k seconds, so a turn's
+    log_speech_seconds feature says which speaker it came from."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n_speakers):
+        centre = rng.normal(size=DIM)
+        centre /= np.linalg.norm(centre)
+        for _ in range(clips_each):
+            e = centre + rng.normal(0.0, spread / np.sqrt(DIM), DIM)
+            out.append(Clip(f"s{k:02d}", "MF"[k % 2], e / np.linalg.norm(e), 1.0 + k))
+    return out
+
+
+def turn_seconds(inst: Instance) -> np.ndarray:
+    col = FEATURES[inst.variant].index("log_speech_seconds")
+    return np.round(np.exp(inst.features[:, col]), 6)
+
+
+def test_targets_restrict_who_is_judged_but_not_who_intrudes() -> None:
+    clips = corpus()
+    instances = make_instances(clips, 300, seed=3, benchmark_like=True, targets={"s03", "s07"})
+    intruders: set[float] = set()
+    for inst in instances:
+        secs = turn_seconds(inst)
+        own = set(secs[inst.labels == 0].tolist())
+        assert own in ({4.0}, {8.0})  # every genuine turn is one of the two targets'
+        assert inst.labels.sum() == (0 if inst.scenario == "S1" else 1)
+        intruders |= set(secs[inst.labels == 1].tolist())
+    assert len(intruders - {4.0, 8.0}) > 2  # intruders come from the whole corpus
+    with pytest.raises(ValueError, match="no target speaker"):
+        make_instances(clips, 10, seed=0, targets={"nobody"})
+
+
+def test_jitter_is_reproducible_and_lowers_self_similarity() -> None:
+    clips = corpus()
+    a = make_instances(clips, 60, seed=5, benchmark_like=True, jitter_levels=(0.05,))
+    b = make_instances(clips, 60, seed=5, benchmark_like=True, jitter_levels=(0.05,))
+    plain = make_instances(clips, 60, seed=5, benchmark_like=True)
+    assert all(np.array_equal(x.features, y.features) for x, y in zip(a, b, strict=True))
+    # Same dialogues (same draws), different embeddings: the relative features move.
+    assert [x.scenario for x in a] == [x.scenario for x in plain]
+    assert any(not np.allclose(x.features, y.features) for x, y in zip(a, plain, strict=True))
+
+
+def test_dialogue_scores_follow_the_benchmark_definitions() -> None:
+    def inst(scenario: str, labels: list[int]) -> Instance:
+        return Instance("context_reference", np.zeros((len(labels), 1)), np.array(labels, float), len(labels), scenario)
+
+    instances = [inst("S1", [0, 0, 0]), inst("S1", [0, 0, 0]), inst("S2", [0, 1, 0]), inst("S3", [1, 0, 0])]
+    probs = [np.array([0.1, 0.2, 0.3]), np.array([0.9, 0.1, 0.1]), np.array([0.1, 0.8, 0.7]), np.array([0.2, 0.1, 0.1])]
+    m = dialogue_scores(instances, probs, 0.5)
+    # S1: one of two unflagged; S2 detected (but two turns flagged); S3 missed.
+    assert (m["S1"], m["S2"], m["S3"]) == (50.0, 100.0, 0.0)
+    assert m["bal"] == pytest.approx(0.5 * (50 + (100 + 0) / 2))
+    # Localization F1: S1 1 and 0 -> 50; S2 P=1/2, R=1 -> 2/3; S3 empty prediction -> 0.
+    assert m["bal_f1"] == pytest.approx(0.5 * (50 + (100 * 2 / 3 + 0) / 2))
+
+
+def test_fitted_models_separate_distinct_speakers() -> None:
+    clips = corpus()
+    models = fit_models(make_instances(clips, 900, seed=1))
+    assert set(models) == set(VARIANTS)
+    test = make_instances(clips, 300, seed=2, benchmark_like=True)
+    m = dialogue_scores(test, [models[i.variant].probability(i.features) for i in test], 0.5)
+    assert m["S1"] >= 95 and m["S2"] >= 95 and m["bal"] >= 90
+
+
+def test_speaker_folds_partition_the_speakers() -> None:
+    speakers = [f"s{k}" for k in range(10)]
+    folds = speaker_folds(speakers, 3, seed=0)
+    assert sorted(s for f in folds for s in f) == speakers and all(f for f in folds)
+    assert speaker_folds(speakers, 3, seed=0) == folds != speaker_folds(speakers, 3, seed=1)
+    with pytest.raises(ValueError, match="--folds"):
+        speaker_folds(speakers, 11, seed=0)
+
+
+def test_selection_rule_puts_consistent_speakers_first() -> None:
+    def result(l2: float, s1: tuple[float, float], bal: tuple[float, float]) -> SettingResult:
+        return SettingResult(
+            Setting((0.0,), l2),
+            {
+                j: {"S1": s, "S2": 100.0, "S3": 0.0, "bal": b, "bal_f1": b}
+                for j, s, b in zip((0.0, 0.02), s1, bal, strict=True)
+            },
+        )
+
+    sharp = result(1e-3, (97.0, 99.5), (95.0, 94.0))  # best mean Bal, but flags 3 % of consistent speakers
+    steady = result(1e-2, (99.5, 100.0), (92.0, 90.0))
+    timid = result(1e-1, (100.0, 100.0), (85.0, 80.0))
+    assert select([sharp, steady, timid], min_s1=99.0) is steady
+    assert select([sharp, steady, timid], min_s1=95.0) is sharp
+    assert select([sharp], min_s1=99.0) is None
+
+
+def test_cross_validation_scores_every_setting_on_held_out_targets() -> None:
+    clips = corpus()
+    messages: list[str] = []
+    results = cross_validate(
+        clips,
+        [(0.0,), (0.0, 0.05)],
+        [1e-2, 1e-1],
+        folds=3,
+        train_dialogues=450,
+        test_dialogues=90,
+        test_jitters=(0.0, 0.1),
+        progress=messages.append,
+    )
+    assert len(messages) == 3 and {r.setting for r in results} == {
+        Setting(j, l2) for j in ((0.0,), (0.0, 0.05)) for l2 in (1e-2, 1e-1)
+    }
+    for r in results:
+        assert set(r.by_test_jitter) == {0.0, 0.1}
+        clean, noisy = r.by_test_jitter[0.0], r.by_test_jitter[0.1]
+        assert clean["S2"] >= 95 and clean["bal"] >= 85
+        # Heavy test jitter makes the held-out speakers' turns less alike: detection gets harder.
+        assert noisy["S3"] <= clean["S3"] + 1e-9 or noisy["S1"] <= clean["S1"] + 1e-9
