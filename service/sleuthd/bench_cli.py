@@ -12,6 +12,10 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sleuthd.bench import calibrate
 
 logger = logging.getLogger("sleuthd")
 
@@ -184,8 +188,8 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- calibrate
 
 
-def _embed_calibration_corpus(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """(engine manifest, embedded clips) for the calibrate commands, or an exit code on a bad corpus."""
+def _embed_calibration_corpus(args: argparse.Namespace) -> tuple[dict[str, Any], list[calibrate.Clip]] | int:
+    """(encoder manifest, embedded clips) for the calibrate commands, or an exit code on a bad corpus."""
     import asyncio
 
     from sleuthd.bench import calibrate

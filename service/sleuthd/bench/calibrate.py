@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from sleuthd.bench.corpus import CorpusClip
+from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics
 from sleuthd.bench.reliability import expected_calibration_error
 from sleuthd.calibration import FEATURES, VARIANTS, LogisticModel, turn_features
 from sleuthd.domain import AudioInput
@@ -58,7 +59,7 @@ class Instance:
     features: np.ndarray  # (n, k)
     labels: np.ndarray  # (n,) 1 = replaced turn
     n_turns: int
-    scenario: str
+    scenario: Scenario
 
 
 async def embed_corpus(engine: Engine, clips: Sequence[CorpusClip], progress: Callable[[int, int], None]) -> list[Clip]:
@@ -135,7 +136,7 @@ def make_instances(
     for k in range(n_instances):
         target = rng.choice(speakers)
         n = 5 if benchmark_like else rng.choice(TURN_COUNTS)
-        scenario = ("S1", "S2", "S3")[k % 3]
+        scenario = SCENARIOS[k % 3]
         own = rng.sample(by_speaker[target], n + 1)
         with_reference = benchmark_like or n == 1 or rng.random() < 0.5
         turns, reference = own[:n], own[n] if with_reference else None
@@ -155,6 +156,7 @@ def make_instances(
         # synthetic voices less so. Jittering every clip's embedding by a random amount per
         # dialogue teaches the model that the speaker's own spread varies, so it leans on the
         # spread-normalised features instead of the tight spread of this corpus.
+        # A single level draws nothing from rng, so the dialogues drawn do not depend on the jitter.
         jitter = levels[0] if len(levels) == 1 else rng.choice(levels)
         if jitter:
             noise = np.random.default_rng(rng.getrandbits(32))
@@ -185,39 +187,28 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, features: Sequence[str], l2: floa
 
 
 def dialogue_scores(instances: Sequence[Instance], probs: Sequence[np.ndarray], tau: float) -> dict[str, float]:
-    """Benchmark metrics (percent) at decision threshold tau: detection accuracy per scenario
-    (S1, S2, S3), balanced detection accuracy (bal) and balanced localization F1 (bal_f1)."""
-    from sleuthd.bench.metrics import localization_prf
-
-    acc: dict[str, list[float]] = {"S1": [], "S2": [], "S3": []}
-    f1: dict[str, list[float]] = {"S1": [], "S2": [], "S3": []}
-    for inst, p in zip(instances, probs, strict=True):
+    """Benchmark metrics (percent) at decision threshold tau, by the replay report's own definitions:
+    detection accuracy per scenario (S1, S2, S3), balanced accuracy (bal), balanced localization F1
+    (bal_f1). A dialogue is flagged when any turn is; its flagged turns are the predicted locations."""
+    records = []
+    for k, (inst, p) in enumerate(zip(instances, probs, strict=True)):
         pred = frozenset(np.flatnonzero(p > tau).tolist())
         gold = frozenset(np.flatnonzero(inst.labels).tolist())
-        acc[inst.scenario].append(float(bool(pred) == bool(gold)))
-        f1[inst.scenario].append(localization_prf(gold, pred)[2])
+        records.append(DetectionRecord(str(k), "calibration", inst.scenario, gold, pred, bool(pred)))
+    return {**detection_metrics(records), "bal_f1": localization_metrics(records)["bal_f1"]}
 
-    def per_scenario(d: dict[str, list[float]]) -> dict[str, float]:
-        return {s: 100 * float(np.mean(v)) for s, v in d.items()}
 
-    def bal(m: dict[str, float]) -> float:
-        return 0.5 * (m["S1"] + (m["S2"] + m["S3"]) / 2)
-
-    detection = per_scenario(acc)
-    return {**detection, "bal": bal(detection), "bal_f1": bal(per_scenario(f1))}
+def variant_turns(instances: Sequence[Instance], variant: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every turn of the instances of one variant: ((n, k) features, (n,) labels)."""
+    rows = [i for i in instances if i.variant == variant]
+    if not rows:
+        raise ValueError(f"no training dialogue of variant {variant!r}: draw more dialogues")
+    return np.vstack([i.features for i in rows]), np.concatenate([i.labels for i in rows])
 
 
 def fit_models(instances: Sequence[Instance], l2: float = L2_PENALTY) -> dict[str, LogisticModel]:
     """One logistic model per variant, on every turn of the instances of that variant."""
-    models: dict[str, LogisticModel] = {}
-    for variant in VARIANTS:
-        rows = [i for i in instances if i.variant == variant]
-        if not rows:
-            raise ValueError(f"no training dialogue of variant {variant!r}: draw more dialogues")
-        x = np.vstack([i.features for i in rows])
-        y = np.concatenate([i.labels for i in rows])
-        models[variant] = fit_logistic(x, y, FEATURES[variant], l2=l2)
-    return models
+    return {v: fit_logistic(*variant_turns(instances, v), FEATURES[v], l2=l2) for v in VARIANTS}
 
 
 def fit(
@@ -227,12 +218,10 @@ def fit(
     models = fit_models(instances)
     stats: dict[str, Any] = {"variants": {}}
     for variant in VARIANTS:
-        rows = [i for i in instances if i.variant == variant]
-        x = np.vstack([i.features for i in rows])
-        y = np.concatenate([i.labels for i in rows])
+        x, y = variant_turns(instances, variant)
         p = models[variant].probability(x)
         stats["variants"][variant] = {
-            "dialogues": len(rows),
+            "dialogues": sum(i.variant == variant for i in instances),
             "turns": len(y),
             "inconsistent_share": round(float(y.mean()), 4),
             "ece_in_sample": round(expected_calibration_error(p, y), 4),
