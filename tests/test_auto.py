@@ -11,7 +11,14 @@ import grpc
 import numpy as np
 import pytest
 import pytest_asyncio
-from sleuthd.calibration import Calibration, CalibrationError, LogisticModel, inconsistency_probability
+from sleuthd.calibration import (
+    FEATURES,
+    Calibration,
+    CalibrationError,
+    LogisticModel,
+    inconsistency_probability,
+    turn_features,
+)
 from sleuthd.engine import Engine, EngineConfig
 from sleuthd.manifest import load_encoder_manifest
 from sleuthd.metrics import ServiceMetrics
@@ -55,6 +62,56 @@ async def test_three_speakers_names_the_right_one(stub: pb_grpc.SleuthStub, spee
     swapped = next(t for t in v.turns if t.turn_id == "t6")
     assert swapped.reason == pb.SPEAKER_CONFUSION and swapped.closest_speaker == "Cat"
     assert [t.turn_id for t in v.turns if t.status == pb.INCONSISTENT] == ["t6"]
+
+
+async def test_other_speakers_are_the_cohort_of_auto(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    # Ann's third turn is spoken by a similar man who is not in the dialogue (no confusion to find).
+    ann = [("Ann", VOICE_A, 0), ("Ann", VOICE_A, 1), ("Ann", VOICE_B, 2), ("Ann", VOICE_A, 3), ("Ann", VOICE_A, 4)]
+    fay = [("Fay", VOICE_F, 0), ("Fay", VOICE_F, 1)]
+    interleaved = [ann[0], fay[0], ann[1], fay[1], ann[2], ann[3], ann[4]]
+    with_cohort = await stub.CheckDialogue(dialogue(speech, interleaved), timeout=60)
+    alone = await stub.CheckDialogue(dialogue(speech, ann), timeout=60)
+    by_id = {t.turn_id: t for t in with_cohort.turns}
+    ann_ids = [t.turn_id for t in with_cohort.turns if t.speaker == "Ann"]
+    assert [by_id[i].status for i in ann_ids] == [pb.CONSISTENT, pb.CONSISTENT, pb.INCONSISTENT] + [pb.CONSISTENT] * 2
+    stranger = by_id[ann_ids[2]]
+    assert stranger.reason == pb.SCORE_THRESHOLD and stranger.closest_speaker == "Ann"  # not a confusion
+    assert all("(context_cohort model)" in by_id[i].detail for i in ann_ids)
+    assert all("(context model)" in t.detail for t in alone.turns)
+    # The same turns, judged with and without the other voice, get different probabilities.
+    assert [by_id[i].inconsistency_probability for i in ann_ids] != [t.inconsistency_probability for t in alone.turns]
+    fay_turns = [t for t in with_cohort.turns if t.speaker == "Fay"]
+    assert all(t.status == pb.CONSISTENT and "(pair_cohort model)" in t.detail for t in fay_turns)
+
+
+def test_cohort_features_measure_a_turn_against_the_distance_to_other_voices() -> None:
+    rng = np.random.default_rng(0)
+    dim = 256
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        return np.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True))
+
+    def voice(centre: np.ndarray, k: int) -> np.ndarray:
+        return unit(centre + rng.normal(0, 0.25 / np.sqrt(dim), (k, dim)))
+
+    a = unit(rng.normal(size=dim))
+    r = unit(rng.normal(size=dim))
+    b = 0.6 * a + 0.8 * unit(r - (r @ a) * a)  # another voice, cosine 0.6 from a
+    turns = voice(a, 5)
+    turns[2] = voice(b, 1)[0]
+    reference = voice(a, 1)[0]
+    seconds = np.full(5, 3.0)
+    plain_variant, plain = turn_features(turns, reference, seconds)
+    variant, x = turn_features(turns, reference, seconds, unit(voice(b, 3).mean(axis=0))[None, :])
+    assert (plain_variant, variant) == ("context_reference", "context_reference_cohort")
+    assert np.array_equal(x[:, : plain.shape[1]], plain)
+    gap = x[:, FEATURES[variant].index("cohort_gap")]
+    position = x[:, FEATURES[variant].index("cohort_position")]
+    genuine = [0, 1, 3, 4]
+    assert gap[2] > 0.8 and max(gap[genuine]) < 0.3  # fallen about the whole way to the other voice
+    assert position[2] == -1.0 and min(position[genuine]) > 0.5  # clipped: it IS the other voice
+    # An empty cohort is no cohort.
+    assert turn_features(turns, reference, seconds, np.zeros((0, dim)))[0] == "context_reference"
 
 
 async def test_paper_methods_report_but_do_not_flag_confusion(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
@@ -115,6 +172,11 @@ def test_calibration_round_trips_and_is_versioned_with_the_encoder(models_dir: P
     again["source"]["file_sha256"] = "0" * 64
     with pytest.raises(CalibrationError, match="fitted for weights"):
         Calibration.from_manifest(again, "ge2e")
+    # A calibration from before the cohort models existed is refused, naming what it lacks.
+    older = json.loads(json.dumps(manifest.raw))
+    del older["calibration"]["models"]["context_cohort"]
+    with pytest.raises(CalibrationError, match="lacks models for: context_cohort"):
+        Calibration.from_manifest(older, "ge2e")
     del again["calibration"]
     with pytest.raises(CalibrationError, match="no calibration"):
         Calibration.from_manifest(again, "ge2e")

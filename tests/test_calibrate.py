@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sleuthd.bench.calibrate import Clip, Instance, dialogue_scores, fit_models, make_instances
+from sleuthd.bench import calibrate
+from sleuthd.bench.calibrate import Clip, Instance, _draw_cohort, dialogue_scores, fit_models, make_instances
 from sleuthd.bench.calibrate_cv import Setting, SettingResult, cross_validate, select, speaker_folds
-from sleuthd.calibration import FEATURES, VARIANTS
+from sleuthd.bench.cohort_eval import JUDGMENTS, cohort_cross_validate, compare
+from sleuthd.calibration import BASE_VARIANTS, COHORT_SUFFIX, FEATURES, VARIANTS
 
 DIM = 32
 
@@ -78,7 +80,7 @@ def test_dialogue_scores_follow_the_benchmark_definitions() -> None:
 
 def test_fitted_models_separate_distinct_speakers() -> None:
     clips = corpus()
-    models = fit_models(make_instances(clips, 900, seed=1))
+    models = fit_models(make_instances(clips, 900, seed=1) + make_instances(clips, 600, seed=4, cohort=True))
     assert set(models) == set(VARIANTS)
     test = make_instances(clips, 300, seed=2, benchmark_like=True)
     m = dialogue_scores(test, [models[i.variant].probability(i.features) for i in test], 0.5)
@@ -134,3 +136,85 @@ def test_cross_validation_scores_every_setting_on_held_out_targets() -> None:
         assert clean["S2"] >= 95 and clean["bal"] >= 85
         # Heavy test jitter makes the held-out speakers' turns less alike: detection gets harder.
         assert noisy["S3"] <= clean["S3"] + 1e-9 or noisy["S1"] <= clean["S1"] + 1e-9
+
+
+# ------------------------------------------------------------------------------------------ cohort
+
+
+def test_cohort_is_strangers_unless_the_intruder_is_asked_for() -> None:
+    import random
+
+    by_speaker: dict[str, list[Clip]] = {}
+    for c in corpus():
+        by_speaker.setdefault(c.speaker, []).append(c)
+    intruder = by_speaker["s05"][3]
+    rng = random.Random(0)
+    for _ in range(200):
+        groups = _draw_cohort(by_speaker, "s00", intruder, 0.0, rng)
+        assert 1 <= len(groups) <= 3 and all(1 <= len(g) <= 5 for g in groups)
+        speakers = [g[0].speaker for g in groups]
+        assert all(len({c.speaker for c in g}) == 1 for g in groups) and len(set(speakers)) == len(speakers)
+        assert not {"s00", "s05"} & set(speakers)
+    for _ in range(50):
+        groups = _draw_cohort(by_speaker, "s00", intruder, 1.0, rng)
+        assert groups[0][0].speaker == "s05" and all(c is not intruder for c in groups[0])  # its other clips
+        assert "s00" not in {g[0].speaker for g in groups}
+
+
+def test_cohort_instances_carry_the_plain_judgment_of_the_same_turns() -> None:
+    clips = corpus()
+    instances = make_instances(clips, 120, seed=7, cohort=True)
+    plain = {i.variant for i in make_instances(clips, 120, seed=7)}
+    for inst in instances:
+        assert inst.n_turns >= 2 and inst.variant == inst.plain_variant + COHORT_SUFFIX
+        assert inst.plain_features is not None
+        assert inst.features.shape == (inst.n_turns, len(FEATURES[inst.variant]))
+        assert inst.plain_features.shape == (inst.n_turns, len(FEATURES[inst.plain_variant]))
+        # The cohort variant's leading features are the plain ones, computed identically.
+        assert np.array_equal(inst.features[:, : len(FEATURES[inst.plain_variant])], inst.plain_features)
+    assert {i.plain_variant for i in instances} == plain - {"reference_only"}
+
+
+def test_plain_models_do_not_depend_on_the_cohort_fit() -> None:
+    clips = corpus()
+    models, stats = calibrate.fit(clips, 600, seed=3, n_threshold_instances=90)
+    alone = fit_models(make_instances(clips, 600, seed=3), variants=BASE_VARIANTS)
+    assert stats["cohort_instances"] == 600 and stats["instances"] == 1200
+    for v in BASE_VARIANTS:
+        assert np.array_equal(models[v].weights, alone[v].weights) and models[v].bias == alone[v].bias
+
+
+def test_one_gender_corpus_takes_the_least_similar_speaker_for_s2() -> None:
+    clips = [Clip(c.speaker, "M", c.embedding, c.speech_seconds) for c in corpus()]
+    centre = {}
+    for secs in {c.speech_seconds for c in clips}:  # a speaker's clips all last the same, 1 + k seconds
+        m = np.mean([c.embedding for c in clips if c.speech_seconds == secs], axis=0)
+        centre[secs] = m / np.linalg.norm(m)
+    instances = make_instances(clips, 90, seed=2, benchmark_like=True)
+    assert {i.scenario for i in instances} == {"S1", "S2", "S3"}
+    for inst in instances:
+        if inst.scenario == "S1":
+            continue
+        secs = turn_seconds(inst)
+        (target,), (intruder,) = set(secs[inst.labels == 0]), set(secs[inst.labels == 1])
+        ranked = sorted((s for s in centre if s != target), key=lambda s: float(centre[target] @ centre[s]))
+        assert intruder == (ranked[0] if inst.scenario == "S2" else ranked[-1])
+
+
+def test_cohort_cross_validation_compares_both_judgments_on_the_same_dialogues() -> None:
+    clips = corpus(spread=0.6)  # voices that overlap, so detection is not trivially perfect
+    messages: list[str] = []
+    results = cohort_cross_validate(
+        clips, folds=3, repeats=1, train_dialogues=450, test_dialogues=90, test_jitters=(0.0,),
+        progress=messages.append,
+    )  # fmt: skip
+    assert len(messages) == 3 and set(results) == {0.0} and set(results[0.0]) == set(JUDGMENTS)
+    for m in results[0.0].values():
+        assert (
+            0 <= m["S1"] <= 100
+            and 0 <= m["ece"] <= 1
+            and m["bal"] == pytest.approx(0.5 * (m["S1"] + (m["S2"] + m["S3"]) / 2))
+        )
+    # compare() refuses dialogues that have no cohort rather than judging them twice the same way.
+    with pytest.raises(ValueError, match="cohort"):
+        compare({}, make_instances(clips, 3, seed=0, benchmark_like=True))

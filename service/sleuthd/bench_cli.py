@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -214,9 +216,25 @@ def _embed_calibration_corpus(args: argparse.Namespace) -> tuple[dict[str, Any],
     return engine.encoders[engine.config.default_encoder].manifest.raw, embedded
 
 
-def cmd_calibrate_fit(args: argparse.Namespace) -> int:
-    import json
+def _progress_printer(args: argparse.Namespace) -> Callable[[str], None]:
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
 
+    return progress
+
+
+def _write_json(path: Path | None, payload: dict[str, Any]) -> None:
+    if path is not None:
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {path}")
+
+
+def _params(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"}
+
+
+def cmd_calibrate_fit(args: argparse.Namespace) -> int:
     from sleuthd.bench import calibrate
 
     loaded = _embed_calibration_corpus(args)
@@ -232,8 +250,6 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate_cv(args: argparse.Namespace) -> int:
-    import json
-
     from sleuthd.bench import calibrate_cv
 
     try:
@@ -247,11 +263,6 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     _, embedded = loaded
-
-    def progress(message: str) -> None:
-        if not args.quiet:
-            print(message, file=sys.stderr, flush=True)
-
     try:
         results = calibrate_cv.cross_validate(
             embedded,
@@ -262,7 +273,7 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
             seed=args.seed,
             train_dialogues=args.dialogues,
             test_dialogues=args.test_dialogues,
-            progress=progress,
+            progress=_progress_printer(args),
         )
     except ValueError as exc:
         return _error(str(exc))
@@ -271,10 +282,53 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
     print(
         f"\nchosen: {chosen.setting.label() if chosen else f'none keeps S1 >= {args.min_s1:g} % at every test jitter'}"
     )
-    if args.json:
-        params = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"}
-        args.json.write_text(json.dumps(calibrate_cv.to_json(results, chosen, params), indent=2) + "\n")
-        print(f"wrote {args.json}")
+    _write_json(args.json, calibrate_cv.to_json(results, chosen, _params(args)))
+    return 0
+
+
+def cmd_calibrate_cohort_cv(args: argparse.Namespace) -> int:
+    from sleuthd.bench import cohort_eval
+
+    loaded = _embed_calibration_corpus(args)
+    if isinstance(loaded, int):
+        return loaded
+    _, embedded = loaded
+    try:
+        by_jitter = cohort_eval.cohort_cross_validate(
+            embedded,
+            folds=args.folds,
+            repeats=args.repeats,
+            seed=args.seed,
+            train_dialogues=args.dialogues,
+            test_dialogues=args.test_dialogues,
+            progress=_progress_printer(args),
+        )
+    except ValueError as exc:
+        return _error(str(exc))
+    rows = {f"held-out voices, test jitter {j:g}": v for j, v in by_jitter.items()}
+    print(cohort_eval.table(rows))
+    _write_json(args.json, cohort_eval.to_json(rows, _params(args)))
+    return 0
+
+
+def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
+    from sleuthd.bench import calibrate, cohort_eval
+    from sleuthd.calibration import Calibration, CalibrationError
+
+    loaded = _embed_calibration_corpus(args)
+    if isinstance(loaded, int):
+        return loaded
+    manifest_raw, embedded = loaded
+    try:
+        calibration = Calibration.from_manifest(manifest_raw, args.encoder)
+        instances = calibrate.make_instances(
+            embedded, args.dialogues, args.seed, benchmark_like=True, cohort=True, intruder_in_cohort=0.0
+        )
+    except (CalibrationError, ValueError) as exc:
+        return _error(str(exc))
+    rows = {f"{args.corpus} ({args.dialogues})": cohort_eval.compare(calibration.models, instances)}
+    print(cohort_eval.table(rows))
+    _write_json(args.json, cohort_eval.to_json(rows, _params(args)))
     return 0
 
 
@@ -401,3 +455,34 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     v.add_argument("--json", type=Path, help="write every result as JSON")
     engine_args(v)
     v.set_defaults(func=cmd_calibrate_cv)
+    cc = csub.add_parser(
+        "cohort-cv",
+        help="what the dialogue's other speakers add: plain vs cohort models on held-out voices of the fit corpus",
+        description="Splits the corpus's speakers into folds, fits every variant (as `calibrate fit` does) on the "
+        "others, and judges benchmark-style dialogues of the held-out targets that also have 1-3 other speakers "
+        "(strangers to target and intruder) twice: ignoring those speakers, and with them as the cohort. "
+        "Detection and F1 in %, ECE on the 0-1 scale, means over folds.",
+    )
+    cc.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text] (the FIT split only)")
+    cc.add_argument("--folds", type=int, default=6, help="speaker folds (default: 6)")
+    cc.add_argument("--repeats", type=int, default=2, help="independent fold splits, averaged (default: 2)")
+    cc.add_argument("--dialogues", type=int, default=4000, help="training dialogues per fold and kind (default: 4000)")
+    cc.add_argument(
+        "--test-dialogues", type=int, default=1200, help="test dialogues per fold and jitter (default: 1200)"
+    )
+    cc.add_argument("--json", type=Path, help="write the results as JSON")
+    engine_args(cc)
+    cc.set_defaults(func=cmd_calibrate_cohort_cv)
+    ce = csub.add_parser(
+        "cohort-eval",
+        help="judge dialogues of any corpus with the shipped calibration, without and with a cohort",
+        description="Embeds the corpus, draws benchmark-style dialogues (5 turns + reference) that also have 1-3 "
+        "other speakers (strangers to target and intruder), and judges each twice with the encoder's shipped "
+        "calibration: ignoring those speakers, and with them as the cohort. Fits nothing. Detection and F1 in %, "
+        "ECE on the 0-1 scale.",
+    )
+    ce.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text]")
+    ce.add_argument("--dialogues", type=int, default=1500, help="dialogues to draw (default: 1500)")
+    ce.add_argument("--json", type=Path, help="write the results as JSON")
+    engine_args(ce)
+    ce.set_defaults(func=cmd_calibrate_cohort_eval)

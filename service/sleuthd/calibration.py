@@ -12,6 +12,11 @@ Bayes decision for the fitted prior) are flagged.
 Every feature is a difference or ratio of cosines measured inside the request, so a corpus whose
 cosines all sit lower (real narrowband speech: same speaker 0.74-0.90) or higher (clean synthetic
 voices: about 0.94) moves the features much less than it moves the raw cosines.
+
+When the dialogue has usable audio of other speakers, they are the cohort: the nearest other voice
+tells how far apart two *different* people sound in this very recording, a yardstick for how far a
+turn has fallen from its own speaker. Those requests use the ``*_cohort`` twin of their variant, with
+the cohort features added.
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ from sleuthd.scoring import unit
 MIN_SPREAD = 0.02  # cosine
 MIN_DISTANCE = 0.02  # 1 - cosine
 
-# Which model applies depends on what the request offers for the speaker.
-VARIANTS = ("context_reference", "context", "pair_reference", "pair", "reference_only")
+# Which model applies depends on what the request offers for the speaker: how many turns, whether
+# there is a reference, and whether other speakers' audio is there to serve as a cohort (two or more
+# own turns only: with one turn the yardstick has nothing of the speaker's own to measure).
+BASE_VARIANTS = ("context_reference", "context", "pair_reference", "pair", "reference_only")
+COHORT_SUFFIX = "_cohort"
+VARIANTS = (*BASE_VARIANTS, *(v + COHORT_SUFFIX for v in BASE_VARIANTS if v != "reference_only"))
 
 
 class CalibrationError(RuntimeError):
@@ -124,11 +133,14 @@ def _pair_values(sims: np.ndarray, members: np.ndarray) -> np.ndarray:
     return np.asarray(sub[np.triu_indices(len(members), k=1)])
 
 
-def turn_features(emb: np.ndarray, reference: np.ndarray | None, speech_seconds: np.ndarray) -> tuple[str, np.ndarray]:
+def turn_features(
+    emb: np.ndarray, reference: np.ndarray | None, speech_seconds: np.ndarray, cohort: np.ndarray | None = None
+) -> tuple[str, np.ndarray]:
     """Features of every turn of one speaker, and the variant (model) they belong to.
 
     emb: (n, D) unit embeddings of the speaker's usable turns; reference: (D,) or None;
-    speech_seconds: (n,). Returns (variant, (n, k) features in that variant's order).
+    speech_seconds: (n,); cohort: (c, D) unit centroids of the dialogue's other speakers, or None.
+    Returns (variant, (n, k) features in that variant's order).
 
     The yardstick for turn i is the speaker's other evidence (the other turns, and the reference when
     there is one) measured against itself in the same way; medians, not means, summarise it, so one
@@ -174,8 +186,40 @@ def turn_features(emb: np.ndarray, reference: np.ndarray | None, speech_seconds:
         for i in range(n):
             rows[i]["gap_excess"] = float(gaps[i] - np.median(np.delete(gaps, i)))
     variant = _variant(n, reference is not None)
+    if cohort is not None and len(cohort) and n >= 2:
+        _add_cohort_features(rows, pool, sims, n, cohort)
+        variant += COHORT_SUFFIX
     names = FEATURES[variant]
     return variant, np.array([[r[f] for f in names] for r in rows], dtype=np.float64)
+
+
+def _add_cohort_features(
+    rows: list[dict[str, float]], pool: np.ndarray, sims: np.ndarray, n: int, cohort: np.ndarray
+) -> None:
+    """Cohort normalisation: measure each turn's distance from its speaker in units of the distance
+    between this speaker and the nearest other voice of the dialogue.
+
+    pool: (m, D) the speaker's evidence (n turns, then the reference if any); sims: its cosines.
+    ``nearest_other`` of a piece of evidence is its cosine to the closest cohort centroid.
+    """
+    nearest_other = (pool @ cohort.T).max(axis=1)  # (m,)
+    m = len(pool)
+    for i in range(n):
+        others = np.array([j for j in range(m) if j != i], dtype=int)
+        own_i = float(sims[i, others].mean())
+        # Where turn i sits between "sounds like another person of this dialogue" (0) and "identical"
+        # (1), measured from the nearest other voice upwards. Below -1 the turn is that other voice
+        # (SPEAKER_CONFUSION's case); clipping keeps such turns from dominating the standardisation.
+        near = float(nearest_other[i])
+        rows[i]["cohort_position"] = max((own_i - near) / max(1.0 - near, MIN_DISTANCE), -1.0)
+        if len(others) >= 2:
+            # How far turn i falls below the speaker's typical self-similarity, as a share of the gap
+            # between that typical self-similarity and how similar the speaker's other evidence is to
+            # the nearest other voice: about 0 for a genuine turn, about 1 for a turn that sounds like a
+            # different person.
+            level = float(np.median(_pair_values(sims, others)))
+            separation = max(level - float(np.median(nearest_other[others])), MIN_DISTANCE)
+            rows[i]["cohort_gap"] = (level - own_i) / separation
 
 
 def _variant(n: int, has_reference: bool) -> str:
@@ -194,13 +238,26 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "pair": ("pair_cosine", "log_speech_seconds"),
     "reference_only": ("reference_cosine", "log_speech_seconds"),
 }
+FEATURES.update(
+    {
+        "context_reference_cohort": (*FEATURES["context_reference"], "cohort_gap", "cohort_position"),
+        "context_cohort": (*FEATURES["context"], "cohort_gap", "cohort_position"),
+        "pair_reference_cohort": (*FEATURES["pair_reference"], "cohort_gap", "cohort_position"),
+        "pair_cohort": (*FEATURES["pair"], "cohort_position"),
+    }
+)
 
 
 def inconsistency_probability(
-    calibration: Calibration, emb: np.ndarray, reference: np.ndarray | None, speech_seconds: np.ndarray
+    calibration: Calibration,
+    emb: np.ndarray,
+    reference: np.ndarray | None,
+    speech_seconds: np.ndarray,
+    cohort: np.ndarray | None = None,
 ) -> tuple[str, np.ndarray]:
-    """(variant, (n,) P(inconsistent)) for one speaker's usable turns."""
-    variant, x = turn_features(emb, reference, speech_seconds)
+    """(variant, (n,) P(inconsistent)) for one speaker's usable turns; ``cohort``: (c, D) unit
+    centroids of the dialogue's other speakers (None or empty: no cohort)."""
+    variant, x = turn_features(emb, reference, speech_seconds, cohort)
     return variant, calibration.models[variant].probability(x)
 
 

@@ -40,22 +40,24 @@ def judge_speaker(
     clips: Sequence[ClipEmbedding],
     reference: np.ndarray | None,
     judgment: Judgment,
+    cohort: np.ndarray | None = None,
 ) -> list[TurnResult]:
     """Verdicts for all of one speaker's audio turns, in the given order (no attribution).
 
     Unusable clips are INSUFFICIENT_AUDIO; usable clips without anything to compare with are
     INSUFFICIENT_CONTEXT; the rest are scored by ``judgment.method``. The three paper scores and, with
-    a calibration, the inconsistency probability are filled in whenever they are computable.
+    a calibration, the inconsistency probability are filled in whenever they are computable; ``cohort``
+    ((c, D) centroids of the dialogue's other speakers) normalises that probability (auto only).
     """
     usable = [i for i, c in enumerate(clips) if c.embedding is not None]
     emb = stack_embeddings([clips[i] for i in usable])
     pw = scoring.pairwise_mean_cosine(emb) if len(usable) >= 2 else None
     cd = scoring.centroid_cosine_distance(emb) if len(usable) >= 2 else None
     rc = scoring.reference_cosine(emb, reference) if reference is not None and usable else None
-    prob = None
+    prob, model = None, ""
     if judgment.calibration is not None and (len(usable) >= 2 or (usable and reference is not None)):
         seconds = np.array([clips[i].speech_seconds for i in usable])
-        _, prob = inconsistency_probability(judgment.calibration, emb, reference, seconds)
+        model, prob = inconsistency_probability(judgment.calibration, emb, reference, seconds, cohort)
     method_scores = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc, Method.AUTO: prob}[judgment.method]
     info = METHODS[judgment.method]
     out: list[TurnResult] = []
@@ -96,12 +98,30 @@ def judge_speaker(
                 score_scale=info.scale,
                 threshold=judgment.threshold,
                 detail=(
-                    f"{judgment.method.value}: {info.scale.replace('_', ' ')} {score:.3f} "
-                    f"{relation} {judgment.threshold:.3f}"
+                    # auto names the fitted model it used (which evidence it had, cohort or not).
+                    f"{judgment.method.value}{f' ({model} model)' if judgment.method is Method.AUTO else ''}: "
+                    f"{info.scale.replace('_', ' ')} {score:.3f} {relation} {judgment.threshold:.3f}"
                 ),
             )
         out.append(result)
     return out
+
+
+def _usable_by_speaker(turns: Sequence[tuple[str, str]], clips: Sequence[ClipEmbedding]) -> dict[str, list[int]]:
+    """Speaker -> indices of their turns with a usable embedding (speakers without any are left out)."""
+    by_speaker: dict[str, list[int]] = {}
+    for i, ((_, speaker), clip) in enumerate(zip(turns, clips, strict=True)):
+        if clip.embedding is not None:
+            by_speaker.setdefault(speaker, []).append(i)
+    return by_speaker
+
+
+def speaker_centroids(turns: Sequence[tuple[str, str]], clips: Sequence[ClipEmbedding]) -> dict[str, np.ndarray]:
+    """Speaker -> unit centroid of all their usable turns (the voice other speakers are compared with)."""
+    return {
+        s: unit(stack_embeddings([clips[i] for i in idx]).mean(axis=0))
+        for s, idx in _usable_by_speaker(turns, clips).items()
+    }
 
 
 def attribute(
@@ -115,10 +135,7 @@ def attribute(
     reference. Other speakers: the centroid of all their usable turns. Margin = cos(own) - max
     cos(other); no threshold is involved. Empty when fewer than two speakers have usable audio.
     """
-    by_speaker: dict[str, list[int]] = {}
-    for i, ((_, speaker), clip) in enumerate(zip(turns, clips, strict=True)):
-        if clip.embedding is not None:
-            by_speaker.setdefault(speaker, []).append(i)
+    by_speaker = _usable_by_speaker(turns, clips)
     if len(by_speaker) < 2:
         return {}
     emb: dict[int, np.ndarray] = {}
@@ -127,7 +144,7 @@ def attribute(
             e_i = clips[i].embedding
             assert e_i is not None
             emb[i] = e_i
-    centroids = {s: unit(np.mean([emb[i] for i in idx], axis=0)) for s, idx in by_speaker.items()}
+    centroids = speaker_centroids(turns, clips)
     out: dict[str, tuple[str, float]] = {}
     for speaker, idx in by_speaker.items():
         for i in idx:
@@ -166,13 +183,21 @@ def judge_dialogue(
     judgment: Judgment,
 ) -> tuple[list[TurnResult], list[SpeakerResult]]:
     """Verdicts for every (turn_id, speaker) audio turn, in dialogue order, and per speaker in order of
-    first appearance. Under auto, a turn closer to another speaker is flagged SPEAKER_CONFUSION."""
+    first appearance. The other speakers' voices are each speaker's cohort; under auto, a turn closer
+    to another speaker is also flagged SPEAKER_CONFUSION."""
     speakers = list(dict.fromkeys(s for _, s in turns))
+    centroids = speaker_centroids(turns, clips)
     by_turn: dict[str, TurnResult] = {}
     for speaker in speakers:
         idx = [i for i, (_, s) in enumerate(turns) if s == speaker]
+        others = [c for s, c in centroids.items() if s != speaker]
         results = judge_speaker(
-            speaker, [turns[i][0] for i in idx], [clips[i] for i in idx], references.get(speaker), judgment
+            speaker,
+            [turns[i][0] for i in idx],
+            [clips[i] for i in idx],
+            references.get(speaker),
+            judgment,
+            np.stack(others) if others else None,
         )
         by_turn.update((r.turn_id, r) for r in results)
     for turn_id, (closest, margin) in attribute(turns, clips, references).items():

@@ -32,7 +32,7 @@ from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: cohort variants
 # Flag a turn when it is more likely foreign than not: the Bayes decision for a calibrated probability.
 # Not tuned (fit_stats.decision_threshold_search records what tuning on the fit corpus would pick).
 DECISION_THRESHOLD = 0.5
@@ -60,6 +60,10 @@ class Instance:
     labels: np.ndarray  # (n,) 1 = replaced turn
     n_turns: int
     scenario: Scenario
+    # For a dialogue with a cohort: the same turns judged as if the other speakers were absent, so the
+    # two judgments can be compared on identical dialogues.
+    plain_variant: str = ""
+    plain_features: np.ndarray | None = None
 
 
 async def embed_corpus(engine: Engine, clips: Sequence[CorpusClip], progress: Callable[[int, int], None]) -> list[Clip]:
@@ -97,6 +101,15 @@ def _jitter(emb: np.ndarray, scale: float, noise: np.random.Generator) -> np.nda
     return np.asarray(x / np.linalg.norm(x, axis=1, keepdims=True))
 
 
+# Dialogues with a cohort: how many other speakers (two-person dialogues are the most common), and
+# how many turns each of them has.
+COHORT_SPEAKERS = (1, 1, 2, 3)
+COHORT_TURNS = (1, 2, 3, 4, 5)
+# In training, the share of S2/S3 dialogues whose intruder voice is one of the other speakers of the
+# dialogue (a TTS system that used the wrong speaker's voice); otherwise the intruder is a stranger.
+INTRUDER_IN_COHORT = 0.25
+
+
 def make_instances(
     clips: Sequence[Clip],
     n_instances: int,
@@ -105,6 +118,8 @@ def make_instances(
     *,
     jitter_levels: Sequence[float] | None = None,
     targets: Collection[str] | None = None,
+    cohort: bool = False,
+    intruder_in_cohort: float = INTRUDER_IN_COHORT,
 ) -> list[Instance]:
     """Training dialogues (S1/S2/S3 in equal shares) drawn from embedded clips.
 
@@ -115,6 +130,10 @@ def make_instances(
     similar same-gender speaker), unjittered unless ``jitter_levels`` says otherwise; used to choose
     the decision threshold and, in cross-validation, as test dialogues.
     ``targets``: draw target speakers only from these (intruders still come from every speaker).
+    ``cohort``: every dialogue also has 1-3 other speakers with 1-5 turns each (at least 2 target
+    turns, so the cohort variants apply); in a share ``intruder_in_cohort`` of S2/S3 dialogues the
+    intruder's voice is one of them. Each instance then also carries the plain (no-cohort) features.
+    S2 is an opposite-gender speaker, or in a corpus of one gender the least similar speaker.
     """
     levels = tuple(jitter_levels) if jitter_levels is not None else ((0.0,) if benchmark_like else JITTER_LEVELS)
     rng = random.Random(seed)
@@ -129,27 +148,35 @@ def make_instances(
     if not speakers:
         raise ValueError(f"no target speaker has the {max(TURN_COUNTS) + 1} clips a training dialogue needs")
     similar: dict[str, list[str]] = {}
+    opposite: dict[str, list[str]] = {}
     for s in speakers:
         same = [o for o in by_speaker if o != s and gender[o] == gender[s]]
         similar[s] = sorted(same, key=lambda o: -float(centroids[s] @ centroids[o]))[:3]
+        opposite[s] = [o for o in by_speaker if gender[o] != gender[s]] or [
+            min(same, key=lambda o: float(centroids[s] @ centroids[o]))
+        ]
+    turn_counts = [t for t in TURN_COUNTS if t >= 2] if cohort else list(TURN_COUNTS)
     out = []
     for k in range(n_instances):
         target = rng.choice(speakers)
-        n = 5 if benchmark_like else rng.choice(TURN_COUNTS)
+        n = 5 if benchmark_like else rng.choice(turn_counts)
         scenario = SCENARIOS[k % 3]
         own = rng.sample(by_speaker[target], n + 1)
         with_reference = benchmark_like or n == 1 or rng.random() < 0.5
         turns, reference = own[:n], own[n] if with_reference else None
         labels = np.zeros(n)
+        intruder = None
         if scenario != "S1":
             if scenario == "S2":
-                pool = [o for o in by_speaker if gender[o] != gender[target]]
+                pool = opposite[target]
             else:  # most similar most of the time, as the benchmark does; the next two for variety
                 top1 = benchmark_like or rng.random() < 0.8
                 pool = similar[target][:1] if top1 else similar[target]
             slot = rng.randrange(n)
-            turns[slot] = rng.choice(by_speaker[rng.choice(pool)])
+            intruder = rng.choice(by_speaker[rng.choice(pool)])
+            turns[slot] = intruder
             labels[slot] = 1
+        cohort_turns = _draw_cohort(by_speaker, target, intruder, intruder_in_cohort, rng) if cohort else []
         emb = np.stack([t.embedding for t in turns])
         ref = None if reference is None else reference.embedding
         # Domain randomisation: synthetic voices are unusually self-consistent, real and other
@@ -158,14 +185,43 @@ def make_instances(
         # spread-normalised features instead of the tight spread of this corpus.
         # A single level draws nothing from rng, so the dialogues drawn do not depend on the jitter.
         jitter = levels[0] if len(levels) == 1 else rng.choice(levels)
+        cohort_emb = [np.stack([c.embedding for c in group]) for group in cohort_turns]
         if jitter:
             noise = np.random.default_rng(rng.getrandbits(32))
             emb = _jitter(emb, jitter, noise)
             ref = None if ref is None else _jitter(ref[None, :], jitter, noise)[0]
+            cohort_emb = [_jitter(g, jitter, noise) for g in cohort_emb]
         seconds = np.array([t.speech_seconds for t in turns])
         variant, x = turn_features(emb, ref, seconds)
-        out.append(Instance(variant, x, labels, n, scenario))
+        if not cohort:
+            out.append(Instance(variant, x, labels, n, scenario))
+            continue
+        centroids_of_others = np.stack([g.mean(axis=0) / np.linalg.norm(g.mean(axis=0)) for g in cohort_emb])
+        cohort_variant, cx = turn_features(emb, ref, seconds, centroids_of_others)
+        out.append(Instance(cohort_variant, cx, labels, n, scenario, plain_variant=variant, plain_features=x))
     return out
+
+
+def _draw_cohort(
+    by_speaker: dict[str, list[Clip]],
+    target: str,
+    intruder: Clip | None,
+    intruder_in_cohort: float,
+    rng: random.Random,
+) -> list[list[Clip]]:
+    """The other speakers of a dialogue, as lists of their turns: strangers to the target, and the
+    intruder's own voice (other clips of it) in a share ``intruder_in_cohort`` of altered dialogues."""
+    wanted = rng.choice(COHORT_SPEAKERS)
+    strangers = [s for s in by_speaker if s != target and (intruder is None or s != intruder.speaker)]
+    chosen: list[str] = []
+    if intruder is not None and rng.random() < intruder_in_cohort:
+        chosen.append(intruder.speaker)
+    chosen += rng.sample(strangers, min(wanted - len(chosen), len(strangers)))
+    groups = []
+    for s in chosen:
+        available = [c for c in by_speaker[s] if c is not intruder]
+        groups.append(rng.sample(available, min(rng.choice(COHORT_TURNS), len(available))))
+    return groups
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, features: Sequence[str], l2: float = L2_PENALTY) -> LogisticModel:
@@ -206,15 +262,19 @@ def variant_turns(instances: Sequence[Instance], variant: str) -> tuple[np.ndarr
     return np.vstack([i.features for i in rows]), np.concatenate([i.labels for i in rows])
 
 
-def fit_models(instances: Sequence[Instance], l2: float = L2_PENALTY) -> dict[str, LogisticModel]:
+def fit_models(
+    instances: Sequence[Instance], l2: float = L2_PENALTY, variants: Sequence[str] = VARIANTS
+) -> dict[str, LogisticModel]:
     """One logistic model per variant, on every turn of the instances of that variant."""
-    return {v: fit_logistic(*variant_turns(instances, v), FEATURES[v], l2=l2) for v in VARIANTS}
+    return {v: fit_logistic(*variant_turns(instances, v), FEATURES[v], l2=l2) for v in variants}
 
 
 def fit(
     clips: Sequence[Clip], n_instances: int, seed: int, n_threshold_instances: int = 1500
 ) -> tuple[dict[str, LogisticModel], dict[str, Any]]:
-    instances = make_instances(clips, n_instances, seed)
+    # Dialogues without and with other speakers come from separate draws, so the models of requests
+    # without a cohort do not depend on whether the cohort models are fitted.
+    instances = make_instances(clips, n_instances, seed) + make_instances(clips, n_instances, seed + 2, cohort=True)
     models = fit_models(instances)
     stats: dict[str, Any] = {"variants": {}}
     for variant in VARIANTS:
@@ -244,6 +304,7 @@ def fit(
         "at_0.5": {"bal": round(at[0.5][0], 1), "bal_f1": round(at[0.5][1], 1)},
     }
     stats["instances"] = len(instances)
+    stats["cohort_instances"] = sum(i.plain_features is not None for i in instances)
     return models, stats
 
 
@@ -263,8 +324,14 @@ def calibration_block(
         "encoder_onnx_sha256": manifest_raw["sha256"],
         "how": (
             f"logistic regression per variant (IRLS, L2 penalty {L2_PENALTY:g} per turn, standardised features) on "
-            f"turns of {stats['instances']} benchmark-like dialogues (S1/S2/S3 in equal shares, 1-10 turns, reference "
-            f"half of the time) drawn with seed {seed} from {corpus}; {_jitter_words()}. L2 and jitter chosen by "
+            f"turns of {stats['instances'] - stats['cohort_instances']} benchmark-like dialogues (S1/S2/S3 in equal "
+            "shares, 1-10 turns, reference "
+            f"half of the time) drawn with seed {seed} from {corpus}; {_jitter_words()}. The *_cohort variants "
+            f"are fitted instead on {stats['cohort_instances']} further dialogues (2-10 turns, drawn with seed "
+            f"{seed + 2}) that also "
+            f"have 1-3 other speakers with 1-5 turns each (the intruder's voice among them in "
+            f"{INTRUDER_IN_COHORT:.0%} of altered dialogues); the other variants never see them. L2 and jitter "
+            "chosen by "
             "`sleuthd calibrate cv` on held-out voices of the same corpus. Decision threshold 0.5, the "
             "Bayes decision for a calibrated probability (not tuned; fit_stats.decision_threshold_search shows what "
             "tuning on the fit corpus would have picked). Never fitted on the transfer or real-speech splits."

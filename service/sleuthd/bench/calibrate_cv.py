@@ -31,6 +31,7 @@ from sleuthd.bench.calibrate import (
     fit_models,
     make_instances,
 )
+from sleuthd.calibration import BASE_VARIANTS
 
 TEST_JITTERS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03)
 
@@ -98,7 +99,7 @@ def cross_validate(
         for jitter_levels in jitter_sets:
             train = make_instances(train_clips, train_dialogues, draw_seed, jitter_levels=jitter_levels)
             for l2 in l2_values:
-                models = fit_models(train, l2=l2)
+                models = fit_models(train, l2=l2, variants=BASE_VARIANTS)
                 setting = Setting(tuple(jitter_levels), l2)
                 for j, test in tests.items():
                     probs = [models[i.variant].probability(i.features) for i in test]

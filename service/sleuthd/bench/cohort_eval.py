@@ -1,0 +1,111 @@
+"""What the dialogue's other speakers add to `auto`: the same dialogues judged without and with them.
+
+Two uses, both offline tooling:
+- ``cohort_cross_validate`` (`sleuthd calibrate cohort-cv`): on the fit corpus, by folds of held-out
+  target voices, fits every variant on the other voices and compares the plain and the cohort models;
+- ``compare`` on dialogues of any corpus with the shipped calibration (`sleuthd calibrate
+  cohort-eval`): how the fitted cohort models transfer to voices they never saw.
+
+Test dialogues are benchmark-style (5 turns, a reference, S2 opposite gender, S3 the most similar
+same-gender speaker) with 1-3 other speakers of 1-5 turns each who are strangers to the target and
+the intruder unless ``intruder_in_cohort`` says otherwise: the cohort then only normalises; it does
+not hand over the intruder's voice (the SPEAKER_CONFUSION rule covers that case on its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from sleuthd.bench.calibrate import DECISION_THRESHOLD, Clip, Instance, dialogue_scores, fit_models, make_instances
+from sleuthd.bench.calibrate_cv import speaker_folds
+from sleuthd.bench.reliability import expected_calibration_error
+from sleuthd.calibration import LogisticModel
+
+JUDGMENTS = ("without cohort", "with cohort")
+
+
+def compare(
+    models: Mapping[str, LogisticModel], instances: Sequence[Instance], tau: float = DECISION_THRESHOLD
+) -> dict[str, dict[str, float]]:
+    """Per judgment: S1/S2/S3/bal/bal_f1 (percent) at ``tau`` and the per-turn ECE (0-1) on the same
+    dialogues, once from their plain features and once from their cohort features."""
+    if any(i.plain_features is None for i in instances):
+        raise ValueError("every instance needs a cohort (make_instances(..., cohort=True))")
+    labels = np.concatenate([i.labels for i in instances])
+    out = {}
+    for judgment in JUDGMENTS:
+        probs = [
+            models[i.variant].probability(i.features)
+            if judgment == "with cohort"
+            else models[i.plain_variant].probability(i.plain_features)  # type: ignore[arg-type]
+            for i in instances
+        ]
+        out[judgment] = {
+            **dialogue_scores(instances, probs, tau),
+            "ece": expected_calibration_error(np.concatenate(probs), labels),
+        }
+    return out
+
+
+def cohort_cross_validate(
+    clips: Sequence[Clip],
+    *,
+    folds: int = 6,
+    repeats: int = 2,
+    seed: int = 0,
+    train_dialogues: int = 4000,
+    test_dialogues: int = 1200,
+    test_jitters: Sequence[float] = (0.0, 0.01, 0.02, 0.03),
+    progress: Callable[[str], None] = lambda _message: None,
+) -> dict[float, dict[str, dict[str, float]]]:
+    """Test jitter -> judgment -> metrics, means over the folds of ``repeats`` fold splits. Training
+    mirrors `calibrate fit` (plain and cohort dialogues from separate draws) with the shipped L2."""
+    speakers = sorted({c.speaker for c in clips})
+    runs = [(r, f, held) for r in range(repeats) for f, held in enumerate(speaker_folds(speakers, folds, seed + r))]
+    collected: dict[float, dict[str, list[dict[str, float]]]] = {}
+    for k, (r, f, held_out) in enumerate(runs):
+        draw_seed = (seed + r) * 1000 + f
+        train_clips = [c for c in clips if c.speaker not in held_out]
+        train = make_instances(train_clips, train_dialogues, draw_seed) + make_instances(
+            train_clips, train_dialogues, draw_seed + 2, cohort=True
+        )
+        models = fit_models(train)
+        for j in test_jitters:
+            test = make_instances(
+                clips,
+                test_dialogues,
+                draw_seed + 1,
+                benchmark_like=True,
+                jitter_levels=(j,),
+                targets=held_out,
+                cohort=True,
+                intruder_in_cohort=0.0,
+            )
+            for judgment, m in compare(models, test).items():
+                collected.setdefault(j, {}).setdefault(judgment, []).append(m)
+        progress(f"fold {k + 1}/{len(runs)} done ({len(held_out)} held-out target speakers)")
+    return {
+        j: {judgment: {key: float(np.mean([m[key] for m in ms])) for key in ms[0]} for judgment, ms in by_j.items()}
+        for j, by_j in collected.items()
+    }
+
+
+def table(rows: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """Markdown: one line per (row label, judgment); detection and F1 in %, ECE on the 0-1 scale."""
+    head = "| dialogues | judgment | Det S1 | S2 | S3 | Bal | Bal F1 | ECE |"
+    lines = [head, "| :--- | :--- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for label, by_judgment in rows.items():
+        for judgment in JUDGMENTS:
+            m = by_judgment[judgment]
+            lines.append(
+                f"| {label} | {judgment} | {m['S1']:.1f} | {m['S2']:.1f} | {m['S3']:.1f} | {m['bal']:.2f} | "
+                f"{m['bal_f1']:.2f} | {m['ece']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+def to_json(rows: Mapping[str, Mapping[str, Mapping[str, float]]], params: dict[str, Any]) -> dict[str, Any]:
+    return {"params": params, "scale": "S1-S3, bal, bal_f1: percent; ece: 0-1", "results": rows}
