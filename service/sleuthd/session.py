@@ -147,7 +147,7 @@ class DialogueSession:
                 opts.encoder, AudioInput(data, turn.pcm), f"turn {turn_id!r}", deadline
             )
         # Re-judge everything so far: a new turn can change its own speaker's verdicts and, through
-        # attribution, other speakers' too. Embeddings are kept, so this is cheap.
+        # attribution and the cohort, other speakers' too. Embeddings are kept, so this is cheap.
         results, speakers = self._judge()
         verdicts = {v.speaker: v for v in speakers}
         # The new turn's verdict first, then revisions of earlier turns in dialogue order.
