@@ -159,6 +159,9 @@ def test_cohort_is_strangers_unless_the_intruder_is_asked_for() -> None:
         groups = _draw_cohort(by_speaker, "s00", intruder, 1.0, rng)
         assert groups[0][0].speaker == "s05" and all(c is not intruder for c in groups[0])  # its other clips
         assert "s00" not in {g[0].speaker for g in groups}
+    for _ in range(50):  # a look-alike is always there, once, and never crowds out the rule on strangers
+        speakers = [g[0].speaker for g in _draw_cohort(by_speaker, "s00", intruder, 0.0, rng, look_alike="s02")]
+        assert speakers.count("s02") == 1 and not {"s00", "s05"} & set(speakers) and 1 <= len(speakers) <= 3
 
 
 def test_cohort_instances_carry_the_plain_judgment_of_the_same_turns() -> None:

@@ -301,11 +301,13 @@ def cmd_calibrate_cohort_cv(args: argparse.Namespace) -> int:
             seed=args.seed,
             train_dialogues=args.dialogues,
             test_dialogues=args.test_dialogues,
+            look_alike=args.look_alike,
             progress=_progress_printer(args),
         )
     except ValueError as exc:
         return _error(str(exc))
-    rows = {f"held-out voices, test jitter {j:g}": v for j, v in by_jitter.items()}
+    cohort_kind = "with a look-alike" if args.look_alike else "strangers"
+    rows = {f"held-out voices, test jitter {j:g}, cohort: {cohort_kind}": v for j, v in by_jitter.items()}
     print(cohort_eval.table(rows))
     _write_json(args.json, cohort_eval.to_json(rows, _params(args)))
     return 0
@@ -322,17 +324,31 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
     try:
         calibration = Calibration.from_manifest(manifest_raw, args.encoder)
         instances = calibrate.make_instances(
-            embedded, args.dialogues, args.seed, benchmark_like=True, cohort=True, intruder_in_cohort=0.0
+            embedded,
+            args.dialogues,
+            args.seed,
+            benchmark_like=True,
+            cohort=True,
+            intruder_in_cohort=0.0,
+            similar_in_cohort=args.look_alike,
         )
     except (CalibrationError, ValueError) as exc:
         return _error(str(exc))
-    rows = {f"{args.corpus} ({args.dialogues})": cohort_eval.compare(calibration.models, instances)}
+    cohort_kind = "with a look-alike" if args.look_alike else "strangers"
+    rows = {
+        f"{args.corpus} ({args.dialogues}, cohort: {cohort_kind})": cohort_eval.compare(calibration.models, instances)
+    }
     print(cohort_eval.table(rows))
     _write_json(args.json, cohort_eval.to_json(rows, _params(args)))
     return 0
 
 
 # ---------------------------------------------------------------------------------------------- parser
+
+LOOK_ALIKE_HELP = (
+    "every test cohort includes the target's second most similar same-gender speaker (the most similar is the "
+    "S3 intruder): two alike voices in one dialogue"
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -470,6 +486,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cc.add_argument(
         "--test-dialogues", type=int, default=1200, help="test dialogues per fold and jitter (default: 1200)"
     )
+    cc.add_argument("--look-alike", action="store_true", help=LOOK_ALIKE_HELP)
     cc.add_argument("--json", type=Path, help="write the results as JSON")
     engine_args(cc)
     cc.set_defaults(func=cmd_calibrate_cohort_cv)
@@ -483,6 +500,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     ce.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text]")
     ce.add_argument("--dialogues", type=int, default=1500, help="dialogues to draw (default: 1500)")
+    ce.add_argument("--look-alike", action="store_true", help=LOOK_ALIKE_HELP)
     ce.add_argument("--json", type=Path, help="write the results as JSON")
     engine_args(ce)
     ce.set_defaults(func=cmd_calibrate_cohort_eval)

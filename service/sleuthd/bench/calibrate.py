@@ -120,6 +120,7 @@ def make_instances(
     targets: Collection[str] | None = None,
     cohort: bool = False,
     intruder_in_cohort: float = INTRUDER_IN_COHORT,
+    similar_in_cohort: bool = False,
 ) -> list[Instance]:
     """Training dialogues (S1/S2/S3 in equal shares) drawn from embedded clips.
 
@@ -133,6 +134,9 @@ def make_instances(
     ``cohort``: every dialogue also has 1-3 other speakers with 1-5 turns each (at least 2 target
     turns, so the cohort variants apply); in a share ``intruder_in_cohort`` of S2/S3 dialogues the
     intruder's voice is one of them. Each instance then also carries the plain (no-cohort) features.
+    ``similar_in_cohort``: the cohort always includes the target's second most similar same-gender
+    speaker (the most similar is the S3 intruder of benchmark-like dialogues): two alike voices in one
+    dialogue, the hardest yardstick.
     S2 is an opposite-gender speaker, or in a corpus of one gender the least similar speaker.
     """
     levels = tuple(jitter_levels) if jitter_levels is not None else ((0.0,) if benchmark_like else JITTER_LEVELS)
@@ -176,7 +180,8 @@ def make_instances(
             intruder = rng.choice(by_speaker[rng.choice(pool)])
             turns[slot] = intruder
             labels[slot] = 1
-        cohort_turns = _draw_cohort(by_speaker, target, intruder, intruder_in_cohort, rng) if cohort else []
+        look_alike = similar[target][1] if similar_in_cohort and len(similar[target]) > 1 else None
+        cohort_turns = _draw_cohort(by_speaker, target, intruder, intruder_in_cohort, rng, look_alike) if cohort else []
         emb = np.stack([t.embedding for t in turns])
         ref = None if reference is None else reference.embedding
         # Domain randomisation: synthetic voices are unusually self-consistent, real and other
@@ -208,15 +213,19 @@ def _draw_cohort(
     intruder: Clip | None,
     intruder_in_cohort: float,
     rng: random.Random,
+    look_alike: str | None = None,
 ) -> list[list[Clip]]:
     """The other speakers of a dialogue, as lists of their turns: strangers to the target, and the
-    intruder's own voice (other clips of it) in a share ``intruder_in_cohort`` of altered dialogues."""
+    intruder's own voice (other clips of it) in a share ``intruder_in_cohort`` of altered dialogues;
+    ``look_alike`` (a stranger) is always among them when given."""
     wanted = rng.choice(COHORT_SPEAKERS)
-    strangers = [s for s in by_speaker if s != target and (intruder is None or s != intruder.speaker)]
+    strangers = [s for s in by_speaker if s not in (target, look_alike) and (intruder is None or s != intruder.speaker)]
     chosen: list[str] = []
     if intruder is not None and rng.random() < intruder_in_cohort:
         chosen.append(intruder.speaker)
-    chosen += rng.sample(strangers, min(wanted - len(chosen), len(strangers)))
+    if look_alike is not None and (intruder is None or look_alike != intruder.speaker):
+        chosen.append(look_alike)
+    chosen += rng.sample(strangers, min(max(wanted - len(chosen), 0), len(strangers)))
     groups = []
     for s in chosen:
         available = [c for c in by_speaker[s] if c is not intruder]

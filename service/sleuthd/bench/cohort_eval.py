@@ -59,10 +59,12 @@ def cohort_cross_validate(
     train_dialogues: int = 4000,
     test_dialogues: int = 1200,
     test_jitters: Sequence[float] = (0.0, 0.01, 0.02, 0.03),
+    look_alike: bool = False,
     progress: Callable[[str], None] = lambda _message: None,
 ) -> dict[float, dict[str, dict[str, float]]]:
     """Test jitter -> judgment -> metrics, means over the folds of ``repeats`` fold splits. Training
-    mirrors `calibrate fit` (plain and cohort dialogues from separate draws) with the shipped L2."""
+    mirrors `calibrate fit` (plain and cohort dialogues from separate draws) with the shipped L2.
+    ``look_alike``: every test cohort includes the target's second most similar same-gender speaker."""
     speakers = sorted({c.speaker for c in clips})
     runs = [(r, f, held) for r in range(repeats) for f, held in enumerate(speaker_folds(speakers, folds, seed + r))]
     collected: dict[float, dict[str, list[dict[str, float]]]] = {}
@@ -83,6 +85,7 @@ def cohort_cross_validate(
                 targets=held_out,
                 cohort=True,
                 intruder_in_cohort=0.0,
+                similar_in_cohort=look_alike,
             )
             for judgment, m in compare(models, test).items():
                 collected.setdefault(j, {}).setdefault(judgment, []).append(m)
