@@ -454,19 +454,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "embeddings jittered. Chooses the best mean balanced accuracy among settings that keep S1 accuracy "
         ">= --min-s1 at every test jitter. Values are percentages (mean over folds).",
     )
-    v.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text] (the FIT split only)")
+
+    def fold_args(sp: argparse.ArgumentParser, training_dialogues: str) -> None:
+        """The corpus and the fold layout, shared by the cross-validation commands."""
+        sp.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text] (the FIT split only)")
+        sp.add_argument("--folds", type=int, default=6, help="speaker folds (default: 6)")
+        sp.add_argument("--repeats", type=int, default=2, help="independent fold splits, averaged (default: 2)")
+        sp.add_argument("--dialogues", type=int, default=4000, help=f"{training_dialogues} (default: 4000)")
+        sp.add_argument(
+            "--test-dialogues", type=int, default=1200, help="test dialogues per fold and jitter (default: 1200)"
+        )
+
+    fold_args(v, "training dialogues per fold")
     v.add_argument(
         "--jitter-sets",
         default="0;0,0.01,0.02;0,0.02;0,0.01,0.02,0.03",
         help="';'-separated sets of training jitter levels (default: %(default)s)",
     )
     v.add_argument("--l2", default="1e-3,2e-3,3e-3,5e-3,1e-2", help="L2 penalties to try (default: %(default)s)")
-    v.add_argument("--folds", type=int, default=6, help="speaker folds (default: 6)")
-    v.add_argument("--repeats", type=int, default=2, help="independent fold splits, averaged (default: 2)")
-    v.add_argument("--dialogues", type=int, default=4000, help="training dialogues per fold (default: 4000)")
-    v.add_argument(
-        "--test-dialogues", type=int, default=1200, help="test dialogues per fold and jitter (default: 1200)"
-    )
     v.add_argument("--min-s1", type=float, default=99.0, help="S1 accuracy (%%) a setting must keep (default: 99)")
     v.add_argument("--json", type=Path, help="write every result as JSON")
     engine_args(v)
@@ -479,13 +484,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(strangers to target and intruder) twice: ignoring those speakers, and with them as the cohort. "
         "Detection and F1 in %, ECE on the 0-1 scale, means over folds.",
     )
-    cc.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text] (the FIT split only)")
-    cc.add_argument("--folds", type=int, default=6, help="speaker folds (default: 6)")
-    cc.add_argument("--repeats", type=int, default=2, help="independent fold splits, averaged (default: 2)")
-    cc.add_argument("--dialogues", type=int, default=4000, help="training dialogues per fold and kind (default: 4000)")
-    cc.add_argument(
-        "--test-dialogues", type=int, default=1200, help="test dialogues per fold and jitter (default: 1200)"
-    )
+    fold_args(cc, "training dialogues per fold and kind (plain, cohort)")
     cc.add_argument("--look-alike", action="store_true", help=LOOK_ALIKE_HELP)
     cc.add_argument("--json", type=Path, help="write the results as JSON")
     engine_args(cc)

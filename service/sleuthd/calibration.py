@@ -152,12 +152,23 @@ def turn_features(
     m = len(pool)
     log_dur = np.log(np.maximum(speech_seconds, 0.1))
     rows: list[dict[str, float]] = [{"log_speech_seconds": float(log_dur[i])} for i in range(n)]
+    # Cohort normalisation (two or more own turns): each piece of evidence's cosine to the closest
+    # other voice of the dialogue is the yardstick of "a different person, in this recording".
+    nearest_other = (pool @ cohort.T).max(axis=1) if cohort is not None and len(cohort) and n >= 2 else None
     for i in range(n):
         row = rows[i]
         turn_others = np.array([j for j in range(n) if j != i], dtype=int)
         others = np.array([j for j in range(m) if j != i], dtype=int)
         if n >= 2:
             row["pair_cosine"] = float(sims[i, turn_others].mean())  # absolute: only where nothing relative exists
+        if nearest_other is not None:
+            # Where turn i's own similarity sits between "sounds like another person of this dialogue"
+            # (0) and "identical" (1), measured from the nearest other voice upwards. Below -1 the turn
+            # is that other voice (SPEAKER_CONFUSION's case); clipping keeps such turns from dominating
+            # the standardisation.
+            near = float(nearest_other[i])
+            own_i = float(sims[i, others].mean())
+            row["cohort_position"] = max((own_i - near) / max(1.0 - near, MIN_DISTANCE), -1.0)
         if reference is not None:
             row["reference_cosine"] = float(sims[i, n])
             if n >= 2:
@@ -180,46 +191,20 @@ def turn_features(
             row["loo_gap"] = (loo_level - loo_i) / max(1.0 - loo_level, MIN_DISTANCE)
             row["loo_z"] = (loo_level - loo_i) / max(float(loo_rest.std()), MIN_SPREAD)
             row["log_turns"] = float(np.log(n))
+            if nearest_other is not None:
+                # How far turn i falls below the speaker's typical self-similarity, as a share of the
+                # gap between that and how similar the speaker's other evidence is to the nearest other
+                # voice: about 0 for a genuine turn, about 1 for one that sounds like a different person.
+                separation = max(level - float(np.median(nearest_other[others])), MIN_DISTANCE)
+                row["cohort_gap"] = (level - mean_i) / separation
     if all("context_gap" in r for r in rows) and n >= 3:
         # How much more of an outsider this turn is than the speaker's typical turn.
         gaps = np.array([r["loo_gap"] for r in rows])
         for i in range(n):
             rows[i]["gap_excess"] = float(gaps[i] - np.median(np.delete(gaps, i)))
-    variant = _variant(n, reference is not None)
-    if cohort is not None and len(cohort) and n >= 2:
-        _add_cohort_features(rows, pool, sims, n, cohort)
-        variant += COHORT_SUFFIX
+    variant = _variant(n, reference is not None) + (COHORT_SUFFIX if nearest_other is not None else "")
     names = FEATURES[variant]
     return variant, np.array([[r[f] for f in names] for r in rows], dtype=np.float64)
-
-
-def _add_cohort_features(
-    rows: list[dict[str, float]], pool: np.ndarray, sims: np.ndarray, n: int, cohort: np.ndarray
-) -> None:
-    """Cohort normalisation: measure each turn's distance from its speaker in units of the distance
-    between this speaker and the nearest other voice of the dialogue.
-
-    pool: (m, D) the speaker's evidence (n turns, then the reference if any); sims: its cosines.
-    ``nearest_other`` of a piece of evidence is its cosine to the closest cohort centroid.
-    """
-    nearest_other = (pool @ cohort.T).max(axis=1)  # (m,)
-    m = len(pool)
-    for i in range(n):
-        others = np.array([j for j in range(m) if j != i], dtype=int)
-        own_i = float(sims[i, others].mean())
-        # Where turn i sits between "sounds like another person of this dialogue" (0) and "identical"
-        # (1), measured from the nearest other voice upwards. Below -1 the turn is that other voice
-        # (SPEAKER_CONFUSION's case); clipping keeps such turns from dominating the standardisation.
-        near = float(nearest_other[i])
-        rows[i]["cohort_position"] = max((own_i - near) / max(1.0 - near, MIN_DISTANCE), -1.0)
-        if len(others) >= 2:
-            # How far turn i falls below the speaker's typical self-similarity, as a share of the gap
-            # between that typical self-similarity and how similar the speaker's other evidence is to
-            # the nearest other voice: about 0 for a genuine turn, about 1 for a turn that sounds like a
-            # different person.
-            level = float(np.median(_pair_values(sims, others)))
-            separation = max(level - float(np.median(nearest_other[others])), MIN_DISTANCE)
-            rows[i]["cohort_gap"] = (level - own_i) / separation
 
 
 def _variant(n: int, has_reference: bool) -> str:

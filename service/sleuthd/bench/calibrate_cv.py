@@ -17,7 +17,7 @@ needless regeneration on every release, so robustness of S1 comes first.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,29 @@ def speaker_folds(speakers: Sequence[str], folds: int, seed: int) -> list[list[s
     return [order[f::folds] for f in range(folds)]
 
 
+@dataclass(frozen=True)
+class Fold:
+    held_out: list[str]  # target speakers of the test dialogues
+    train_clips: list[Clip]  # the clips of every other speaker
+    draw_seed: int  # seed of this fold's training and test draws
+
+
+def held_out_folds(
+    clips: Sequence[Clip], folds: int, repeats: int, seed: int, progress: Callable[[str], None]
+) -> Iterator[Fold]:
+    """The folds of ``repeats`` independent speaker splits, reporting each one done to ``progress``."""
+    speakers = sorted({c.speaker for c in clips})
+    runs = [(r, f, held) for r in range(repeats) for f, held in enumerate(speaker_folds(speakers, folds, seed + r))]
+    for k, (r, f, held_out) in enumerate(runs):
+        yield Fold(held_out, [c for c in clips if c.speaker not in held_out], (seed + r) * 1000 + f)
+        progress(f"fold {k + 1}/{len(runs)} done ({len(held_out)} held-out target speakers)")
+
+
+def fold_mean(metrics: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Metric-wise mean over folds."""
+    return {key: float(np.mean([m[key] for m in metrics])) for key in metrics[0]}
+
+
 def cross_validate(
     clips: Sequence[Clip],
     jitter_sets: Sequence[tuple[float, ...]],
@@ -84,20 +107,16 @@ def cross_validate(
 ) -> list[SettingResult]:
     """Score every (jitter set, L2) setting on held-out target speakers; means over the folds of
     ``repeats`` independent fold splits, per test jitter."""
-    speakers = sorted({c.speaker for c in clips})
-    runs = [(r, f, held) for r in range(repeats) for f, held in enumerate(speaker_folds(speakers, folds, seed + r))]
     scores: dict[Setting, dict[float, list[dict[str, float]]]] = {}
-    for k, (r, f, held_out) in enumerate(runs):
-        draw_seed = (seed + r) * 1000 + f
-        train_clips = [c for c in clips if c.speaker not in held_out]
+    for fold in held_out_folds(clips, folds, repeats, seed, progress):
         tests: dict[float, list[Instance]] = {
             j: make_instances(
-                clips, test_dialogues, draw_seed, benchmark_like=True, jitter_levels=(j,), targets=held_out
+                clips, test_dialogues, fold.draw_seed, benchmark_like=True, jitter_levels=(j,), targets=fold.held_out
             )
             for j in test_jitters
         }
         for jitter_levels in jitter_sets:
-            train = make_instances(train_clips, train_dialogues, draw_seed, jitter_levels=jitter_levels)
+            train = make_instances(fold.train_clips, train_dialogues, fold.draw_seed, jitter_levels=jitter_levels)
             for l2 in l2_values:
                 models = fit_models(train, l2=l2, variants=BASE_VARIANTS)
                 setting = Setting(tuple(jitter_levels), l2)
@@ -105,11 +124,7 @@ def cross_validate(
                     probs = [models[i.variant].probability(i.features) for i in test]
                     m = dialogue_scores(test, probs, decision_threshold)
                     scores.setdefault(setting, {}).setdefault(j, []).append(m)
-        progress(f"fold {k + 1}/{len(runs)} done ({len(held_out)} held-out target speakers)")
-    return [
-        SettingResult(s, {j: {k: float(np.mean([m[k] for m in ms])) for k in ms[0]} for j, ms in by_j.items()})
-        for s, by_j in scores.items()
-    ]
+    return [SettingResult(s, {j: fold_mean(ms) for j, ms in by_j.items()}) for s, by_j in scores.items()]
 
 
 def select(results: Sequence[SettingResult], min_s1: float) -> SettingResult | None:

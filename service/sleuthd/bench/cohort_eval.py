@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from sleuthd.bench.calibrate import DECISION_THRESHOLD, Clip, Instance, dialogue_scores, fit_models, make_instances
-from sleuthd.bench.calibrate_cv import speaker_folds
+from sleuthd.bench.calibrate_cv import fold_mean, held_out_folds
 from sleuthd.bench.reliability import expected_calibration_error
 from sleuthd.calibration import LogisticModel
 
@@ -65,35 +65,27 @@ def cohort_cross_validate(
     """Test jitter -> judgment -> metrics, means over the folds of ``repeats`` fold splits. Training
     mirrors `calibrate fit` (plain and cohort dialogues from separate draws) with the shipped L2.
     ``look_alike``: every test cohort includes the target's second most similar same-gender speaker."""
-    speakers = sorted({c.speaker for c in clips})
-    runs = [(r, f, held) for r in range(repeats) for f, held in enumerate(speaker_folds(speakers, folds, seed + r))]
     collected: dict[float, dict[str, list[dict[str, float]]]] = {}
-    for k, (r, f, held_out) in enumerate(runs):
-        draw_seed = (seed + r) * 1000 + f
-        train_clips = [c for c in clips if c.speaker not in held_out]
-        train = make_instances(train_clips, train_dialogues, draw_seed) + make_instances(
-            train_clips, train_dialogues, draw_seed + 2, cohort=True
+    for fold in held_out_folds(clips, folds, repeats, seed, progress):
+        train = make_instances(fold.train_clips, train_dialogues, fold.draw_seed) + make_instances(
+            fold.train_clips, train_dialogues, fold.draw_seed + 2, cohort=True
         )
         models = fit_models(train)
         for j in test_jitters:
             test = make_instances(
                 clips,
                 test_dialogues,
-                draw_seed + 1,
+                fold.draw_seed + 1,
                 benchmark_like=True,
                 jitter_levels=(j,),
-                targets=held_out,
+                targets=fold.held_out,
                 cohort=True,
                 intruder_in_cohort=0.0,
                 similar_in_cohort=look_alike,
             )
             for judgment, m in compare(models, test).items():
                 collected.setdefault(j, {}).setdefault(judgment, []).append(m)
-        progress(f"fold {k + 1}/{len(runs)} done ({len(held_out)} held-out target speakers)")
-    return {
-        j: {judgment: {key: float(np.mean([m[key] for m in ms])) for key in ms[0]} for judgment, ms in by_j.items()}
-        for j, by_j in collected.items()
-    }
+    return {j: {judgment: fold_mean(ms) for judgment, ms in by_j.items()} for j, by_j in collected.items()}
 
 
 def table(rows: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
