@@ -128,12 +128,14 @@ def attribute(
     turns: Sequence[tuple[str, str]],
     clips: Sequence[ClipEmbedding],
     references: dict[str, np.ndarray],
+    centroids: dict[str, np.ndarray],
 ) -> dict[str, tuple[str, float]]:
     """For each usable turn, the dialogue speaker it sounds closest to and the margin (cosine).
 
     Own evidence: the centroid of the speaker's OTHER usable turns (leave-one-out), else the speaker's
-    reference. Other speakers: the centroid of all their usable turns. Margin = cos(own) - max
-    cos(other); no threshold is involved. Empty when fewer than two speakers have usable audio.
+    reference. Other speakers: their ``centroids`` (speaker_centroids: of all their usable turns).
+    Margin = cos(own) - max cos(other); no threshold is involved. Empty when fewer than two speakers
+    have usable audio.
     """
     by_speaker = _usable_by_speaker(turns, clips)
     if len(by_speaker) < 2:
@@ -144,7 +146,6 @@ def attribute(
             e_i = clips[i].embedding
             assert e_i is not None
             emb[i] = e_i
-    centroids = speaker_centroids(turns, clips)
     out: dict[str, tuple[str, float]] = {}
     for speaker, idx in by_speaker.items():
         for i in idx:
@@ -200,7 +201,7 @@ def judge_dialogue(
             np.stack(others) if others else None,
         )
         by_turn.update((r.turn_id, r) for r in results)
-    for turn_id, (closest, margin) in attribute(turns, clips, references).items():
+    for turn_id, (closest, margin) in attribute(turns, clips, references, centroids).items():
         r = replace(by_turn[turn_id], closest_speaker=closest, closest_speaker_margin=margin)
         if judgment.method is Method.AUTO and closest != r.speaker:
             r = replace(
