@@ -148,15 +148,23 @@ async def test_small_devset_replays_with_a_complete_report(
     lines = read_manifest(manifest)
     assert {line.source for line in lines} == {"fit", "transfer"}
     out = tmp_path / "report"
+    methods = ("pairwise", "centroid", "reference", "auto")
     result = await replay(
-        ReplayConfig(manifest=manifest, target=f"127.0.0.1:{server.port}", out_dir=out, show_progress=False)
+        ReplayConfig(
+            manifest=manifest,
+            target=f"127.0.0.1:{server.port}",
+            out_dir=out,
+            methods=methods,
+            show_progress=False,
+        )
     )
     assert result.failures == [] and result.incomplete_runs == []
+    runs = (*ALL_RUNS, "auto")
 
     report = json.loads((out / "report.json").read_text())
     assert set(report) == {"manifest", "n_dialogues", "encoder", "methods"}
     assert (report["manifest"], report["n_dialogues"], report["encoder"]) == ("all.jsonl", len(lines), "ge2e")
-    assert tuple(report["methods"]) == ALL_RUNS
+    assert tuple(report["methods"]) == runs
     for name, res in report["methods"].items():
         assert set(res) == RUN_KEYS, name
         assert set(res["detection"]) == {"S1", "S2", "S3", "bal"}
@@ -171,10 +179,10 @@ async def test_small_devset_replays_with_a_complete_report(
     calibrated = report["methods"]["pairwise@default"]["detection"]
     assert calibrated["S2"] >= 80.0 and calibrated["S1"] >= 80.0
 
-    for png in ("threshold_sweep.png", "bias_scatter.png"):
+    for png in ("threshold_sweep.png", "bias_scatter.png", "reliability.png"):
         _assert_png(out / png)
     predictions = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
-    assert len(predictions) == len(ALL_RUNS) * len(lines) * 4  # S1, S2, S3 and discrimination
+    assert len(predictions) == len(runs) * len(lines) * 4  # S1, S2, S3 and discrimination
     s2 = next(p for p in predictions if p["run"] == "pairwise@default" and p["scenario"] == "S2")
     assert len(s2["turns"]) == 5 and all(t["reference_cosine"] is not None for t in s2["turns"])
     disc = next(p for p in predictions if p["scenario"] == "discrimination")
@@ -186,7 +194,23 @@ async def test_small_devset_replays_with_a_complete_report(
         assert len(s["curve"]) == (121 if method == "centroid" else 101)
         assert {"threshold", "bal", "bal_f1"} <= set(s["best_by_bal"]) and "threshold" in s["best_by_bal_f1"]
     md = (out / "report.md").read_text()
-    assert all(f"| {run} |" in md for run in ALL_RUNS)
+    assert all(f"| {run} |" in md for run in runs)
+
+    # auto's probabilities, and auto against every other run over the same dialogues.
+    calibration = json.loads((out / "calibration.json").read_text())
+    assert calibration["run"] == "auto" and 0.0 <= calibration["ece"] <= 1.0
+    comparisons = json.loads((out / "comparison.json").read_text())["comparisons"]
+    assert [c["baseline"] for c in comparisons] == list(ALL_RUNS)
+    for c in comparisons:
+        name = c["baseline"]
+        assert c["run"] == "auto" and c["n_dialogues"] == len(lines)
+        for measure, key in (("bal", "bal"), ("bal_f1", "bal_f1")):
+            section = "detection" if measure == "bal" else "localization"
+            got = report["methods"]["auto"][section][key] - report["methods"][name][section][key]
+            # report.json rounds each run to 0.1, so its difference is within 0.1 of the paired one.
+            assert abs(c[measure]["difference"] - got) <= 0.1 + 1e-9, (name, measure)
+            assert c[measure]["low"] <= c[measure]["high"] and 0.0 <= c[measure]["p_ahead"] <= 1.0, (name, measure)
+    assert "## auto against each run, paired" in md and "| auto vs | n | Δ Bal acc [95 % CI]" in md
 
     if "fsdd" in small_devset:  # real speech, all male: S2 falls back to the least similar speaker
         assert {line.meta["s2_policy"] for line in read_manifest(small_devset["fsdd"])} == {"least_similar"}

@@ -163,6 +163,29 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_compare(args: argparse.Namespace) -> int:
+    from sleuthd.bench import paired
+
+    path = args.run_dir / "predictions.jsonl" if args.run_dir.is_dir() else args.run_dir
+    if not path.is_file():
+        return _error(f"{path}: no such file; give a replay's report folder or its predictions.jsonl")
+    try:
+        with path.open(encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+        records = paired.detection_records(rows)
+        comparisons = paired.compare_with_all(records, args.run, args.resamples, args.seed, args.level)
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        return _error(f"{path}: not a replay's predictions.jsonl ({exc})")
+    except ValueError as exc:
+        return _error(f"{path}: {exc}")
+    if not comparisons:
+        return _error(f"{path}: {args.run} is the only run; nothing to compare it with")
+    print(paired.explanation(comparisons) + "\n")
+    print(paired.markdown_table(comparisons), end="")
+    _write_json(args.json, {"predictions": str(path), "comparisons": [c.to_json() for c in comparisons]})
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- throughput
 
 
@@ -412,6 +435,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--allow-failures", action="store_true", help="exit 0 even if some instances failed")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_replay)
+
+    cp = bsub.add_parser(
+        "compare",
+        help="one run of a replay against every other, paired over dialogues, with bootstrap intervals",
+        description="Read a replay's predictions.jsonl and print, for --run against every other run, the "
+        "difference in balanced detection accuracy and balanced localization F1 (percentage points) with a "
+        "paired bootstrap interval over dialogues. replay writes the same table for auto into report.md.",
+    )
+    cp.add_argument("run_dir", type=Path, help="a replay's report folder (or its predictions.jsonl)")
+    cp.add_argument("--run", default="auto", help="the run compared with all others (default: auto)")
+    cp.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: 2000)")
+    cp.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    cp.add_argument("--level", type=float, default=0.95, help="interval level, 0-1 (default: 0.95)")
+    cp.add_argument("--json", type=Path, help="also write the comparisons as JSON")
+    cp.set_defaults(func=cmd_bench_compare)
 
     t = bsub.add_parser(
         "throughput",

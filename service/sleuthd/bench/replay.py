@@ -7,8 +7,10 @@ instance and method (ranking does not depend on thresholds, so ``pairwise@paper`
 an instance whose call still fails is left out of the metrics and listed in the failure summary.
 
 Outputs in the report folder: ``report.json`` (schema of docs/benchmark-format.md), ``report.md``,
-``predictions.jsonl``, ``sweep.json``, ``threshold_sweep.png``, ``bias_scatter.png`` and
-``replay.json`` (what was run, against what, how long it took and what failed).
+``predictions.jsonl``, ``sweep.json``, ``threshold_sweep.png``, ``bias_scatter.png``,
+``replay.json`` (what was run, against what, how long it took and what failed) and, when ``auto``
+was replayed, ``calibration.json``, ``reliability.png`` and ``comparison.json`` (auto against every
+other run, paired over the same dialogues, with bootstrap intervals).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import grpc
 
 from sleuthd import client
+from sleuthd.bench import paired
 from sleuthd.bench import report as report_mod
 from sleuthd.bench.instances import (
     AUTO,
@@ -342,6 +345,7 @@ async def replay(config: ReplayConfig) -> ReplayResult:
     methods_report: dict[str, dict[str, Any]] = {}
     incomplete: list[str] = []
     predictions: list[dict[str, Any]] = []
+    records_by_run: dict[str, list[DetectionRecord]] = {}
     for run in runs:
         det = [detections[k].record for k in _keys(lines, run.name) if k in detections]
         disc = [
@@ -351,6 +355,7 @@ async def replay(config: ReplayConfig) -> ReplayResult:
         ]
         try:
             methods_report[run.name] = method_report(det, disc or None)
+            records_by_run[run.name] = det
         except ValueError as exc:
             logger.error("run %s has too few answered instances to score: %s", run.name, exc)
             incomplete.append(run.name)
@@ -368,8 +373,15 @@ async def replay(config: ReplayConfig) -> ReplayResult:
         predictions,
         sweep_defaults={m: defaults[m] for m in sweeps if m in defaults},
     )
+    comparisons: list[paired.PairedComparison] = []
     if any(run.method == AUTO for run in runs):
         written.update(_write_reliability(out_dir, predictions, Path(config.manifest).name))
+        comparisons = _compare_auto(records_by_run)
+        if comparisons:
+            written["comparison"] = _write_json(
+                out_dir / "comparison.json",
+                {"manifest": Path(config.manifest).name, "comparisons": [c.to_json() for c in comparisons]},
+            )
     wall_s = time.monotonic() - started
     failures = replayer.failures
     marks = {"paper": dict(info.paper_thresholds), "default": defaults}
@@ -402,7 +414,7 @@ async def replay(config: ReplayConfig) -> ReplayResult:
             },
         },
     )
-    _append_markdown(written["report_md"], sweeps, marks, failures, incomplete, wall_s, replayer.rpcs)
+    _append_markdown(written["report_md"], sweeps, marks, comparisons, failures, incomplete, wall_s, replayer.rpcs)
     return ReplayResult(report, written, failures, wall_s, replayer.rpcs, sweeps, incomplete)
 
 
@@ -568,10 +580,22 @@ def _write_json(path: Path, obj: Any) -> Path:
     return path
 
 
+def _compare_auto(records_by_run: dict[str, list[DetectionRecord]]) -> list[paired.PairedComparison]:
+    """auto against every other scored run; none when auto itself could not be scored."""
+    if AUTO not in records_by_run:
+        return []
+    try:
+        return paired.compare_with_all(records_by_run, AUTO)
+    except ValueError as exc:  # e.g. no dialogue answered by both in all three scenarios
+        logger.error("no paired comparison with auto: %s", exc)
+        return []
+
+
 def _append_markdown(
     path: Path,
     sweeps: dict[str, dict[str, Any]],
     marks: dict[str, dict[str, float]],
+    comparisons: Sequence[paired.PairedComparison],
     failures: Sequence[Failure],
     incomplete: Sequence[str],
     wall_s: float,
@@ -586,6 +610,14 @@ def _append_markdown(
             "(ties: middle of the plateau). Curves in `sweep.json` and `threshold_sweep.png`.",
             "",
             best_table(sweeps, marks),
+        ]
+    if comparisons:
+        parts += [
+            "## auto against each run, paired",
+            "",
+            paired.explanation(comparisons),
+            "",
+            paired.markdown_table(comparisons),
         ]
     parts += ["## Failures", ""]
     if failures or incomplete:
