@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from sleuthd import synth
@@ -250,6 +251,48 @@ async def test_one_voice_speech_has_no_segment(
     assert result.score < config.threshold
 
 
+class _CountingVad:
+    """The engine's VAD, counting its passes: each pass means the clip was decoded and trimmed again."""
+
+    def __init__(self, vad: Any) -> None:
+        self.vad, self.passes = vad, 0
+        self.name = vad.name
+
+    def speech_mask(self, samples: np.ndarray) -> Any:
+        self.passes += 1
+        return self.vad.speech_mask(samples)
+
+
+async def test_drift_reuses_the_judging_decode_and_both_placements_are_cached(
+    models_dir: Path, speech: Any, config: DriftConfig
+) -> None:
+    from sleuthd.domain import AudioInput, CheckOptions, DialogueRequest, DialogueTurn
+    from sleuthd.engine import EngineConfig
+    from sleuthd.scoring import Method
+
+    own = Engine.load(EngineConfig(models_dir=models_dir, device="cpu"))  # its own, empty cache
+    counting = _CountingVad(own.vad)
+    own.vad = counting  # type: ignore[assignment]
+    try:
+        turns = tuple(DialogueTurn(f"t{k}", "A", audio=AudioInput(speech.wav_bytes(VOICE_A, k))) for k in range(3))
+
+        def request(drift: bool) -> DialogueRequest:
+            return DialogueRequest("d", turns, options=CheckOptions(method=Method.AUTO, detect_drift=drift))
+
+        with_drift = await own.check_dialogue(request(True))
+        assert counting.passes == 3  # one decode and VAD pass per turn serves both window placements
+        again = await own.check_dialogue(request(True))
+        assert counting.passes == 3  # both placements came from the cache
+        plain = await own.check_dialogue(request(False))
+        assert counting.passes == 3
+        # Asking for drift changes nothing else in the verdict.
+        for a, b, c in zip(with_drift.turns, again.turns, plain.turns, strict=True):
+            assert a.status == b.status == c.status and a.score == b.score == c.score
+            assert a.drift == b.drift and c.drift is None
+    finally:
+        await own.aclose()
+
+
 # ---------------------------------------------------------------------------------------------- through the API
 
 
@@ -280,3 +323,32 @@ async def test_check_dialogue_reports_drift_segments(
     assert segment.score > config.threshold and by_id["spliced"].drift_score == pytest.approx(segment.score)
     assert not by_id["steady"].drift_segments and by_id["steady"].drift_score < config.threshold
     assert not by_id["short"].HasField("drift_score") and "too little speech to search" in by_id["short"].detail
+
+    # The same turns streamed (StreamDialogue embeds each turn as it completes) give the same drift.
+    call = stub.StreamDialogue(timeout=120)
+    await call.write(
+        pb.StreamDialogueRequest(
+            open=pb.StreamOpen(
+                dialogue_id="drift-live", options=pb.CheckOptions(method=pb.METHOD_AUTO, detect_drift=True)
+            )
+        )
+    )
+    for index, turn in enumerate(req.turns):
+        await call.write(
+            pb.StreamDialogueRequest(turn_start=pb.TurnStart(turn_id=turn.turn_id, speaker="A", index=index))
+        )
+        await call.write(
+            pb.StreamDialogueRequest(audio=pb.TurnAudio(turn_id=turn.turn_id, data=turn.audio.encoded, final=True))
+        )
+    await call.done_writing()
+    final = None
+    async for msg in call:
+        if msg.HasField("final"):
+            final = msg.final
+    assert final is not None and (await call.code()) == grpc.StatusCode.OK
+    streamed = {t.turn_id: t for t in final.turns}
+    for turn_id, unary in by_id.items():
+        assert streamed[turn_id].HasField("drift_score") == unary.HasField("drift_score"), turn_id
+        assert streamed[turn_id].drift_score == pytest.approx(unary.drift_score, abs=1e-6), turn_id
+        assert list(streamed[turn_id].drift_segments) == list(unary.drift_segments), turn_id
+    assert "too little speech to search" in streamed["short"].detail

@@ -7,6 +7,7 @@ made-up windows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,20 +46,39 @@ def prepare(
     """Decode, normalise, trim silence and cut windows. Raises AudioError for unusable bytes.
 
     ``window`` overrides the manifest's window placement (drift analysis uses denser windows)."""
+    return prepare_placements(audio, manifest, vad, max_seconds, (window,))[0]
+
+
+def prepare_placements(
+    audio: AudioInput,
+    manifest: EncoderManifest,
+    vad: Vad,
+    max_seconds: float,
+    windows: Sequence[WindowSpec | None],
+) -> list[PreparedClip]:
+    """:func:`prepare` for several window placements (None: the manifest's) at the cost of one decode
+    and one VAD pass: a turn checked for drift needs the judging windows and the denser drift ones,
+    and decoding plus Silero VAD is about a third of what encoding the judging windows costs."""
     wave = decode(audio, max_seconds)
-    return prepare_waveform(wave.samples, manifest, vad, window)
+    return prepare_waveform_placements(wave.samples, manifest, vad, windows)
 
 
 def prepare_waveform(
     samples: np.ndarray, manifest: EncoderManifest, vad: Vad, window: WindowSpec | None = None
 ) -> PreparedClip:
     """The same as :func:`prepare` for a 16 kHz mono float32 waveform already in memory."""
-    spec = window or manifest.window
+    return prepare_waveform_placements(samples, manifest, vad, (window,))[0]
+
+
+def prepare_waveform_placements(
+    samples: np.ndarray, manifest: EncoderManifest, vad: Vad, windows: Sequence[WindowSpec | None]
+) -> list[PreparedClip]:
+    """The same as :func:`prepare_placements` for a 16 kHz mono float32 waveform already in memory."""
     audio_seconds = len(samples) / 16_000
     samples = normalize_loudness(samples, manifest.loudness_target_dbfs)
     mask = vad.speech_mask(samples)
     if mask.speech_seconds < manifest.min_speech_seconds:
-        return PreparedClip(
+        unusable = PreparedClip(
             audio_seconds=audio_seconds,
             speech_seconds=mask.speech_seconds,
             windows=None,
@@ -68,19 +88,23 @@ def prepare_waveform(
                 f"needs at least {manifest.min_speech_seconds:.2f} s to give a meaningful embedding"
             ),
         )
+        return [unusable for _ in windows]
     kept_index = np.flatnonzero(mask.keep)
-    windows, starts = make_windows(samples[kept_index], spec)
-    # Map each window's span in the trimmed clip back to the original clip's clock.
-    span = spec.span_samples
-    first = starts * spec.hop_samples
-    last = np.minimum(first + span, len(kept_index)) - 1
-    times = np.stack([kept_index[first], kept_index[np.maximum(last, first)] + 1], axis=1) / 16_000
-    return PreparedClip(
-        audio_seconds=audio_seconds,
-        speech_seconds=mask.speech_seconds,
-        windows=windows,
-        window_times=times,
-    )
+    speech = samples[kept_index]
+    out = []
+    for window in windows:
+        spec = window or manifest.window
+        cut, starts = make_windows(speech, spec)
+        # Map each window's span in the trimmed clip back to the original clip's clock.
+        first = starts * spec.hop_samples
+        last = np.minimum(first + spec.span_samples, len(kept_index)) - 1
+        times = np.stack([kept_index[first], kept_index[np.maximum(last, first)] + 1], axis=1) / 16_000
+        out.append(
+            PreparedClip(
+                audio_seconds=audio_seconds, speech_seconds=mask.speech_seconds, windows=cut, window_times=times
+            )
+        )
+    return out
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from sleuthd import scoring
 from sleuthd.audio import AudioError
 from sleuthd.batcher import BatcherConfig, BatchObserver, MicroBatcher, NullObserver
 from sleuthd.calibration import Calibration, CalibrationError, candidate_fit
-from sleuthd.clips import ClipEmbedding, PreparedClip, pool, prepare
+from sleuthd.clips import ClipEmbedding, PreparedClip, pool, prepare_placements
 from sleuthd.domain import (
     AudioInput,
     CheckOptions,
@@ -230,12 +230,12 @@ class Engine:
     # ------------------------------------------------------------------ embedding
 
     async def _prepare(
-        self, audio: AudioInput, manifest: EncoderManifest, label: str, window: WindowSpec | None = None
-    ) -> PreparedClip:
+        self, audio: AudioInput, manifest: EncoderManifest, label: str, windows: Sequence[WindowSpec | None]
+    ) -> list[PreparedClip]:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(
-                self._executor, prepare, audio, manifest, self.vad, self.config.max_clip_seconds, window
+                self._executor, prepare_placements, audio, manifest, self.vad, self.config.max_clip_seconds, windows
             )
         except AudioError as exc:
             raise AudioError(f"{label}: {exc}") from exc
@@ -246,28 +246,31 @@ class Engine:
         audio: AudioInput,
         label: str,
         deadline: float | None,
-        window: WindowSpec | None = None,
-    ) -> tuple[ClipEmbedding, bool]:
-        """A clip's embedding and whether it came from the cache. ``window`` overrides the manifest's
-        window placement (drift analysis); it is part of the cache key."""
+        windows: Sequence[WindowSpec | None],
+    ) -> list[tuple[ClipEmbedding, bool]]:
+        """A clip's embedding under each window placement (None: the manifest's; drift analysis asks
+        for denser windows too), each with whether it came from the cache. The placement is part of
+        the cache key; the placements not cached are prepared together, from one decode and VAD pass."""
         # Hashing costs ~1 ms per MB; skip it when the cache is off.
-        key = ""
-        if self.cache.max_entries > 0:
-            key = audio_key(encoder.manifest.sha256, audio) + (f":{window}" if window else "")
-        cached = self.cache.get(key) if key else None
-        if cached is not None:
-            return cached, True
-        clip = await self._prepare(audio, encoder.manifest, label, window)
+        base = audio_key(encoder.manifest.sha256, audio) if self.cache.max_entries > 0 else ""
+        keys = [base + (f":{w}" if w else "") if base else "" for w in windows]
+        found: list[ClipEmbedding | None] = [self.cache.get(k) if k else None for k in keys]
+        missing = [i for i, clip in enumerate(found) if clip is None]
+        if missing:
+            prepared = await self._prepare(audio, encoder.manifest, label, [windows[i] for i in missing])
+            embedded = await asyncio.gather(*(self._embed_prepared(encoder, clip, deadline) for clip in prepared))
+            for i, result in zip(missing, embedded, strict=True):
+                found[i] = result
+                if keys[i]:
+                    self.cache.put(keys[i], result)
+        return [(clip, i not in missing) for i, clip in enumerate(found) if clip is not None]
+
+    @staticmethod
+    async def _embed_prepared(encoder: WindowEncoder, clip: PreparedClip, deadline: float | None) -> ClipEmbedding:
         if clip.windows is None:
-            result = ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail)
-        else:
-            window_emb = await encoder.encode(clip.windows, deadline=deadline)
-            result = ClipEmbedding(
-                clip.audio_seconds, clip.speech_seconds, pool(window_emb), window_emb, clip.window_times
-            )
-        if key:
-            self.cache.put(key, result)
-        return result, False
+            return ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail)
+        window_emb = await encoder.encode(clip.windows, deadline=deadline)
+        return ClipEmbedding(clip.audio_seconds, clip.speech_seconds, pool(window_emb), window_emb, clip.window_times)
 
     async def embed_audio(
         self,
@@ -280,9 +283,21 @@ class Engine:
         Raises AudioError naming the label of a clip whose bytes cannot be decoded, DeadlineExceeded
         when ``deadline`` (event-loop clock) passes first.
         """
+        return [clip for clip, _ in await self.embed_placements(encoder, audios, deadline, with_drift=False)]
+
+    async def embed_placements(
+        self,
+        encoder: WindowEncoder,
+        audios: Sequence[tuple[AudioInput, str]],
+        deadline: float | None,
+        with_drift: bool,
+    ) -> list[tuple[ClipEmbedding, ClipEmbedding | None]]:
+        """:meth:`embed_audio`, and with ``with_drift`` each clip's embedding on the denser drift
+        windows too (else None), both from one decode of the clip."""
         if deadline is not None and asyncio.get_running_loop().time() >= deadline:
             raise DeadlineExceeded("the deadline passed before the request could be started")
-        tasks = [asyncio.ensure_future(self._embed_one(encoder, a, label, deadline)) for a, label in audios]
+        windows = (None, self.drift_window(encoder)) if with_drift else (None,)
+        tasks = [asyncio.ensure_future(self._embed_one(encoder, a, label, deadline, windows)) for a, label in audios]
         try:
             found = await asyncio.gather(*tasks)
         except BaseException:
@@ -291,32 +306,28 @@ class Engine:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        for clip, cached in found:
+        for (clip, cached), *_ in found:
             self.observer.clip_embedded(clip.audio_seconds, cached=cached)
-        return [clip for clip, _ in found]
+        return [(placements[0][0], placements[1][0] if with_drift else None) for placements in found]
 
-    async def drift_for(
-        self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None
-    ) -> DriftResult | None:
-        """Voice changes inside one turn (sleuthd.drift), on windows denser than judging uses.
+    def drift_window(self, encoder: WindowEncoder) -> WindowSpec:
+        """The denser window placement drift analysis uses (the manifest's ``drift`` block)."""
+        config = self.drift_configs[encoder.manifest.name]
+        return replace(encoder.manifest.window, rate_per_second=config.window_rate_per_second)
+
+    def find_drift(self, encoder: WindowEncoder, dense: ClipEmbedding) -> DriftResult | None:
+        """Voice changes inside one turn (sleuthd.drift), from its embedding on the drift windows.
 
         None when the turn has too little speech to search (fewer windows than the detector needs):
         "too short to tell" is not "no drift"."""
         config = self.drift_configs[encoder.manifest.name]
-        dense = replace(encoder.manifest.window, rate_per_second=config.window_rate_per_second)
-        clip, _ = await self._embed_one(encoder, audio, label, deadline, dense)
-        if clip.window_embeddings is None or clip.window_times is None or len(clip.window_times) < config.min_windows:
+        if (
+            dense.window_embeddings is None
+            or dense.window_times is None
+            or len(dense.window_times) < config.min_windows
+        ):
             return None
-        return detect_drift(clip.window_embeddings, clip.window_times, config)
-
-    async def _attach_drift(
-        self, opts: ResolvedOptions, turns: list[TurnResult], audios: dict[str, AudioInput], deadline: float | None
-    ) -> list[TurnResult]:
-        usable = [t for t in turns if t.status is not TurnStatus.INSUFFICIENT_AUDIO]
-        found = await asyncio.gather(
-            *(self.drift_for(opts.encoder, audios[t.turn_id], f"turn {t.turn_id!r}", deadline) for t in usable)
-        )
-        return self.apply_drift(opts, turns, {t.turn_id: d for t, d in zip(usable, found, strict=True)})
+        return detect_drift(dense.window_embeddings, dense.window_times, config)
 
     def apply_drift(
         self, opts: ResolvedOptions, turns: Sequence[TurnResult], drift: dict[str, DriftResult | None]
@@ -342,15 +353,24 @@ class Engine:
         audio_turns = [t for t in request.turns if t.audio is not None]
         self.require_references(opts, [t.speaker for t in audio_turns], request.references)
         references = await self.embed_references(opts, request.references, deadline)
-        clips = await self.embed_audio(
-            opts.encoder, [(t.audio, f"turn {t.turn_id!r}") for t in audio_turns if t.audio is not None], deadline
+        with_drift = request.options.detect_drift
+        embedded = await self.embed_placements(
+            opts.encoder,
+            [(t.audio, f"turn {t.turn_id!r}") for t in audio_turns if t.audio is not None],
+            deadline,
+            with_drift,
         )
         turns, speakers = judge_dialogue(
-            [(t.turn_id, t.speaker) for t in audio_turns], clips, references, opts.judgment
+            [(t.turn_id, t.speaker) for t in audio_turns], [clip for clip, _ in embedded], references, opts.judgment
         )
-        if request.options.detect_drift:
-            audios = {t.turn_id: t.audio for t in audio_turns if t.audio is not None}
-            turns = await self._attach_drift(opts, turns, audios, deadline)
+        if with_drift:
+            dense = {t.turn_id: d for t, (_, d) in zip(audio_turns, embedded, strict=True) if d is not None}
+            drift = {
+                t.turn_id: self.find_drift(opts.encoder, dense[t.turn_id])
+                for t in turns
+                if t.status is not TurnStatus.INSUFFICIENT_AUDIO
+            }
+            turns = self.apply_drift(opts, turns, drift)
         for t in turns:
             self.observer.verdict(t.status)
         return opts.result(request.dialogue_id, turns, speakers)

@@ -138,14 +138,12 @@ class DialogueSession:
         turn = self._open.pop(turn_id)
         data = b"".join(turn.chunks)
         self._buffered -= turn.size
-        (clip,) = await self.engine.embed_audio(
-            opts.encoder, [(AudioInput(data, turn.pcm), f"turn {turn_id!r}")], deadline
+        ((clip, dense),) = await self.engine.embed_placements(
+            opts.encoder, [(AudioInput(data, turn.pcm), f"turn {turn_id!r}")], deadline, self._detect_drift
         )
         self._done[turn_id] = (turn.speaker, clip)
-        if self._detect_drift and clip.usable:
-            self._drift[turn_id] = await self.engine.drift_for(
-                opts.encoder, AudioInput(data, turn.pcm), f"turn {turn_id!r}", deadline
-            )
+        if dense is not None and clip.usable:
+            self._drift[turn_id] = self.engine.find_drift(opts.encoder, dense)
         # Re-judge everything so far: a new turn can change its own speaker's verdicts and, through
         # attribution and the cohort, other speakers' too. Embeddings are kept, so this is cheap.
         results, speakers = self._judge()
