@@ -114,6 +114,45 @@ def test_cohort_features_measure_a_turn_against_the_distance_to_other_voices() -
     assert turn_features(turns, reference, seconds, np.zeros((0, dim)))[0] == "context_reference"
 
 
+def test_spread_reference_and_farthest_features_on_constructed_voices() -> None:
+    """reference_z, context_robust_z and farthest_gap on six turns of one voice, then with turn 2
+    replaced by a voice at cosine 0.6."""
+    rng = np.random.default_rng(0)
+    dim = 256
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        return np.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True))
+
+    def voice(centre: np.ndarray, k: int) -> np.ndarray:
+        return unit(centre + rng.normal(0, 0.25 / np.sqrt(dim), (k, dim)))
+
+    a = unit(rng.normal(size=dim))
+    r = unit(rng.normal(size=dim))
+    b = 0.6 * a + 0.8 * unit(r - (r @ a) * a)
+    clean = voice(a, 6)
+    replaced = clean.copy()
+    replaced[2] = voice(b, 1)[0]
+    reference = voice(a, 1)[0]
+    seconds = np.full(6, 3.0)
+
+    def features(turns: np.ndarray) -> dict[str, np.ndarray]:
+        variant, x = turn_features(turns, reference, seconds)
+        assert variant == "context_reference"
+        return {name: x[:, k] for k, name in enumerate(FEATURES[variant])}
+
+    one_voice, other = features(clean), features(replaced)
+    assert np.abs(one_voice["reference_z"]).max() < 1.0 and np.abs(one_voice["context_robust_z"]).max() < 1.0
+    assert one_voice["farthest_gap"].max() < 0.5
+    genuine = [0, 1, 3, 4, 5]
+    # The replaced turn is far below the others' typical similarity to the reference, in units of its
+    # spread; a genuine turn's yardstick contains the replaced turn's low similarity, so it stays small.
+    assert other["reference_z"][2] > 10.0 and np.abs(other["reference_z"][genuine]).max() < 1.0
+    assert other["context_robust_z"][2] > 5 * other["context_robust_z"][genuine].max()
+    # The least similar other evidence of every genuine turn is the replaced one: a dialogue-wide sign.
+    assert other["farthest_gap"][genuine].min() > 3.0
+    assert np.all(other["farthest_gap"] >= other["nearest_gap"])
+
+
 async def test_paper_methods_report_but_do_not_flag_confusion(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
     script = [("Ann", VOICE_A, 0), ("Fay", VOICE_F, 0), ("Ann", VOICE_A, 1), ("Fay", VOICE_F, 1), ("Ann", VOICE_F, 2)]
     v = await stub.CheckDialogue(dialogue(speech, script, pb.METHOD_PAIRWISE), timeout=60)

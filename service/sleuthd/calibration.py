@@ -172,8 +172,11 @@ def turn_features(
         if reference is not None:
             row["reference_cosine"] = float(sims[i, n])
             if n >= 2:
-                ref_level = float(np.median(sims[turn_others, n]))
+                to_reference = sims[turn_others, n]
+                ref_level = float(np.median(to_reference))
                 row["reference_gap"] = (ref_level - float(sims[i, n])) / max(1.0 - ref_level, MIN_DISTANCE)
+                # The same gap in units of how much the other turns' similarity to the reference varies.
+                row["reference_z"] = (ref_level - float(sims[i, n])) / max(float(to_reference.std()), MIN_SPREAD)
         if len(others) >= 2 and n >= 2:
             values = _pair_values(sims, others)
             level = float(np.median(values))
@@ -182,7 +185,12 @@ def turn_features(
             mean_i, max_i = float(sims[i, others].mean()), float(sims[i, others].max())
             row["context_gap"] = (level - mean_i) / room
             row["context_z"] = (level - mean_i) / spread
+            # A robust spread (scaled median absolute deviation): a replaced turn among the others
+            # widens the standard deviation, and with it the yardstick of every genuine turn.
+            robust_spread = max(1.4826 * float(np.median(np.abs(values - level))), MIN_SPREAD)
+            row["context_robust_z"] = (level - mean_i) / robust_spread
             row["nearest_gap"] = (level - max_i) / room  # even the most alike other evidence is far
+            row["farthest_gap"] = (level - float(sims[i, others].min())) / room
             # Leave-one-out: the turn against the centroid of the rest, versus each of the rest against
             # the centroid of the others without it.
             loo_i = float(pool[i] @ unit(pool[others].mean(axis=0)))
@@ -215,9 +223,18 @@ def _variant(n: int, has_reference: bool) -> str:
     return "reference_only"
 
 
-_CONTEXT_FEATURES = ("context_gap", "context_z", "nearest_gap", "loo_gap", "loo_z", "gap_excess")
+_CONTEXT_FEATURES = (
+    "context_gap",
+    "context_z",
+    "context_robust_z",
+    "nearest_gap",
+    "farthest_gap",
+    "loo_gap",
+    "loo_z",
+    "gap_excess",
+)
 FEATURES: dict[str, tuple[str, ...]] = {
-    "context_reference": (*_CONTEXT_FEATURES, "reference_gap", "log_speech_seconds", "log_turns"),
+    "context_reference": (*_CONTEXT_FEATURES, "reference_gap", "reference_z", "log_speech_seconds", "log_turns"),
     "context": (*_CONTEXT_FEATURES, "log_speech_seconds", "log_turns"),
     "pair_reference": ("reference_gap", "reference_cosine", "pair_cosine", "log_speech_seconds"),
     "pair": ("pair_cosine", "log_speech_seconds"),

@@ -32,7 +32,7 @@ from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 2  # 2: cohort variants
+CALIBRATION_VERSION = 3  # 2: cohort variants; 3: reference_z, context_robust_z, farthest_gap
 # Flag a turn when it is more likely foreign than not: the Bayes decision for a calibrated probability.
 # Not tuned (fit_stats.decision_threshold_search records what tuning on the fit corpus would pick).
 DECISION_THRESHOLD = 0.5
