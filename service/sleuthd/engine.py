@@ -44,12 +44,12 @@ from sleuthd.features import WindowSpec
 from sleuthd.judge import Judgment, judge_dialogue, stack_embeddings
 from sleuthd.manifest import (
     PAPER_THRESHOLDS,
-    EncoderManifest,
     find_encoders,
     load_encoder_manifest,
     vad_model_path,
 )
 from sleuthd.scoring import METHODS, Method
+from sleuthd.single_flight import SingleFlight
 from sleuthd.vad import EnergyVad, SileroVad, Vad
 
 logger = logging.getLogger(__name__)
@@ -139,6 +139,8 @@ class Engine:
         self._executor = executor
         self._model_executor = model_executor
         self.cache: LruCache[ClipEmbedding] = LruCache(config.embedding_cache_entries)
+        # Cache misses in flight, by cache key(s): concurrent requests for the same clip share one computation.
+        self._in_flight: SingleFlight[str, list[ClipEmbedding]] = SingleFlight()
         self.active_streams = 0
         # An encoder without a usable calibration still serves the paper methods; auto then fails
         # with the reason instead of quietly falling back to a fixed threshold.
@@ -229,17 +231,6 @@ class Engine:
 
     # ------------------------------------------------------------------ embedding
 
-    async def _prepare(
-        self, audio: AudioInput, manifest: EncoderManifest, label: str, windows: Sequence[WindowSpec | None]
-    ) -> list[PreparedClip]:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(
-                self._executor, prepare_placements, audio, manifest, self.vad, self.config.max_clip_seconds, windows
-            )
-        except AudioError as exc:
-            raise AudioError(f"{label}: {exc}") from exc
-
     async def _embed_one(
         self,
         encoder: WindowEncoder,
@@ -249,21 +240,56 @@ class Engine:
         windows: Sequence[WindowSpec | None],
     ) -> list[tuple[ClipEmbedding, bool]]:
         """A clip's embedding under each window placement (None: the manifest's; drift analysis asks
-        for denser windows too), each with whether it came from the cache. The placement is part of
-        the cache key; the placements not cached are prepared together, from one decode and VAD pass."""
+        for denser windows too), each with whether it was already there (cached, or being computed
+        for a concurrent request). The placement is part of the cache key; the placements not cached
+        are prepared together, from one decode and VAD pass."""
         # Hashing costs ~1 ms per MB; skip it when the cache is off.
         base = audio_key(encoder.manifest.sha256, audio) if self.cache.max_entries > 0 else ""
         keys = [base + (f":{w}" if w else "") if base else "" for w in windows]
         found: list[ClipEmbedding | None] = [self.cache.get(k) if k else None for k in keys]
         missing = [i for i, clip in enumerate(found) if clip is None]
+        joined = False
         if missing:
-            prepared = await self._prepare(audio, encoder.manifest, label, [windows[i] for i in missing])
-            embedded = await asyncio.gather(*(self._embed_prepared(encoder, clip, deadline) for clip in prepared))
-            for i, result in zip(missing, embedded, strict=True):
+            todo = [windows[i] for i in missing]
+            try:
+                if base:  # a concurrent request for the same clip and placements shares the work
+                    loop = asyncio.get_running_loop()
+                    timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
+                    computed, joined = await self._in_flight.run(
+                        "|".join(keys[i] for i in missing),
+                        lambda: self._compute(encoder, audio, todo, None, [keys[i] for i in missing]),
+                        timeout,
+                    )
+                else:
+                    computed = await self._compute(encoder, audio, todo, deadline, [])
+            except AudioError as exc:
+                raise AudioError(f"{label}: {exc}") from exc
+            except TimeoutError as exc:
+                if isinstance(exc, DeadlineExceeded):
+                    raise
+                raise DeadlineExceeded(f"{label}: the deadline passed before its embedding was ready") from exc
+            for i, result in zip(missing, computed, strict=True):
                 found[i] = result
-                if keys[i]:
-                    self.cache.put(keys[i], result)
-        return [(clip, i not in missing) for i, clip in enumerate(found) if clip is not None]
+        return [(clip, joined or i not in missing) for i, clip in enumerate(found) if clip is not None]
+
+    async def _compute(
+        self,
+        encoder: WindowEncoder,
+        audio: AudioInput,
+        windows: Sequence[WindowSpec | None],
+        deadline: float | None,
+        keys: Sequence[str],
+    ) -> list[ClipEmbedding]:
+        """Decode, trim and cut the clip once for all ``windows``, embed each placement and cache
+        it under its key (``keys`` empty: cache off). Raises AudioError without a label."""
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(
+            self._executor, prepare_placements, audio, encoder.manifest, self.vad, self.config.max_clip_seconds, windows
+        )
+        embedded = await asyncio.gather(*(self._embed_prepared(encoder, clip, deadline) for clip in prepared))
+        for key, result in zip(keys, embedded, strict=False):
+            self.cache.put(key, result)
+        return list(embedded)
 
     @staticmethod
     async def _embed_prepared(encoder: WindowEncoder, clip: PreparedClip, deadline: float | None) -> ClipEmbedding:
