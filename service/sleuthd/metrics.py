@@ -13,7 +13,7 @@ Every metric, with its labels (all low-cardinality):
 | `sleuthd_batch_execution_seconds` | histogram | | wall time of one model call |
 | `sleuthd_batch_failures_total` | counter | | model calls that raised |
 | `sleuthd_batch_rejected_total` | counter | | requests refused because the queue was full (RESOURCE_EXHAUSTED) |
-| `sleuthd_audio_seconds_total` | counter | cached | audio seconds embedded ("false") or not again ("true": cache or shared) |
+| `sleuthd_audio_seconds_total` | counter | cached | audio seconds embedded ("false") or cached or shared ("true") |
 | `sleuthd_verdicts_total` | counter | status | turn verdicts by status (consistent, inconsistent, ...) |
 | `sleuthd_streams_active` | gauge | | open StreamDialogue calls |
 """
