@@ -25,7 +25,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Scenario = Literal["S1", "S2", "S3"]
 FlagRule = Literal["below", "above"]
@@ -217,7 +220,11 @@ def _group_by_scenario(records: Iterable[DetectionRecord]) -> dict[Scenario, lis
     return groups
 
 
-def _balanced(s1: float, s2: float, s3: float) -> float:
+#: A per-scenario value, or an array of them (bootstrap resamples in sleuthd.bench.paired).
+Value = TypeVar("Value", float, "np.ndarray")
+
+
+def balanced(s1: Value, s2: Value, s3: Value) -> Value:
     """``½(S1 + (S2 + S3)/2)`` — S1 weighs as much as S2 and S3 together."""
     return 0.5 * (s1 + 0.5 * (s2 + s3))
 
@@ -235,7 +242,7 @@ def detection_metrics(records: Iterable[DetectionRecord]) -> dict[str, float]:
         s: 100.0 * sum(r.pred_inconsistent == r.gold_inconsistent for r in recs) / len(recs)
         for s, recs in groups.items()
     }
-    return {**acc, "bal": _balanced(acc["S1"], acc["S2"], acc["S3"])}
+    return {**acc, "bal": balanced(acc["S1"], acc["S2"], acc["S3"])}
 
 
 def localization_metrics(records: Iterable[DetectionRecord]) -> dict[str, Any]:
@@ -262,7 +269,7 @@ def localization_metrics(records: Iterable[DetectionRecord]) -> dict[str, Any]:
     for s in ("S2", "S3"):
         p, r, f1 = means[s]
         out[s] = {"p": p, "r": r, "f1": f1}
-    out["bal_f1"] = _balanced(means["S1"][2], means["S2"][2], means["S3"][2])
+    out["bal_f1"] = balanced(means["S1"][2], means["S2"][2], means["S3"][2])
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, localization_prf
+from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, balanced, localization_prf
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_LEVEL = 0.95
@@ -69,9 +69,9 @@ def _per_dialogue(records: Iterable[DetectionRecord]) -> dict[str, dict[str, tup
 
 
 def _balanced(per_scenario_means: np.ndarray) -> np.ndarray:
-    """(..., 3) scenario means (0–1) -> (...) balanced value in percent: ½(S1 + (S2 + S3)/2)."""
+    """(..., 3) scenario means (0–1) -> (...) balanced value in percent."""
     m = per_scenario_means
-    return 100.0 * (0.5 * m[..., 0] + 0.25 * (m[..., 1] + m[..., 2]))
+    return 100.0 * balanced(m[..., 0], m[..., 1], m[..., 2])
 
 
 def _difference(run: np.ndarray, base: np.ndarray, samples: np.ndarray, level: float) -> Difference:
