@@ -84,25 +84,35 @@ async def test_other_speakers_are_the_cohort_of_auto(stub: pb_grpc.SleuthStub, s
     assert all(t.status == pb.CONSISTENT and "(pair_cohort model)" in t.detail for t in fay_turns)
 
 
+DIM = 256
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True))
+
+
+class ConstructedVoices:
+    """Two voices as unit centres at cosine 0.6 (``a``, ``b``) and noisy turns around a centre."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.a = _unit(self.rng.normal(size=DIM))
+        r = _unit(self.rng.normal(size=DIM))
+        self.b = 0.6 * self.a + 0.8 * _unit(r - (r @ self.a) * self.a)
+
+    def voice(self, centre: np.ndarray, k: int) -> np.ndarray:
+        return _unit(centre + self.rng.normal(0, 0.25 / np.sqrt(DIM), (k, DIM)))
+
+
 def test_cohort_features_measure_a_turn_against_the_distance_to_other_voices() -> None:
-    rng = np.random.default_rng(0)
-    dim = 256
-
-    def unit(x: np.ndarray) -> np.ndarray:
-        return np.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True))
-
-    def voice(centre: np.ndarray, k: int) -> np.ndarray:
-        return unit(centre + rng.normal(0, 0.25 / np.sqrt(dim), (k, dim)))
-
-    a = unit(rng.normal(size=dim))
-    r = unit(rng.normal(size=dim))
-    b = 0.6 * a + 0.8 * unit(r - (r @ a) * a)  # another voice, cosine 0.6 from a
+    v = ConstructedVoices()
+    voice, a, b = v.voice, v.a, v.b
     turns = voice(a, 5)
     turns[2] = voice(b, 1)[0]
     reference = voice(a, 1)[0]
     seconds = np.full(5, 3.0)
     plain_variant, plain = turn_features(turns, reference, seconds)
-    variant, x = turn_features(turns, reference, seconds, unit(voice(b, 3).mean(axis=0))[None, :])
+    variant, x = turn_features(turns, reference, seconds, _unit(voice(b, 3).mean(axis=0))[None, :])
     assert (plain_variant, variant) == ("context_reference", "context_reference_cohort")
     assert np.array_equal(x[:, : plain.shape[1]], plain)
     gap = x[:, FEATURES[variant].index("cohort_gap")]
@@ -111,24 +121,14 @@ def test_cohort_features_measure_a_turn_against_the_distance_to_other_voices() -
     assert gap[2] > 0.8 and max(gap[genuine]) < 0.3  # fallen about the whole way to the other voice
     assert position[2] == -1.0 and min(position[genuine]) > 0.5  # clipped: it IS the other voice
     # An empty cohort is no cohort.
-    assert turn_features(turns, reference, seconds, np.zeros((0, dim)))[0] == "context_reference"
+    assert turn_features(turns, reference, seconds, np.zeros((0, DIM)))[0] == "context_reference"
 
 
 def test_spread_reference_and_farthest_features_on_constructed_voices() -> None:
     """reference_z, context_robust_z and farthest_gap on six turns of one voice, then with turn 2
     replaced by a voice at cosine 0.6."""
-    rng = np.random.default_rng(0)
-    dim = 256
-
-    def unit(x: np.ndarray) -> np.ndarray:
-        return np.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True))
-
-    def voice(centre: np.ndarray, k: int) -> np.ndarray:
-        return unit(centre + rng.normal(0, 0.25 / np.sqrt(dim), (k, dim)))
-
-    a = unit(rng.normal(size=dim))
-    r = unit(rng.normal(size=dim))
-    b = 0.6 * a + 0.8 * unit(r - (r @ a) * a)
+    v = ConstructedVoices()
+    voice, a, b = v.voice, v.a, v.b
     clean = voice(a, 6)
     replaced = clean.copy()
     replaced[2] = voice(b, 1)[0]
