@@ -251,17 +251,16 @@ class Engine:
         joined = False
         if missing:
             todo = [windows[i] for i in missing]
+            todo_keys = [keys[i] for i in missing]
             try:
                 if base:  # a concurrent request for the same clip and placements shares the work
                     loop = asyncio.get_running_loop()
                     timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
                     computed, joined = await self._in_flight.run(
-                        "|".join(keys[i] for i in missing),
-                        lambda: self._compute(encoder, audio, todo, None, [keys[i] for i in missing]),
-                        timeout,
+                        "|".join(todo_keys), lambda: self._compute(encoder, audio, todo, None, todo_keys), timeout
                     )
                 else:
-                    computed = await self._compute(encoder, audio, todo, deadline, [])
+                    computed = await self._compute(encoder, audio, todo, deadline, todo_keys)
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
             except TimeoutError as exc:
@@ -281,14 +280,15 @@ class Engine:
         keys: Sequence[str],
     ) -> list[ClipEmbedding]:
         """Decode, trim and cut the clip once for all ``windows``, embed each placement and cache
-        it under its key (``keys`` empty: cache off). Raises AudioError without a label."""
+        it under its key ("" when the cache is off). Raises AudioError without a label."""
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(
             self._executor, prepare_placements, audio, encoder.manifest, self.vad, self.config.max_clip_seconds, windows
         )
         embedded = await asyncio.gather(*(self._embed_prepared(encoder, clip, deadline) for clip in prepared))
-        for key, result in zip(keys, embedded, strict=False):
-            self.cache.put(key, result)
+        for key, result in zip(keys, embedded, strict=True):
+            if key:
+                self.cache.put(key, result)
         return list(embedded)
 
     @staticmethod
