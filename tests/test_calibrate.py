@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from sleuthd.bench import calibrate
 from sleuthd.bench.calibrate import Clip, Instance, _draw_cohort, dialogue_scores, fit_models, make_instances
-from sleuthd.bench.calibrate_cv import Setting, SettingResult, cross_validate, select, speaker_folds
+from sleuthd.bench.calibrate_cv import Setting, SettingResult, cross_validate, mix_lengths, select, speaker_folds
 from sleuthd.bench.cohort_eval import JUDGMENTS, cohort_cross_validate, compare
 from sleuthd.calibration import BASE_VARIANTS, COHORT_SUFFIX, FEATURES, VARIANTS
 
@@ -29,7 +29,7 @@ def corpus(n_speakers: int = 12, clips_each: int = 12, spread: float = 0.15, see
         centre /= np.linalg.norm(centre)
         for _ in range(clips_each):
             e = centre + rng.normal(0.0, spread / np.sqrt(DIM), DIM)
-            out.append(Clip(f"s{k:02d}", "MF"[k % 2], e / np.linalg.norm(e), 1.0 + k))
+            out.append(Clip(f"s{k:02d}", "MF"[k % 2], e / np.linalg.norm(e), 1.0 + k, f"s{k:02d}/{len(out):03d}.wav"))
     return out
 
 
@@ -136,6 +136,35 @@ def test_cross_validation_scores_every_setting_on_held_out_targets() -> None:
         assert clean["S2"] >= 95 and clean["bal"] >= 85
         # Heavy test jitter makes the held-out speakers' turns less alike: detection gets harder.
         assert noisy["S3"] <= clean["S3"] + 1e-9 or noisy["S1"] <= clean["S1"] + 1e-9
+
+
+def test_turn_length_conditions_count_in_the_selection_rule() -> None:
+    clips = corpus()
+    # The "short crops": the same clips (same sources, same centres) with twice the spread around
+    # their speaker, as short turns have; the mixed condition pairs them with the whole clips by source.
+    short = corpus(spread=0.3)
+    results = cross_validate(
+        clips, [(0.0,)], [1e-2], folds=3, train_dialogues=450, test_dialogues=90, test_jitters=(0.0,), short_clips=short
+    )
+    (r,) = results
+    assert list(r.by_turn_length) == ["short", "mixed"]
+    whole, cut = r.by_test_jitter[0.0], r.by_turn_length["short"]
+    assert cut["bal"] < whole["bal"]  # noisier turns are harder to judge
+    assert r.min_s1 == min(whole["S1"], cut["S1"], r.by_turn_length["mixed"]["S1"])
+    assert r.mean_bal == pytest.approx(np.mean([whole["bal"], cut["bal"], r.by_turn_length["mixed"]["bal"]]))
+
+
+def test_mixed_lengths_swap_about_half_the_clips_for_their_crops() -> None:
+    clips, short = corpus(), corpus(spread=0.3)
+    mixed = mix_lengths(clips, short, seed=4)
+    assert [c.source for c in mixed] == [c.source for c in clips]
+    swapped = sum(m is s for m, s in zip(mixed, short, strict=True))
+    assert sum(m is c for m, c in zip(mixed, clips, strict=True)) + swapped == len(clips)
+    assert 0.35 * len(clips) < swapped < 0.65 * len(clips)
+    assert [c.source for c in mix_lengths(clips, short, seed=4)] == [c.source for c in mixed]
+    assert [m is s for m, s in zip(mix_lengths(clips, short, seed=4), short, strict=True)] == [
+        m is s for m, s in zip(mixed, short, strict=True)
+    ]
 
 
 # ------------------------------------------------------------------------------------------ cohort

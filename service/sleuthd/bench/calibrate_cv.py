@@ -7,10 +7,14 @@ on benchmark-style dialogues (5 turns + reference, S3 = most similar same-gender
 *target* speakers were never trained on. Each test set is scored as recorded and again with every
 embedding jittered (0.01-0.03 per dimension) as a stand-in for voices less self-consistent than the
 corpus's own: a setting that only works on this corpus's tight spreads is found out there.
+With ``short_clips`` (`--short-turns`), two more test conditions: every turn a short crop of its clip
+(about 2 s of speech; calibrate.short_crop), and "mixed", each clip whole or cropped by a coin flip, so
+a speaker's turns differ in length as a real dialogue's do.
 
 Selection rule (stated before the comparison): among the settings whose consistent speakers (S1) stay
-unflagged in at least ``min_s1`` % of dialogues at *every* test jitter, the highest mean balanced
-detection accuracy over the test jitters. A false alarm on a consistent speaker costs a TTS team a
+unflagged in at least ``min_s1`` % of dialogues in *every* test condition (each test jitter, and the
+turn-length conditions when run), the highest mean balanced detection accuracy over those conditions.
+A false alarm on a consistent speaker costs a TTS team a
 needless regeneration on every release, so robustness of S1 comes first.
 """
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,6 +38,9 @@ from sleuthd.bench.calibrate import (
 from sleuthd.calibration import BASE_VARIANTS
 
 TEST_JITTERS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03)
+# The turn-length test conditions (at jitter 0) and, for "mixed", the share of clips that are cropped.
+TURN_LENGTH_CONDITIONS = ("short", "mixed")
+MIXED_SHORT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -49,14 +56,19 @@ class Setting:
 class SettingResult:
     setting: Setting
     by_test_jitter: dict[float, dict[str, float]]  # test jitter -> S1/S2/S3/bal/bal_f1 (percent, fold mean)
+    # "short" / "mixed" -> the same, when the turn-length conditions were run (TURN_LENGTH_CONDITIONS)
+    by_turn_length: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def conditions(self) -> list[dict[str, float]]:
+        return [*self.by_test_jitter.values(), *self.by_turn_length.values()]
 
     @property
     def mean_bal(self) -> float:
-        return float(np.mean([m["bal"] for m in self.by_test_jitter.values()]))
+        return float(np.mean([m["bal"] for m in self.conditions()]))
 
     @property
     def min_s1(self) -> float:
-        return min(m["S1"] for m in self.by_test_jitter.values())
+        return min(m["S1"] for m in self.conditions())
 
 
 def speaker_folds(speakers: Sequence[str], folds: int, seed: int) -> list[list[str]]:
@@ -103,18 +115,26 @@ def cross_validate(
     test_dialogues: int = 600,
     test_jitters: Sequence[float] = TEST_JITTERS,
     decision_threshold: float = DECISION_THRESHOLD,
+    short_clips: Sequence[Clip] | None = None,
     progress: Callable[[str], None] = lambda _message: None,
 ) -> list[SettingResult]:
     """Score every (jitter set, L2) setting on held-out target speakers; means over the folds of
-    ``repeats`` independent fold splits, per test jitter."""
-    scores: dict[Setting, dict[float, list[dict[str, float]]]] = {}
+    ``repeats`` independent fold splits, per test jitter (and per turn-length condition when
+    ``short_clips``, short crops of ``clips`` paired by ``Clip.source``, are given)."""
+    scores: dict[Setting, dict[float | str, list[dict[str, float]]]] = {}
     for fold in held_out_folds(clips, folds, repeats, seed, progress):
-        tests: dict[float, list[Instance]] = {
+        tests: dict[float | str, list[Instance]] = {
             j: make_instances(
                 clips, test_dialogues, fold.draw_seed, benchmark_like=True, jitter_levels=(j,), targets=fold.held_out
             )
             for j in test_jitters
         }
+        if short_clips is not None:
+            corpora = {"short": list(short_clips), "mixed": mix_lengths(clips, short_clips, fold.draw_seed)}
+            for condition in TURN_LENGTH_CONDITIONS:
+                tests[condition] = make_instances(
+                    corpora[condition], test_dialogues, fold.draw_seed, benchmark_like=True, targets=fold.held_out
+                )
         for jitter_levels in jitter_sets:
             train = make_instances(fold.train_clips, train_dialogues, fold.draw_seed, jitter_levels=jitter_levels)
             for l2 in l2_values:
@@ -124,7 +144,21 @@ def cross_validate(
                     probs = [models[i.variant].probability(i.features) for i in test]
                     m = dialogue_scores(test, probs, decision_threshold)
                     scores.setdefault(setting, {}).setdefault(j, []).append(m)
-    return [SettingResult(s, {j: fold_mean(ms) for j, ms in by_j.items()}) for s, by_j in scores.items()]
+    return [
+        SettingResult(
+            s,
+            {j: fold_mean(ms) for j, ms in by_test.items() if isinstance(j, float)},
+            {c: fold_mean(ms) for c, ms in by_test.items() if isinstance(c, str)},
+        )
+        for s, by_test in scores.items()
+    ]
+
+
+def mix_lengths(clips: Sequence[Clip], short_clips: Sequence[Clip], seed: int) -> list[Clip]:
+    """Each clip, or its short crop (same ``source``) with probability MIXED_SHORT_SHARE."""
+    crops = {c.source: c for c in short_clips}
+    rng = random.Random(seed)
+    return [crops.get(c.source, c) if rng.random() < MIXED_SHORT_SHARE else c for c in clips]
 
 
 def select(results: Sequence[SettingResult], min_s1: float) -> SettingResult | None:
@@ -134,14 +168,19 @@ def select(results: Sequence[SettingResult], min_s1: float) -> SettingResult | N
 
 
 def table(results: Sequence[SettingResult], chosen: SettingResult | None, min_s1: float) -> str:
-    jitters = sorted(next(iter(results)).by_test_jitter) if results else []
-    head = ["setting", *(f"S1 / S3 / Bal @ test jitter {j:g}" for j in jitters), "min S1", "mean Bal", ""]
+    jitters = list(next(iter(results)).by_test_jitter) if results else []
+    lengths = list(next(iter(results)).by_turn_length) if results else []
+    head = [
+        "setting",
+        *(f"S1 / S3 / Bal @ test jitter {j:g}" for j in jitters),
+        *(f"S1 / S3 / Bal @ {c} turns" for c in lengths),
+        "min S1",
+        "mean Bal",
+        "",
+    ]
     lines = ["| " + " | ".join(head) + " |", "| :--- " + "| ---: " * (len(head) - 2) + "| :--- |"]
     for r in results:
-        cells = [
-            f"{r.by_test_jitter[j]['S1']:.1f} / {r.by_test_jitter[j]['S3']:.1f} / {r.by_test_jitter[j]['bal']:.2f}"
-            for j in jitters
-        ]
+        cells = [f"{m['S1']:.1f} / {m['S3']:.1f} / {m['bal']:.2f}" for m in r.conditions()]
         mark = "chosen" if r is chosen else ("" if r.min_s1 >= min_s1 else f"S1 < {min_s1:g}")
         lines.append(
             f"| {r.setting.label()} | " + " | ".join(cells) + f" | {r.min_s1:.1f} | {r.mean_bal:.2f} | {mark} |"
@@ -158,6 +197,7 @@ def to_json(results: Sequence[SettingResult], chosen: SettingResult | None, para
                 "jitter_levels": list(r.setting.jitter_levels),
                 "l2": r.setting.l2,
                 "by_test_jitter": {f"{j:g}": m for j, m in r.by_test_jitter.items()},
+                "by_turn_length": r.by_turn_length,
                 "min_s1": r.min_s1,
                 "mean_bal": r.mean_bal,
             }
