@@ -1,5 +1,5 @@
-"""The short-turn stand-in of `calibrate cv --short-turns`: cuts of real synthesized speech, embedded by
-the real engine."""
+"""Short turns (sleuthd.bench.turn_lengths): cuts of real synthesized speech, embedded by the real engine,
+and `sleuthd bench cut`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from sleuthd.bench.calibrate import SHORT_TURN_SECONDS, embed_corpus, short_crop
-from sleuthd.bench.corpus import CorpusClip
+from sleuthd.bench.calibrate import embed_corpus
+from sleuthd.bench.corpus import CorpusClip, read_corpus
+from sleuthd.bench.turn_lengths import SHORT_TURN_SECONDS, cut_corpus, short_crop
 from sleuthd.engine import Engine
 
 from tests.support import VOICE_A, VOICE_B, Speech
@@ -61,3 +62,44 @@ async def test_crops_embed_as_short_turns_of_the_same_voice(engine: Engine, spee
         other = [float(c.embedding @ w.embedding) for w in whole if w.speaker != c.speaker]
         assert np.mean(own) > np.mean(other)
     assert len(cut) >= len(clips) - 2  # a cut may fall below the minimum speech, rarely
+
+
+def write_corpus(path: Path, speech: Speech) -> list[Path]:
+    clips = [p for voice in (VOICE_A, VOICE_B) for p in speech.clips[voice]]
+    lines = ["path,speaker,gender,text"] + [f"{p},{p.parent.name},M,a sentence" for p in clips]
+    path.write_text("\n".join(lines) + "\n")
+    return clips
+
+
+def test_bench_cut_writes_a_corpus_of_mixed_lengths(tmp_path: Path, speech: Speech) -> None:
+    from sleuthd.cli import main
+
+    originals = write_corpus(tmp_path / "corpus.csv", speech)
+    out = tmp_path / "mixed"
+    assert main(["bench", "cut", str(tmp_path / "corpus.csv"), "--out", str(out), "--seed", "2"]) == 0
+    rows = read_corpus(out / "corpus.csv")
+    assert [r.speaker for r in rows] == [p.parent.name for p in originals]
+    cut = [r for r, p in zip(rows, originals, strict=True) if r.path != p.resolve()]
+    assert 0 < len(cut) < len(rows)
+    for r, p in zip(rows, originals, strict=True):
+        if r in cut:  # a new file under OUT/<speaker>/, shorter than its clip, without the clip's text
+            assert r.path.parent == (out / r.speaker).resolve() and r.text == ""
+            assert sf.info(r.path).duration <= min(SHORT_TURN_SECONDS[1], sf.info(p).duration) + 1e-3
+        else:
+            assert r.text == "a sentence"
+    # The same seed makes the same corpus; every clip or none with share 1 or 0.
+    again = tmp_path / "again"
+    assert main(["bench", "cut", str(tmp_path / "corpus.csv"), "--out", str(again), "--seed", "2"]) == 0
+    assert [r.path.name for r in read_corpus(again / "corpus.csv")] == [r.path.name for r in rows]
+    assert cut_corpus(tmp_path / "corpus.csv", tmp_path / "all", 1.0, 0).cut == len(rows)
+    assert cut_corpus(tmp_path / "corpus.csv", tmp_path / "none", 0.0, 0).cut == 0
+
+
+def test_bench_cut_refuses_a_bad_share_or_corpus(tmp_path: Path, speech: Speech, capsys) -> None:
+    from sleuthd.cli import main
+
+    write_corpus(tmp_path / "corpus.csv", speech)
+    assert main(["bench", "cut", str(tmp_path / "corpus.csv"), "--out", str(tmp_path / "o"), "--share", "1.5"]) == 2
+    assert "--share must be between 0 and 1" in capsys.readouterr().err
+    assert main(["bench", "cut", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o")]) == 2
+    assert "cannot read corpus" in capsys.readouterr().err

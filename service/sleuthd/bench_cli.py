@@ -41,6 +41,18 @@ def _load_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------------------------------------- make
 
 
+def cmd_bench_cut(args: argparse.Namespace) -> int:
+    from sleuthd.bench.corpus import CorpusError
+    from sleuthd.bench.turn_lengths import cut_corpus
+
+    try:
+        result = cut_corpus(args.corpus, args.out, args.share, args.seed)
+    except (CorpusError, ValueError, OSError) as exc:
+        return _error(str(exc))
+    print(f"wrote {result.csv_path}: {result.cut} of {result.clips} clips cut to 1.2-3 s, the others whole")
+    return 0
+
+
 def cmd_bench_make(args: argparse.Namespace) -> int:
     from sleuthd.audio import AudioError
     from sleuthd.bench.corpus import CorpusError
@@ -348,16 +360,18 @@ def cmd_calibrate_cohort_cv(args: argparse.Namespace) -> int:
 
 def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
     from sleuthd.bench import calibrate, cohort_eval
+    from sleuthd.bench.calibrate_cv import mix_lengths
     from sleuthd.calibration import Calibration, CalibrationError
 
-    loaded = _embed_calibration_corpus(args)
+    loaded = _embed_calibration_corpus(args, short_crop_seed=None if args.turn_lengths == "whole" else args.seed)
     if isinstance(loaded, int):
         return loaded
-    manifest_raw, embedded, _ = loaded
+    manifest_raw, embedded, short = loaded
+    drawn_from = {"whole": embedded, "short": short, "mixed": mix_lengths(embedded, short, args.seed)}
     try:
         calibration = Calibration.from_manifest(manifest_raw, args.encoder)
         instances = calibrate.make_instances(
-            embedded,
+            drawn_from[args.turn_lengths],
             args.dialogues,
             args.seed,
             benchmark_like=True,
@@ -368,9 +382,9 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
     except (CalibrationError, ValueError) as exc:
         return _error(str(exc))
     cohort_kind = "with a look-alike" if args.look_alike else "strangers"
-    rows = {
-        f"{args.corpus} ({args.dialogues}, cohort: {cohort_kind})": cohort_eval.compare(calibration.models, instances)
-    }
+    lengths = "" if args.turn_lengths == "whole" else f", {args.turn_lengths} turns"
+    label = f"{args.corpus} ({args.dialogues}, cohort: {cohort_kind}{lengths})"
+    rows = {label: cohort_eval.compare(calibration.models, instances)}
     print(cohort_eval.table(rows))
     _write_json(args.json, cohort_eval.to_json(rows, _params(args)))
     return 0
@@ -412,6 +426,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     m.add_argument("--source", help="the manifest's source field (default: the CSV's folder name)")
     engine_args(m)
     m.set_defaults(func=cmd_bench_make)
+
+    cut = bsub.add_parser(
+        "cut",
+        help="a corpus whose clips differ in length: a share of them cut to 1.2-3 s (about 2 s of speech)",
+        description="Writes OUT/corpus.csv with every clip of CORPUS; each clip, by a coin flip with probability "
+        "--share, is replaced by a random 1.2-3 s stretch of its audible part, written under OUT/<speaker>/. "
+        "Build a manifest from it with `bench make` to measure dialogues of mixed turn lengths.",
+    )
+    cut.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text]")
+    cut.add_argument("--out", type=Path, required=True, help="folder for the cut clips and corpus.csv")
+    cut.add_argument("--share", type=float, default=0.5, help="share of clips to cut, 0-1 (default: 0.5)")
+    cut.add_argument("--seed", type=int, default=0, help="seed of the coin flips and the cuts (default: 0)")
+    cut.set_defaults(func=cmd_bench_cut)
 
     s = bsub.add_parser(
         "synth",
@@ -554,6 +581,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ce.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text]")
     ce.add_argument("--dialogues", type=int, default=1500, help="dialogues to draw (default: 1500)")
     ce.add_argument("--look-alike", action="store_true", help=LOOK_ALIKE_HELP)
+    ce.add_argument(
+        "--turn-lengths",
+        choices=["whole", "short", "mixed"],
+        default="whole",
+        help="draw the turns from whole clips (default), from cuts of 1.2-3 s of them (about 2 s of speech), "
+        "or from both, each clip whole or cut by a coin flip",
+    )
     ce.add_argument("--json", type=Path, help="write the results as JSON")
     engine_args(ce)
     ce.set_defaults(func=cmd_calibrate_cohort_eval)

@@ -12,7 +12,6 @@ corpus would pick is recorded beside it. Nothing here looks at the evaluation sp
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import random
@@ -23,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import soundfile
 
 from sleuthd.bench.corpus import CorpusClip
 from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics
 from sleuthd.bench.reliability import expected_calibration_error
+from sleuthd.bench.turn_lengths import short_crop
 from sleuthd.calibration import FEATURES, VARIANTS, LogisticModel, turn_features
 from sleuthd.domain import AudioInput
 from sleuthd.engine import Engine
@@ -54,29 +53,6 @@ class Clip:
     embedding: np.ndarray
     speech_seconds: float
     source: str = ""  # the corpus file (a short crop keeps the path of the clip it was cut from)
-
-
-# The short-turn stand-in (`calibrate cv --short-turns`): each clip cut to a random stretch of 1.2-3 s
-# of its audible part, about 2 s of speech after the VAD. Short turns give noisier embeddings: on the
-# fit voices the same-voice cosines (10/50/90 %) fall from 0.91/0.94/0.96 (whole clips, 4.5 s of
-# speech) to 0.79/0.86/0.91, about where real speech of 2-3 s sits (FSDD: 0.81/0.88/0.93), which the
-# embedding jitter does not imitate: it lowers every cosine alike, whatever the turn's length.
-SHORT_TURN_SECONDS = (1.2, 3.0)
-# A clip counts as audible from the first to the last sample above this share of its peak.
-AUDIBLE_SHARE = 0.01
-
-
-def short_crop(path: Path, rng: random.Random) -> bytes:
-    """WAV bytes of a random 1.2-3 s stretch of the clip's audible part (all of it when shorter)."""
-    samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
-    mono = samples.mean(axis=1)
-    loud = np.flatnonzero(np.abs(mono) > AUDIBLE_SHARE * max(float(np.abs(mono).max()), 1e-9))
-    first, last = (int(loud[0]), int(loud[-1]) + 1) if len(loud) else (0, len(mono))
-    length = int(rng.uniform(*SHORT_TURN_SECONDS) * rate)
-    start = first if last - first <= length else rng.randrange(first, last - length)
-    out = io.BytesIO()
-    soundfile.write(out, mono[start : start + length], rate, format="WAV", subtype="PCM_16")
-    return out.getvalue()
 
 
 @dataclass(frozen=True)
