@@ -17,7 +17,7 @@ S1 / S3 / Bal (%) at decision threshold 0.5 per test jitter, then, at jitter 0, 
 reaches at the threshold where its S1 first reaches that of the shipped model (matched false alarms).
 
 Needs scikit-learn (installed with the ``export`` extra, through resemblyzer -> librosa); it is a
-research script, not part of the service. About 20 minutes on 2 cores:
+research script, not part of the service. About 30 minutes on 2 cores:
 
     .venv/bin/python scripts/capacity_screen.py data/dev/large/corpus/synth/fit.csv
 """
