@@ -43,13 +43,15 @@ def _load_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def cmd_bench_cut(args: argparse.Namespace) -> int:
     from sleuthd.bench.corpus import CorpusError
-    from sleuthd.bench.turn_lengths import cut_corpus
+    from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE, SHORT_TURN_SECONDS, cut_corpus
 
+    share = MIXED_SHORT_SHARE if args.share is None else args.share
     try:
-        result = cut_corpus(args.corpus, args.out, args.share, args.seed)
+        result = cut_corpus(args.corpus, args.out, share, args.seed)
     except (CorpusError, ValueError, OSError) as exc:
         return _error(str(exc))
-    print(f"wrote {result.csv_path}: {result.cut} of {result.clips} clips cut to 1.2-3 s, the others whole")
+    low, high = SHORT_TURN_SECONDS
+    print(f"wrote {result.csv_path}: {result.cut} of {result.clips} clips cut to {low:g}-{high:g} s, the others whole")
     return 0
 
 
@@ -367,11 +369,14 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     manifest_raw, embedded, short = loaded
-    drawn_from = {"whole": embedded, "short": short, "mixed": mix_lengths(embedded, short, args.seed)}
+    if args.turn_lengths == "mixed":
+        embedded = mix_lengths(embedded, short, args.seed)
+    elif args.turn_lengths == "short":
+        embedded = short
     try:
         calibration = Calibration.from_manifest(manifest_raw, args.encoder)
         instances = calibrate.make_instances(
-            drawn_from[args.turn_lengths],
+            embedded,
             args.dialogues,
             args.seed,
             benchmark_like=True,
@@ -436,7 +441,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     cut.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text]")
     cut.add_argument("--out", type=Path, required=True, help="folder for the cut clips and corpus.csv")
-    cut.add_argument("--share", type=float, default=0.5, help="share of clips to cut, 0-1 (default: 0.5)")
+    cut.add_argument(
+        "--share",
+        type=float,
+        help="share of clips to cut, 0-1 (default: 0.5, the share of the mixed condition of `calibrate cv`)",
+    )
     cut.add_argument("--seed", type=int, default=0, help="seed of the coin flips and the cuts (default: 0)")
     cut.set_defaults(func=cmd_bench_cut)
 

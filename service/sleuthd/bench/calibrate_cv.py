@@ -8,7 +8,7 @@ on benchmark-style dialogues (5 turns + reference, S3 = most similar same-gender
 embedding jittered (0.01-0.03 per dimension) as a stand-in for voices less self-consistent than the
 corpus's own: a setting that only works on this corpus's tight spreads is found out there.
 With ``short_clips`` (`--short-turns`), two more test conditions: every turn a short crop of its clip
-(about 2 s of speech; calibrate.short_crop), and "mixed", each clip whole or cropped by a coin flip, so
+(about 2 s of speech; turn_lengths.short_crop), and "mixed", each clip whole or cropped by a coin flip, so
 a speaker's turns differ in length as a real dialogue's do.
 
 Selection rule (stated before the comparison): among the settings whose consistent speakers (S1) stay
@@ -35,12 +35,12 @@ from sleuthd.bench.calibrate import (
     fit_models,
     make_instances,
 )
+from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE
 from sleuthd.calibration import BASE_VARIANTS
 
 TEST_JITTERS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03)
-# The turn-length test conditions (at jitter 0) and, for "mixed", the share of clips that are cropped.
+# The turn-length test conditions (at jitter 0); "mixed" cuts a share MIXED_SHORT_SHARE of the clips.
 TURN_LENGTH_CONDITIONS = ("short", "mixed")
-MIXED_SHORT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,8 @@ def cross_validate(
     return [
         SettingResult(
             s,
-            {j: fold_mean(ms) for j, ms in by_test.items() if isinstance(j, float)},
+            # Turn-length conditions are named; every other key is a test jitter (whatever its number type).
+            {j: fold_mean(ms) for j, ms in by_test.items() if not isinstance(j, str)},
             {c: fold_mean(ms) for c, ms in by_test.items() if isinstance(c, str)},
         )
         for s, by_test in scores.items()
