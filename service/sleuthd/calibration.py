@@ -126,6 +126,35 @@ class Calibration:
 
 # ------------------------------------------------------------------------------------------ features
 
+# Keeps the attenuation finite for degenerate coherence estimates (one cosine can be anything).
+COHERENCE_RANGE = (0.05, 0.99)
+
+
+def turn_attenuation(window_coherence: np.ndarray, independent_windows: np.ndarray) -> np.ndarray:
+    """How much more each turn's pooled embedding understates its similarity to the speaker than the
+    speaker's typical turn does, (n,): below 1 for turns shorter than the median, about 1 otherwise.
+
+    A turn's embedding is the normalised mean of its window embeddings. If a share ``rho2`` of each
+    window embedding is what the whole turn has in common (the mean cosine between windows that
+    share no audio) and the rest varies with what is said, averaging k independent windows leaves
+    (1 - rho2) / k of noise, and the cosine of the pooled embedding with any fixed direction is
+    shrunk by a = 1 / sqrt(1 + (1 / rho2 - 1) / k) (Spearman's correction for attenuation). With
+    espeak-ng voices (rho2 about 0.82) a 1.2 s turn is shrunk by about 0.88 and a 4.5 s one by about
+    0.96: that difference, not a different voice, is why short turns sit below the speaker's long ones.
+    Returned is a divided by its median over the turns, so corrected cosines stay on the scale of the
+    speaker's typical turn (the features' "room below 1" keeps its meaning).
+
+    ``rho2`` is the median over the turns long enough to measure it (one replaced turn cannot move it
+    much); when none is, every turn counts as typical (1).
+    """
+    known = window_coherence[np.isfinite(window_coherence)]
+    if not len(known):
+        return np.ones(len(independent_windows))
+    rho2 = float(np.clip(np.median(known), *COHERENCE_RANGE))
+    k = np.maximum(np.asarray(independent_windows, dtype=np.float64), 0.1)
+    a = 1.0 / np.sqrt(1.0 + (1.0 / rho2 - 1.0) / k)
+    return np.asarray(a / np.median(a))
+
 
 def _pair_values(sims: np.ndarray, members: np.ndarray) -> np.ndarray:
     """Cosines between distinct members (indices) of a speaker's turns."""
@@ -134,12 +163,20 @@ def _pair_values(sims: np.ndarray, members: np.ndarray) -> np.ndarray:
 
 
 def turn_features(
-    emb: np.ndarray, reference: np.ndarray | None, speech_seconds: np.ndarray, cohort: np.ndarray | None = None
+    emb: np.ndarray,
+    reference: np.ndarray | None,
+    speech_seconds: np.ndarray,
+    cohort: np.ndarray | None = None,
+    attenuation: np.ndarray | None = None,
 ) -> tuple[str, np.ndarray]:
     """Features of every turn of one speaker, and the variant (model) they belong to.
 
     emb: (n, D) unit embeddings of the speaker's usable turns; reference: (D,) or None;
-    speech_seconds: (n,); cohort: (c, D) unit centroids of the dialogue's other speakers, or None.
+    speech_seconds: (n,); cohort: (c, D) unit centroids of the dialogue's other speakers, or None;
+    attenuation: (n,) from turn_attenuation, or None (no correction). Every cosine of a turn is
+    divided by its attenuation, so a short genuine turn is measured on the same footing as the
+    speaker's typical turn (the reference counts as typical: its length is common to every turn's
+    comparison with it).
     Returns (variant, (n, k) features in that variant's order).
 
     The yardstick for turn i is the speaker's other evidence (the other turns, and the reference when
@@ -148,13 +185,18 @@ def turn_features(
     """
     n = len(emb)
     pool = np.vstack([emb, reference[None, :]]) if reference is not None else emb  # evidence: turns (+ reference)
-    sims = pool @ pool.T
     m = len(pool)
+    scale = np.ones(m)
+    if attenuation is not None:
+        scale[:n] = attenuation
+    sims = (pool @ pool.T) / np.outer(scale, scale)
     log_dur = np.log(np.maximum(speech_seconds, 0.1))
     rows: list[dict[str, float]] = [{"log_speech_seconds": float(log_dur[i])} for i in range(n)]
     # Cohort normalisation (two or more own turns): each piece of evidence's cosine to the closest
     # other voice of the dialogue is the yardstick of "a different person, in this recording".
-    nearest_other = (pool @ cohort.T).max(axis=1) if cohort is not None and len(cohort) and n >= 2 else None
+    nearest_other = (
+        (pool @ cohort.T).max(axis=1) / scale if cohort is not None and len(cohort) and n >= 2 else None
+    )
     for i in range(n):
         row = rows[i]
         turn_others = np.array([j for j in range(n) if j != i], dtype=int)
@@ -193,8 +235,10 @@ def turn_features(
             row["farthest_gap"] = (level - float(sims[i, others].min())) / room
             # Leave-one-out: the turn against the centroid of the rest, versus each of the rest against
             # the centroid of the others without it.
-            loo_i = float(pool[i] @ unit(pool[others].mean(axis=0)))
-            loo_rest = np.array([float(pool[j] @ unit(pool[others[others != j]].mean(axis=0))) for j in others])
+            loo_i = float(pool[i] @ unit(pool[others].mean(axis=0))) / scale[i]
+            loo_rest = np.array(
+                [float(pool[j] @ unit(pool[others[others != j]].mean(axis=0))) / scale[j] for j in others]
+            )
             loo_level = float(np.median(loo_rest))
             row["loo_gap"] = (loo_level - loo_i) / max(1.0 - loo_level, MIN_DISTANCE)
             row["loo_z"] = (loo_level - loo_i) / max(float(loo_rest.std()), MIN_SPREAD)
@@ -256,10 +300,12 @@ def inconsistency_probability(
     reference: np.ndarray | None,
     speech_seconds: np.ndarray,
     cohort: np.ndarray | None = None,
+    attenuation: np.ndarray | None = None,
 ) -> tuple[str, np.ndarray]:
     """(variant, (n,) P(inconsistent)) for one speaker's usable turns; ``cohort``: (c, D) unit
-    centroids of the dialogue's other speakers (None or empty: no cohort)."""
-    variant, x = turn_features(emb, reference, speech_seconds, cohort)
+    centroids of the dialogue's other speakers (None or empty: no cohort); ``attenuation``: (n,) from
+    turn_attenuation."""
+    variant, x = turn_features(emb, reference, speech_seconds, cohort, attenuation)
     return variant, calibration.models[variant].probability(x)
 
 
@@ -270,13 +316,22 @@ def candidate_fit(
     context: np.ndarray,
     context_seconds: np.ndarray,
     reference: np.ndarray | None,
+    coherence: np.ndarray | None = None,
+    independent_windows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """For each candidate as one more turn next to the context turns (and reference): P(it belongs to
     the speaker), and the log-odds of belonging. Rank by the log-odds: two clearly foreign candidates
-    both have P close to 0, but their log-odds still say which is the less foreign. ((m,), (m,))"""
+    both have P close to 0, but their log-odds still say which is the less foreign. ((m,), (m,))
+    ``coherence`` and ``independent_windows``: (n_context + m,) for the context clips, then the
+    candidates (see turn_attenuation); None: no correction."""
+    n_ctx = len(context)
     logits = np.empty(len(candidates))
     for j, (cand, secs) in enumerate(zip(candidates, candidate_seconds, strict=True)):
         emb = np.vstack([context, cand[None, :]])
-        variant, x = turn_features(emb, reference, np.append(context_seconds, secs))
+        attenuation = None
+        if coherence is not None and independent_windows is not None:
+            rows = [*range(n_ctx), n_ctx + j]
+            attenuation = turn_attenuation(coherence[rows], independent_windows[rows])
+        variant, x = turn_features(emb, reference, np.append(context_seconds, secs), None, attenuation)
         logits[j] = -calibration.models[variant].logit(x[-1:])[0]
     return 1.0 / (1.0 + np.exp(-np.clip(logits, -40, 40))), logits

@@ -14,7 +14,7 @@ import numpy as np
 
 from sleuthd.audio import Waveform, decode_encoded, decode_pcm, normalize_loudness, to_model_rate
 from sleuthd.domain import AudioInput
-from sleuthd.features import WindowSpec, make_windows
+from sleuthd.features import WindowSpec, independent_windows, make_windows, window_coherence
 from sleuthd.manifest import EncoderManifest
 from sleuthd.vad import Vad
 
@@ -28,6 +28,7 @@ class PreparedClip:
     windows: np.ndarray | None  # (n_windows, window_samples) float32; None when not usable
     window_times: np.ndarray | None  # (n_windows, 2) start/end seconds in the ORIGINAL clip's time
     detail: str = ""  # why the clip is not usable
+    spec: WindowSpec | None = None  # the window placement the windows were cut with
 
     @property
     def usable(self) -> bool:
@@ -101,7 +102,11 @@ def prepare_waveform_placements(
         times = np.stack([kept_index[first], kept_index[np.maximum(last, first)] + 1], axis=1) / 16_000
         out.append(
             PreparedClip(
-                audio_seconds=audio_seconds, speech_seconds=mask.speech_seconds, windows=cut, window_times=times
+                audio_seconds=audio_seconds,
+                speech_seconds=mask.speech_seconds,
+                windows=cut,
+                window_times=times,
+                spec=spec,
             )
         )
     return out
@@ -117,10 +122,28 @@ class ClipEmbedding:
     window_embeddings: np.ndarray | None  # (n_windows, D)
     window_times: np.ndarray | None  # (n_windows, 2) seconds in the original clip
     detail: str = ""
+    # How reliable the pooled embedding is (see calibration.turn_attenuation): the mean cosine between
+    # windows that share no audio (NaN: too short to tell), and the speech in units of one window.
+    window_coherence: float = float("nan")
+    independent_windows: float = 0.0
 
     @property
     def usable(self) -> bool:
         return self.embedding is not None
+
+
+def embedded_clip(clip: PreparedClip, window_embeddings: np.ndarray) -> ClipEmbedding:
+    """A usable clip's embedding from its windows' embeddings (unit rows), with their reliability."""
+    assert clip.spec is not None, "a usable PreparedClip records its window placement"
+    return ClipEmbedding(
+        clip.audio_seconds,
+        clip.speech_seconds,
+        pool(window_embeddings),
+        window_embeddings,
+        clip.window_times,
+        window_coherence=window_coherence(window_embeddings, clip.spec),
+        independent_windows=independent_windows(clip.speech_seconds, clip.spec),
+    )
 
 
 def pool(window_embeddings: np.ndarray) -> np.ndarray:

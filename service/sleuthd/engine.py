@@ -22,7 +22,7 @@ from sleuthd import scoring
 from sleuthd.audio import AudioError
 from sleuthd.batcher import BatcherConfig, BatchObserver, MicroBatcher, NullObserver
 from sleuthd.calibration import Calibration, CalibrationError, candidate_fit
-from sleuthd.clips import ClipEmbedding, PreparedClip, pool, prepare_placements
+from sleuthd.clips import ClipEmbedding, PreparedClip, embedded_clip, prepare_placements
 from sleuthd.domain import (
     AudioInput,
     CheckOptions,
@@ -296,7 +296,7 @@ class Engine:
         if clip.windows is None:
             return ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail)
         window_emb = await encoder.encode(clip.windows, deadline=deadline)
-        return ClipEmbedding(clip.audio_seconds, clip.speech_seconds, pool(window_emb), window_emb, clip.window_times)
+        return embedded_clip(clip, window_emb)
 
     async def embed_audio(
         self,
@@ -493,6 +493,8 @@ class Engine:
                 context_emb,
                 np.array([c.speech_seconds for c in context]),
                 reference,
+                np.array([c.window_coherence for c in (*context, *clips[:n_cand])]),
+                np.array([c.independent_windows for c in (*context, *clips[:n_cand])]),
             )
         info = METHODS[opts.method]
         order = scoring.rank_order(scores, info.higher_is_better)

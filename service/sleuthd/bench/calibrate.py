@@ -27,7 +27,7 @@ from sleuthd.bench.corpus import CorpusClip
 from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics
 from sleuthd.bench.reliability import expected_calibration_error
 from sleuthd.bench.turn_lengths import short_crop
-from sleuthd.calibration import FEATURES, VARIANTS, LogisticModel, turn_features
+from sleuthd.calibration import FEATURES, VARIANTS, LogisticModel, turn_attenuation, turn_features
 from sleuthd.domain import AudioInput
 from sleuthd.engine import Engine
 
@@ -53,6 +53,8 @@ class Clip:
     embedding: np.ndarray
     speech_seconds: float
     source: str = ""  # the corpus file (a short crop keeps the path of the clip it was cut from)
+    window_coherence: float = float("nan")  # see ClipEmbedding
+    independent_windows: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,17 @@ async def embed_corpus(
         )
         for c, r in zip(part, results, strict=True):
             if r.embedding is not None:
-                out.append(Clip(c.speaker, c.gender, r.embedding, r.speech_seconds, str(c.path)))
+                out.append(
+                    Clip(
+                        c.speaker,
+                        c.gender,
+                        r.embedding,
+                        r.speech_seconds,
+                        str(c.path),
+                        r.window_coherence,
+                        r.independent_windows,
+                    )
+                )
         progress(min(start + chunk, len(clips)), len(clips))
     return out
 
@@ -210,12 +222,15 @@ def make_instances(
             ref = None if ref is None else _jitter(ref[None, :], jitter, noise)[0]
             cohort_emb = [_jitter(g, jitter, noise) for g in cohort_emb]
         seconds = np.array([t.speech_seconds for t in turns])
-        variant, x = turn_features(emb, ref, seconds)
+        attenuation = turn_attenuation(
+            np.array([t.window_coherence for t in turns]), np.array([t.independent_windows for t in turns])
+        )
+        variant, x = turn_features(emb, ref, seconds, None, attenuation)
         if not cohort:
             out.append(Instance(variant, x, labels, n, scenario))
             continue
         centroids_of_others = np.stack([g.mean(axis=0) / np.linalg.norm(g.mean(axis=0)) for g in cohort_emb])
-        cohort_variant, cx = turn_features(emb, ref, seconds, centroids_of_others)
+        cohort_variant, cx = turn_features(emb, ref, seconds, centroids_of_others, attenuation)
         out.append(Instance(cohort_variant, cx, labels, n, scenario, plain_variant=variant, plain_features=x))
     return out
 
