@@ -29,6 +29,10 @@ import numpy as np
 
 from sleuthd.scoring import unit
 
+# Names the correction turn_attenuation applies to every cosine; a calibration records the one its
+# models were fitted with, and the server refuses a calibration fitted with another (or none).
+LENGTH_CORRECTION = "attenuation-v1"
+
 # Floors keep ratios finite for speakers whose turns are nearly identical.
 MIN_SPREAD = 0.02  # cosine
 MIN_DISTANCE = 0.02  # 1 - cosine
@@ -112,6 +116,13 @@ class Calibration:
             threshold = float(block["decision_threshold"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"calibration of encoder {encoder_name!r} is malformed: {exc}") from exc
+        if block.get("length_correction") != LENGTH_CORRECTION:
+            # Same feature names, different meaning: models fitted on uncorrected cosines would be
+            # fed corrected ones. Refuse instead of judging with a mismatched model.
+            raise CalibrationError(
+                f"the calibration of encoder {encoder_name!r} was fitted without the turn-length correction "
+                f"this server applies ({LENGTH_CORRECTION!r}): refit it with `sleuthd calibrate fit`"
+            )
         missing = [v for v in VARIANTS if v not in models]
         if missing:
             raise CalibrationError(f"calibration of encoder {encoder_name!r} lacks models for: {', '.join(missing)}")

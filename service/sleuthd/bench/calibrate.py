@@ -27,13 +27,20 @@ from sleuthd.bench.corpus import CorpusClip
 from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics
 from sleuthd.bench.reliability import expected_calibration_error
 from sleuthd.bench.turn_lengths import short_crop
-from sleuthd.calibration import FEATURES, VARIANTS, LogisticModel, turn_attenuation, turn_features
+from sleuthd.calibration import (
+    FEATURES,
+    LENGTH_CORRECTION,
+    VARIANTS,
+    LogisticModel,
+    turn_attenuation,
+    turn_features,
+)
 from sleuthd.domain import AudioInput
 from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 3  # 2: cohort variants; 3: reference_z, context_robust_z, farthest_gap
+CALIBRATION_VERSION = 4  # 2: cohort variants; 3: reference_z, context_robust_z, farthest_gap; 4: length correction
 # Flag a turn when it is more likely foreign than not: the Bayes decision for a calibrated probability.
 # Not tuned (fit_stats.decision_threshold_search records what tuning on the fit corpus would pick).
 DECISION_THRESHOLD = 0.5
@@ -372,6 +379,13 @@ def calibration_block(
             "`sleuthd calibrate cv` on held-out voices of the same corpus. Decision threshold 0.5, the "
             "Bayes decision for a calibrated probability (not tuned; fit_stats.decision_threshold_search shows what "
             "tuning on the fit corpus would have picked). Never fitted on the transfer or real-speech splits."
+        ),
+        "length_correction": LENGTH_CORRECTION,
+        "length_correction_how": (
+            "every cosine of a turn is divided by its attenuation relative to the speaker's median turn, "
+            "1/sqrt(1 + (1/rho2 - 1)/k) with k = speech seconds / window span and rho2 = the median over the "
+            "speaker's turns of the mean cosine between windows that share no audio (sleuthd.calibration."
+            "turn_attenuation); nothing fitted"
         ),
         "decision_threshold": DECISION_THRESHOLD,
         "score_scale": "probability that the turn does not belong to its speaker",
