@@ -11,9 +11,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sleuthd.bench import calibrate
-from sleuthd.bench.calibrate import Clip, Instance, _draw_cohort, dialogue_scores, fit_models, make_instances
-from sleuthd.bench.calibrate_cv import Setting, SettingResult, cross_validate, mix_lengths, select, speaker_folds
+from sleuthd.bench.calibrate import (
+    Clip,
+    Instance,
+    _draw_cohort,
+    dialogue_scores,
+    fit_models,
+    make_instances,
+    mix_lengths,
+)
+from sleuthd.bench.calibrate_cv import Setting, SettingResult, cross_validate, select, speaker_folds
 from sleuthd.bench.cohort_eval import JUDGMENTS, cohort_cross_validate, compare
+from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE
 from sleuthd.calibration import BASE_VARIANTS, COHORT_SUFFIX, FEATURES, VARIANTS
 
 DIM = 32
@@ -154,15 +163,29 @@ def test_turn_length_conditions_count_in_the_selection_rule() -> None:
     assert r.mean_bal == pytest.approx(np.mean([whole["bal"], cut["bal"], r.by_turn_length["mixed"]["bal"]]))
 
 
+def test_a_training_share_of_short_crops_is_a_setting_of_its_own() -> None:
+    clips, short = corpus(), corpus(spread=0.3)
+    kwargs = dict(folds=3, train_dialogues=450, test_dialogues=90, test_jitters=(0.0,), short_clips=short)
+    results = cross_validate(clips, [(0.0,)], [1e-2], train_short_shares=(0.0, 0.5), **kwargs)  # type: ignore[arg-type]
+    assert [r.setting.train_short_share for r in results] == [0.0, 0.5]
+    assert "50% of training clips cut" in results[1].setting.label() and "cut" not in results[0].setting.label()
+    # The share-0 setting is exactly the run without the option; training on noisier turns changes the models.
+    (alone,) = cross_validate(clips, [(0.0,)], [1e-2], **kwargs)  # type: ignore[arg-type]
+    assert alone.by_turn_length == results[0].by_turn_length and alone.by_test_jitter == results[0].by_test_jitter
+    assert results[1].by_turn_length != results[0].by_turn_length
+    with pytest.raises(ValueError, match="needs the short crops"):
+        cross_validate(clips, [(0.0,)], [1e-2], folds=3, train_short_shares=(0.5,))
+
+
 def test_mixed_lengths_swap_about_half_the_clips_for_their_crops() -> None:
     clips, short = corpus(), corpus(spread=0.3)
-    mixed = mix_lengths(clips, short, seed=4)
+    mixed = mix_lengths(clips, short, seed=4, share=MIXED_SHORT_SHARE)
     assert [c.source for c in mixed] == [c.source for c in clips]
     swapped = sum(m is s for m, s in zip(mixed, short, strict=True))
     assert sum(m is c for m, c in zip(mixed, clips, strict=True)) + swapped == len(clips)
     assert 0.35 * len(clips) < swapped < 0.65 * len(clips)
-    assert [c.source for c in mix_lengths(clips, short, seed=4)] == [c.source for c in mixed]
-    assert [m is s for m, s in zip(mix_lengths(clips, short, seed=4), short, strict=True)] == [
+    assert [c.source for c in mix_lengths(clips, short, seed=4, share=MIXED_SHORT_SHARE)] == [c.source for c in mixed]
+    assert [m is s for m, s in zip(mix_lengths(clips, short, seed=4, share=MIXED_SHORT_SHARE), short, strict=True)] == [
         m is s for m, s in zip(mixed, short, strict=True)
     ]
 

@@ -284,11 +284,13 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_calibrate_fit(args: argparse.Namespace) -> int:
     from sleuthd.bench import calibrate
 
-    loaded = _embed_calibration_corpus(args)
+    if not 0.0 <= args.short_share <= 1.0:
+        return _error(f"--short-share must be between 0 and 1, not {args.short_share:g}")
+    loaded = _embed_calibration_corpus(args, short_crop_seed=args.seed if args.short_share > 0 else None)
     if isinstance(loaded, int):
         return loaded
-    manifest_raw, embedded, _ = loaded
-    models, stats = calibrate.fit(embedded, args.dialogues, args.seed)
+    manifest_raw, embedded, short = loaded
+    models, stats = calibrate.fit(embedded, args.dialogues, args.seed, short_clips=short, short_share=args.short_share)
     block = calibrate.calibration_block(models, stats, manifest_raw, args.corpus_label or str(args.corpus), args.seed)
     calibrate.write_into_card(args.card, block, make_default=args.make_default)
     print(json.dumps(stats, indent=2))
@@ -302,8 +304,16 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
     try:
         jitter_sets = [tuple(float(v) for v in part.split(",")) for part in args.jitter_sets.split(";") if part.strip()]
         l2_values = [float(v) for v in args.l2.split(",") if v.strip()]
+        shares = [float(v) for v in args.train_short_shares.split(",") if v.strip()]
     except ValueError:
-        return _error("--jitter-sets takes sets like '0;0,0.01,0.02' and --l2 numbers like '1e-3,1e-2'")
+        return _error(
+            "--jitter-sets takes sets like '0;0,0.01,0.02', --l2 numbers like '1e-3,1e-2' and "
+            "--train-short-shares shares like '0,0.25'"
+        )
+    if not shares or any(not 0.0 <= v <= 1.0 for v in shares):
+        return _error("--train-short-shares needs at least one share between 0 and 1")
+    if any(shares) and not args.short_turns:
+        return _error("--train-short-shares above 0 needs --short-turns (the crops it trains on)")
     if not jitter_sets or not l2_values or any(j < 0 for js in jitter_sets for j in js) or min(l2_values) <= 0:
         return _error("--jitter-sets needs at least one set of levels >= 0 and --l2 at least one value > 0")
     loaded = _embed_calibration_corpus(args, short_crop_seed=args.seed if args.short_turns else None)
@@ -321,6 +331,7 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
             train_dialogues=args.dialogues,
             test_dialogues=args.test_dialogues,
             short_clips=short if args.short_turns else None,
+            train_short_shares=shares,
             progress=_progress_printer(args),
         )
     except ValueError as exc:
@@ -362,7 +373,7 @@ def cmd_calibrate_cohort_cv(args: argparse.Namespace) -> int:
 
 def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
     from sleuthd.bench import calibrate, cohort_eval
-    from sleuthd.bench.calibrate_cv import mix_lengths
+    from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE
     from sleuthd.calibration import Calibration, CalibrationError
 
     loaded = _embed_calibration_corpus(args, short_crop_seed=None if args.turn_lengths == "whole" else args.seed)
@@ -370,7 +381,7 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
         return loaded
     manifest_raw, embedded, short = loaded
     if args.turn_lengths == "mixed":
-        embedded = mix_lengths(embedded, short, args.seed)
+        embedded = calibrate.mix_lengths(embedded, short, args.seed, MIXED_SHORT_SHARE)
     elif args.turn_lengths == "short":
         embedded = short
     try:
@@ -405,6 +416,7 @@ LOOK_ALIKE_HELP = (
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``bench`` (with ``make`` and ``synth``) and ``replay`` to the main parser's subcommands."""
+    from sleuthd.bench.turn_lengths import TRAIN_SHORT_SHARE
     from sleuthd.cli import default_models_dir
 
     def engine_args(sp: argparse.ArgumentParser) -> None:
@@ -528,6 +540,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     f.add_argument("--dialogues", type=int, default=8000, help="training dialogues to draw (default: 8000)")
     f.add_argument("--corpus-label", help="how the corpus is described in the card (default: its path)")
     f.add_argument("--make-default", action="store_true", help="also make auto the encoder's default method")
+    f.add_argument(
+        "--short-share",
+        type=float,
+        default=TRAIN_SHORT_SHARE,
+        help="share of training clips replaced by a random 1.2-3 s cut of themselves "
+        "(default: %(default)s, chosen by `calibrate cv --train-short-shares`)",
+    )
     engine_args(f)
     f.set_defaults(func=cmd_calibrate_fit)
     v = csub.add_parser(
@@ -562,6 +581,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="also test on short turns (each clip cut to 1.2-3 s, about 2 s of speech) and on dialogues "
         "mixing whole and cut clips; they count in the selection rule like the test jitters",
+    )
+    v.add_argument(
+        "--train-short-shares",
+        default="0",
+        help="shares of training clips replaced by their short cuts to try, e.g. '0,0.25,0.5' "
+        "(above 0 needs --short-turns; default: %(default)s)",
     )
     v.add_argument("--json", type=Path, help="write every result as JSON")
     engine_args(v)

@@ -205,9 +205,7 @@ def turn_features(
     rows: list[dict[str, float]] = [{"log_speech_seconds": float(log_dur[i])} for i in range(n)]
     # Cohort normalisation (two or more own turns): each piece of evidence's cosine to the closest
     # other voice of the dialogue is the yardstick of "a different person, in this recording".
-    nearest_other = (
-        (pool @ cohort.T).max(axis=1) / scale if cohort is not None and len(cohort) and n >= 2 else None
-    )
+    nearest_other = (pool @ cohort.T).max(axis=1) / scale if cohort is not None and len(cohort) and n >= 2 else None
     for i in range(n):
         row = rows[i]
         turn_others = np.array([j for j in range(n) if j != i], dtype=int)

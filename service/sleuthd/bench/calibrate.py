@@ -26,7 +26,7 @@ import numpy as np
 from sleuthd.bench.corpus import CorpusClip
 from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics
 from sleuthd.bench.reliability import expected_calibration_error
-from sleuthd.bench.turn_lengths import short_crop
+from sleuthd.bench.turn_lengths import TRAIN_SHORT_SHARE, short_crop
 from sleuthd.calibration import (
     FEATURES,
     LENGTH_CORRECTION,
@@ -119,6 +119,13 @@ def _centroids(by_speaker: dict[str, list[Clip]]) -> dict[str, np.ndarray]:
         m = np.mean([c.embedding for c in clips], axis=0)
         out[s] = m / np.linalg.norm(m)
     return out
+
+
+def mix_lengths(clips: Sequence[Clip], short_clips: Sequence[Clip], seed: int, share: float) -> list[Clip]:
+    """Each clip, or its short crop (same ``source``) with probability ``share``."""
+    crops = {c.source: c for c in short_clips}
+    rng = random.Random(seed)
+    return [crops.get(c.source, c) if rng.random() < share else c for c in clips]
 
 
 # Domain randomisation: per-dimension standard deviation of the Gaussian jitter added to every unit
@@ -314,11 +321,22 @@ def fit_models(
 
 
 def fit(
-    clips: Sequence[Clip], n_instances: int, seed: int, n_threshold_instances: int = 1500
+    clips: Sequence[Clip],
+    n_instances: int,
+    seed: int,
+    n_threshold_instances: int = 1500,
+    *,
+    short_clips: Sequence[Clip] = (),
+    short_share: float = TRAIN_SHORT_SHARE,
 ) -> tuple[dict[str, LogisticModel], dict[str, Any]]:
+    """Fit every variant on dialogues drawn from ``clips``, a share ``short_share`` of them replaced by
+    their crops in ``short_clips`` (needed when the share is above 0)."""
+    if short_share > 0 and not short_clips:
+        raise ValueError(f"a training share of short turns ({short_share:g}) needs the corpus's short crops")
+    train = mix_lengths(clips, short_clips, seed + 3, short_share) if short_share > 0 else list(clips)
     # Dialogues without and with other speakers come from separate draws, so the models of requests
     # without a cohort do not depend on whether the cohort models are fitted.
-    instances = make_instances(clips, n_instances, seed) + make_instances(clips, n_instances, seed + 2, cohort=True)
+    instances = make_instances(train, n_instances, seed) + make_instances(train, n_instances, seed + 2, cohort=True)
     models = fit_models(instances)
     stats: dict[str, Any] = {"variants": {}}
     for variant in VARIANTS:
@@ -348,8 +366,19 @@ def fit(
         "at_0.5": {"bal": round(at[0.5][0], 1), "bal_f1": round(at[0.5][1], 1)},
     }
     stats["instances"] = len(instances)
+    stats["short_share"] = short_share
+    stats["short_clips_in_training"] = sum(a is not b for a, b in zip(train, clips, strict=True))
     stats["cohort_instances"] = sum(i.plain_features is not None for i in instances)
     return models, stats
+
+
+def _short_words(stats: dict[str, Any]) -> str:
+    if not stats.get("short_share"):
+        return "every clip whole"
+    return (
+        f"{stats['short_clips_in_training']} of the clips (each with probability {stats['short_share']:g}) replaced by "
+        "a random 1.2-3 s cut of their audible part"
+    )
 
 
 def _jitter_words() -> str:
@@ -370,7 +399,8 @@ def calibration_block(
             f"logistic regression per variant (IRLS, L2 penalty {L2_PENALTY:g} per turn, standardised features) on "
             f"turns of {stats['instances'] - stats['cohort_instances']} benchmark-like dialogues (S1/S2/S3 in equal "
             "shares, 1-10 turns, reference "
-            f"half of the time) drawn with seed {seed} from {corpus}; {_jitter_words()}. The *_cohort variants "
+            f"half of the time) drawn with seed {seed} from {corpus}; {_short_words(stats)}; {_jitter_words()}. "
+            "The *_cohort variants "
             f"are fitted instead on {stats['cohort_instances']} further dialogues (2-10 turns, drawn with seed "
             f"{seed + 2}) that also "
             f"have 1-3 other speakers with 1-5 turns each (the intruder's voice among them in "

@@ -20,6 +20,7 @@ needless regeneration on every release, so robustness of S1 comes first.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from sleuthd.bench.calibrate import (
     dialogue_scores,
     fit_models,
     make_instances,
+    mix_lengths,
 )
 from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE
 from sleuthd.calibration import BASE_VARIANTS
@@ -47,9 +49,11 @@ TURN_LENGTH_CONDITIONS = ("short", "mixed")
 class Setting:
     jitter_levels: tuple[float, ...]
     l2: float
+    train_short_share: float = 0.0  # share of training clips replaced by their short crops
 
     def label(self) -> str:
-        return f"jitter {{{', '.join(f'{j:g}' for j in self.jitter_levels)}}}, L2 {self.l2:g}"
+        cuts = f", {self.train_short_share:.0%} of training clips cut" if self.train_short_share else ""
+        return f"jitter {{{', '.join(f'{j:g}' for j in self.jitter_levels)}}}, L2 {self.l2:g}{cuts}"
 
 
 @dataclass(frozen=True)
@@ -116,11 +120,15 @@ def cross_validate(
     test_jitters: Sequence[float] = TEST_JITTERS,
     decision_threshold: float = DECISION_THRESHOLD,
     short_clips: Sequence[Clip] | None = None,
+    train_short_shares: Sequence[float] = (0.0,),
     progress: Callable[[str], None] = lambda _message: None,
 ) -> list[SettingResult]:
-    """Score every (jitter set, L2) setting on held-out target speakers; means over the folds of
-    ``repeats`` independent fold splits, per test jitter (and per turn-length condition when
-    ``short_clips``, short crops of ``clips`` paired by ``Clip.source``, are given)."""
+    """Score every (jitter set, L2, training share of short crops) setting on held-out target
+    speakers; means over the folds of ``repeats`` independent fold splits, per test jitter (and per
+    turn-length condition when ``short_clips``, short crops of ``clips`` paired by ``Clip.source``,
+    are given; they are also the crops a training share draws from)."""
+    if any(share > 0 for share in train_short_shares) and short_clips is None:
+        raise ValueError("training on short turns needs the short crops (--short-turns)")
     scores: dict[Setting, dict[float | str, list[dict[str, float]]]] = {}
     for fold in held_out_folds(clips, folds, repeats, seed, progress):
         tests: dict[float | str, list[Instance]] = {
@@ -130,16 +138,24 @@ def cross_validate(
             for j in test_jitters
         }
         if short_clips is not None:
-            corpora = {"short": list(short_clips), "mixed": mix_lengths(clips, short_clips, fold.draw_seed)}
+            corpora = {
+                "short": list(short_clips),
+                "mixed": mix_lengths(clips, short_clips, fold.draw_seed, MIXED_SHORT_SHARE),
+            }
             for condition in TURN_LENGTH_CONDITIONS:
                 tests[condition] = make_instances(
                     corpora[condition], test_dialogues, fold.draw_seed, benchmark_like=True, targets=fold.held_out
                 )
-        for jitter_levels in jitter_sets:
-            train = make_instances(fold.train_clips, train_dialogues, fold.draw_seed, jitter_levels=jitter_levels)
+        for jitter_levels, share in itertools.product(jitter_sets, train_short_shares):
+            train_clips = (
+                mix_lengths(fold.train_clips, short_clips or (), fold.draw_seed + 3, share)
+                if share > 0
+                else fold.train_clips
+            )
+            train = make_instances(train_clips, train_dialogues, fold.draw_seed, jitter_levels=jitter_levels)
             for l2 in l2_values:
                 models = fit_models(train, l2=l2, variants=BASE_VARIANTS)
-                setting = Setting(tuple(jitter_levels), l2)
+                setting = Setting(tuple(jitter_levels), l2, share)
                 for j, test in tests.items():
                     probs = [models[i.variant].probability(i.features) for i in test]
                     m = dialogue_scores(test, probs, decision_threshold)
@@ -153,13 +169,6 @@ def cross_validate(
         )
         for s, by_test in scores.items()
     ]
-
-
-def mix_lengths(clips: Sequence[Clip], short_clips: Sequence[Clip], seed: int) -> list[Clip]:
-    """Each clip, or its short crop (same ``source``) with probability MIXED_SHORT_SHARE."""
-    crops = {c.source: c for c in short_clips}
-    rng = random.Random(seed)
-    return [crops.get(c.source, c) if rng.random() < MIXED_SHORT_SHARE else c for c in clips]
 
 
 def select(results: Sequence[SettingResult], min_s1: float) -> SettingResult | None:
@@ -197,6 +206,7 @@ def to_json(results: Sequence[SettingResult], chosen: SettingResult | None, para
             {
                 "jitter_levels": list(r.setting.jitter_levels),
                 "l2": r.setting.l2,
+                "train_short_share": r.setting.train_short_share,
                 "by_test_jitter": {f"{j:g}": m for j, m in r.by_test_jitter.items()},
                 "by_turn_length": r.by_turn_length,
                 "min_s1": r.min_s1,
@@ -206,5 +216,9 @@ def to_json(results: Sequence[SettingResult], chosen: SettingResult | None, para
         ],
         "chosen": None
         if chosen is None
-        else {"jitter_levels": list(chosen.setting.jitter_levels), "l2": chosen.setting.l2},
+        else {
+            "jitter_levels": list(chosen.setting.jitter_levels),
+            "l2": chosen.setting.l2,
+            "train_short_share": chosen.setting.train_short_share,
+        },
     }
