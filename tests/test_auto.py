@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 from sleuthd.calibration import (
     FEATURES,
+    LENGTH_CORRECTION,
     Calibration,
     CalibrationError,
     LogisticModel,
@@ -211,11 +212,17 @@ def test_calibration_round_trips_and_is_versioned_with_the_encoder(models_dir: P
     again["source"]["file_sha256"] = "0" * 64
     with pytest.raises(CalibrationError, match="fitted for weights"):
         Calibration.from_manifest(again, "ge2e")
-    # A calibration fitted on uncorrected cosines (before the turn-length correction) is refused.
-    uncorrected = json.loads(json.dumps(manifest.raw))
-    del uncorrected["calibration"]["length_correction"]
-    with pytest.raises(CalibrationError, match="without the turn-length correction"):
-        Calibration.from_manifest(uncorrected, "ge2e")
+    # The shipped models were fitted on cosines as measured; one fitted with the length correction is
+    # judged with it, and one fitted with a correction this server does not know is refused.
+    assert not cal.corrects_length and cal.attenuation(np.array([0.8, np.nan]), np.array([3.0, 0.8])) is None
+    corrected = json.loads(json.dumps(manifest.raw))
+    corrected["calibration"]["length_correction"] = LENGTH_CORRECTION
+    with_correction = Calibration.from_manifest(corrected, "ge2e")
+    scale = with_correction.attenuation(np.array([0.8, np.nan]), np.array([3.0, 0.8]))
+    assert with_correction.corrects_length and scale is not None and scale[1] < scale[0]
+    corrected["calibration"]["length_correction"] = "attenuation-v9"
+    with pytest.raises(CalibrationError, match="'attenuation-v9', which this server does not know"):
+        Calibration.from_manifest(corrected, "ge2e")
     # A calibration from before the cohort models existed is refused, naming what it lacks.
     older = json.loads(json.dumps(manifest.raw))
     del older["calibration"]["models"]["context_cohort"]

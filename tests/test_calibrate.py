@@ -273,3 +273,32 @@ def test_cohort_cross_validation_compares_both_judgments_on_the_same_dialogues()
     # compare() refuses dialogues that have no cohort rather than judging them twice the same way.
     with pytest.raises(ValueError, match="cohort"):
         compare({}, make_instances(clips, 3, seed=0, benchmark_like=True))
+
+
+def test_a_fit_records_its_length_correction_and_short_share_and_loads_with_them() -> None:
+    from dataclasses import replace
+
+    from sleuthd.calibration import LENGTH_CORRECTION, Calibration
+
+    rng = np.random.default_rng(5)
+    # Whole clips with measured window coherence; their crops are shorter and unmeasurable.
+    clips = [replace(c, window_coherence=float(rng.uniform(0.75, 0.85)), independent_windows=3.0) for c in corpus()]
+    short = [replace(c, speech_seconds=1.5, independent_windows=0.9) for c in corpus(spread=0.3)]
+    manifest = {"source": {"file_sha256": "ab" * 32}, "sha256": "cd" * 32}
+    plain_models, plain_stats = calibrate.fit(clips, 600, seed=3, n_threshold_instances=90)
+    models, stats = calibrate.fit(
+        clips, 600, seed=3, n_threshold_instances=90, short_clips=short, short_share=0.5, length_correction=True
+    )
+    assert plain_stats["length_correction"] is None and plain_stats["short_clips_in_training"] == 0
+    assert stats["length_correction"] == LENGTH_CORRECTION
+    assert 0.3 * len(clips) < stats["short_clips_in_training"] < 0.7 * len(clips)
+    block = calibrate.calibration_block(models, stats, manifest, "a corpus", 3)
+    assert "replaced by a random 1.2-3 s cut" in block["how"] and "attenuation" in block["length_correction_how"]
+    loaded = Calibration.from_manifest({**manifest, "calibration": block}, "enc")
+    assert loaded.corrects_length
+    plain = Calibration.from_manifest(
+        {**manifest, "calibration": calibrate.calibration_block(plain_models, plain_stats, manifest, "c", 3)}, "enc"
+    )
+    assert not plain.corrects_length and "every clip whole" in plain.raw["how"]
+    with pytest.raises(ValueError, match="needs the corpus's short crops"):
+        calibrate.fit(clips, 60, seed=3, short_share=0.5)

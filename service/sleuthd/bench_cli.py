@@ -290,7 +290,14 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     manifest_raw, embedded, short = loaded
-    models, stats = calibrate.fit(embedded, args.dialogues, args.seed, short_clips=short, short_share=args.short_share)
+    models, stats = calibrate.fit(
+        embedded,
+        args.dialogues,
+        args.seed,
+        short_clips=short,
+        short_share=args.short_share,
+        length_correction=args.length_correction,
+    )
     block = calibrate.calibration_block(models, stats, manifest_raw, args.corpus_label or str(args.corpus), args.seed)
     calibrate.write_into_card(args.card, block, make_default=args.make_default)
     print(json.dumps(stats, indent=2))
@@ -332,6 +339,7 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
             test_dialogues=args.test_dialogues,
             short_clips=short if args.short_turns else None,
             train_short_shares=shares,
+            length_correction=args.length_correction,
             progress=_progress_printer(args),
         )
     except ValueError as exc:
@@ -394,6 +402,7 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
             cohort=True,
             intruder_in_cohort=0.0,
             similar_in_cohort=args.look_alike,
+            length_correction=calibration.corrects_length,
         )
     except (CalibrationError, ValueError) as exc:
         return _error(str(exc))
@@ -408,6 +417,10 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- parser
 
+LENGTH_CORRECTION_HELP = (
+    "features from length-corrected cosines (each turn's cosines divided by its attenuation, from the "
+    "coherence of its windows and its length; docs/auto.md): not what the shipped calibration uses"
+)
 LOOK_ALIKE_HELP = (
     "every test cohort includes the target's second most similar same-gender speaker (the most similar is the "
     "S3 intruder): two alike voices in one dialogue"
@@ -547,6 +560,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="share of training clips replaced by a random 1.2-3 s cut of themselves "
         "(default: %(default)s, chosen by `calibrate cv --train-short-shares`)",
     )
+    f.add_argument("--length-correction", action="store_true", help=LENGTH_CORRECTION_HELP)
     engine_args(f)
     f.set_defaults(func=cmd_calibrate_fit)
     v = csub.add_parser(
@@ -588,6 +602,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="shares of training clips replaced by their short cuts to try, e.g. '0,0.25,0.5' "
         "(above 0 needs --short-turns; default: %(default)s)",
     )
+    v.add_argument("--length-correction", action="store_true", help=LENGTH_CORRECTION_HELP)
     v.add_argument("--json", type=Path, help="write every result as JSON")
     engine_args(v)
     v.set_defaults(func=cmd_calibrate_cv)

@@ -29,8 +29,10 @@ import numpy as np
 
 from sleuthd.scoring import unit
 
-# Names the correction turn_attenuation applies to every cosine; a calibration records the one its
-# models were fitted with, and the server refuses a calibration fitted with another (or none).
+# Names the correction turn_attenuation applies to every cosine. A calibration records whether its
+# models were fitted on corrected cosines ("length_correction": this name; absent or null: not), and
+# the server feeds them features made the same way. The shipped calibration does not use it: its
+# cross-validation gate failed on all-short dialogues (docs/auto.md, steps 7 and 8).
 LENGTH_CORRECTION = "attenuation-v1"
 
 # Floors keep ratios finite for speakers whose turns are nearly identical.
@@ -93,6 +95,7 @@ class Calibration:
     models: dict[str, LogisticModel]
     decision_threshold: float
     raw: dict[str, Any]
+    corrects_length: bool = False  # fitted on length-corrected cosines (LENGTH_CORRECTION)
 
     @classmethod
     def from_manifest(cls, manifest_raw: Mapping[str, Any], encoder_name: str) -> Calibration:
@@ -116,12 +119,14 @@ class Calibration:
             threshold = float(block["decision_threshold"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"calibration of encoder {encoder_name!r} is malformed: {exc}") from exc
-        if block.get("length_correction") != LENGTH_CORRECTION:
-            # Same feature names, different meaning: models fitted on uncorrected cosines would be
-            # fed corrected ones. Refuse instead of judging with a mismatched model.
+        correction = block.get("length_correction")
+        if correction not in (None, LENGTH_CORRECTION):
+            # Same feature names, different meaning: judging with features made another way than the
+            # models were fitted on would give wrong probabilities. Refuse instead.
             raise CalibrationError(
-                f"the calibration of encoder {encoder_name!r} was fitted without the turn-length correction "
-                f"this server applies ({LENGTH_CORRECTION!r}): refit it with `sleuthd calibrate fit`"
+                f"the calibration of encoder {encoder_name!r} was fitted with turn-length correction {correction!r}, "
+                f"which this server does not know (it knows {LENGTH_CORRECTION!r}): refit it with "
+                "`sleuthd calibrate fit`"
             )
         missing = [v for v in VARIANTS if v not in models]
         if missing:
@@ -132,7 +137,11 @@ class Calibration:
                 f"calibration of encoder {encoder_name!r} was fitted on other features ({', '.join(stale)}): "
                 "refit it with `sleuthd calibrate fit`"
             )
-        return cls(models, threshold, dict(block))
+        return cls(models, threshold, dict(block), corrects_length=correction == LENGTH_CORRECTION)
+
+    def attenuation(self, window_coherence: np.ndarray, independent_windows: np.ndarray) -> np.ndarray | None:
+        """The turns' length correction if the models were fitted with it (turn_attenuation), else None."""
+        return turn_attenuation(window_coherence, independent_windows) if self.corrects_length else None
 
 
 # ------------------------------------------------------------------------------------------ features
@@ -332,7 +341,7 @@ def candidate_fit(
     the speaker), and the log-odds of belonging. Rank by the log-odds: two clearly foreign candidates
     both have P close to 0, but their log-odds still say which is the less foreign. ((m,), (m,))
     ``coherence`` and ``independent_windows``: (n_context + m,) for the context clips, then the
-    candidates (see turn_attenuation); None: no correction."""
+    candidates, for a calibration fitted with the length correction (see turn_attenuation)."""
     n_ctx = len(context)
     logits = np.empty(len(candidates))
     for j, (cand, secs) in enumerate(zip(candidates, candidate_seconds, strict=True)):
@@ -340,7 +349,7 @@ def candidate_fit(
         attenuation = None
         if coherence is not None and independent_windows is not None:
             rows = [*range(n_ctx), n_ctx + j]
-            attenuation = turn_attenuation(coherence[rows], independent_windows[rows])
+            attenuation = calibration.attenuation(coherence[rows], independent_windows[rows])
         variant, x = turn_features(emb, reference, np.append(context_seconds, secs), None, attenuation)
         logits[j] = -calibration.models[variant].logit(x[-1:])[0]
     return 1.0 / (1.0 + np.exp(-np.clip(logits, -40, 40))), logits

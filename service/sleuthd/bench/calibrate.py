@@ -40,7 +40,7 @@ from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 4  # 2: cohort variants; 3: reference_z, context_robust_z, farthest_gap; 4: length correction
+CALIBRATION_VERSION = 3  # 2: cohort variants; 3: reference_z, context_robust_z, farthest_gap
 # Flag a turn when it is more likely foreign than not: the Bayes decision for a calibrated probability.
 # Not tuned (fit_stats.decision_threshold_search records what tuning on the fit corpus would pick).
 DECISION_THRESHOLD = 0.5
@@ -160,6 +160,7 @@ def make_instances(
     cohort: bool = False,
     intruder_in_cohort: float = INTRUDER_IN_COHORT,
     similar_in_cohort: bool = False,
+    length_correction: bool = False,
 ) -> list[Instance]:
     """Training dialogues (S1/S2/S3 in equal shares) drawn from embedded clips.
 
@@ -176,6 +177,7 @@ def make_instances(
     ``similar_in_cohort``: the cohort always includes the target's second most similar same-gender
     speaker (the most similar is the S3 intruder of benchmark-like dialogues): two alike voices in one
     dialogue, the hardest yardstick.
+    ``length_correction``: features from length-corrected cosines (calibration.turn_attenuation).
     S2 is an opposite-gender speaker, or in a corpus of one gender the least similar speaker.
     """
     levels = tuple(jitter_levels) if jitter_levels is not None else ((0.0,) if benchmark_like else JITTER_LEVELS)
@@ -236,8 +238,12 @@ def make_instances(
             ref = None if ref is None else _jitter(ref[None, :], jitter, noise)[0]
             cohort_emb = [_jitter(g, jitter, noise) for g in cohort_emb]
         seconds = np.array([t.speech_seconds for t in turns])
-        attenuation = turn_attenuation(
-            np.array([t.window_coherence for t in turns]), np.array([t.independent_windows for t in turns])
+        attenuation = (
+            turn_attenuation(
+                np.array([t.window_coherence for t in turns]), np.array([t.independent_windows for t in turns])
+            )
+            if length_correction
+            else None
         )
         variant, x = turn_features(emb, ref, seconds, None, attenuation)
         if not cohort:
@@ -328,15 +334,19 @@ def fit(
     *,
     short_clips: Sequence[Clip] = (),
     short_share: float = TRAIN_SHORT_SHARE,
+    length_correction: bool = False,
 ) -> tuple[dict[str, LogisticModel], dict[str, Any]]:
     """Fit every variant on dialogues drawn from ``clips``, a share ``short_share`` of them replaced by
-    their crops in ``short_clips`` (needed when the share is above 0)."""
+    their crops in ``short_clips`` (needed when the share is above 0); ``length_correction``: on
+    length-corrected cosines."""
     if short_share > 0 and not short_clips:
         raise ValueError(f"a training share of short turns ({short_share:g}) needs the corpus's short crops")
     train = mix_lengths(clips, short_clips, seed + 3, short_share) if short_share > 0 else list(clips)
     # Dialogues without and with other speakers come from separate draws, so the models of requests
     # without a cohort do not depend on whether the cohort models are fitted.
-    instances = make_instances(train, n_instances, seed) + make_instances(train, n_instances, seed + 2, cohort=True)
+    instances = make_instances(train, n_instances, seed, length_correction=length_correction) + make_instances(
+        train, n_instances, seed + 2, cohort=True, length_correction=length_correction
+    )
     models = fit_models(instances)
     stats: dict[str, Any] = {"variants": {}}
     for variant in VARIANTS:
@@ -349,7 +359,9 @@ def fit(
             "ece_in_sample": round(expected_calibration_error(p, y), 4),
         }
     # The decision threshold: chosen once, on fresh benchmark-style dialogues of the same corpus.
-    bench = make_instances(clips, n_threshold_instances, seed + 1, benchmark_like=True)
+    bench = make_instances(
+        clips, n_threshold_instances, seed + 1, benchmark_like=True, length_correction=length_correction
+    )
     probs = [models[i.variant].probability(i.features) for i in bench]
     grid = np.round(np.arange(0.05, 0.96, 0.01), 2)
     scored = [(float(tau), *(dialogue_scores(bench, probs, float(tau))[k] for k in ("bal", "bal_f1"))) for tau in grid]
@@ -367,6 +379,7 @@ def fit(
     }
     stats["instances"] = len(instances)
     stats["short_share"] = short_share
+    stats["length_correction"] = LENGTH_CORRECTION if length_correction else None
     stats["short_clips_in_training"] = sum(a is not b for a, b in zip(train, clips, strict=True))
     stats["cohort_instances"] = sum(i.plain_features is not None for i in instances)
     return models, stats
@@ -410,9 +423,11 @@ def calibration_block(
             "Bayes decision for a calibrated probability (not tuned; fit_stats.decision_threshold_search shows what "
             "tuning on the fit corpus would have picked). Never fitted on the transfer or real-speech splits."
         ),
-        "length_correction": LENGTH_CORRECTION,
+        "length_correction": stats["length_correction"],
         "length_correction_how": (
-            "every cosine of a turn is divided by its attenuation relative to the speaker's median turn, "
+            "none: features from the cosines as measured"
+            if stats["length_correction"] is None
+            else "every cosine of a turn is divided by its attenuation relative to the speaker's median turn, "
             "1/sqrt(1 + (1/rho2 - 1)/k) with k = speech seconds / window span and rho2 = the median over the "
             "speaker's turns of the mean cosine between windows that share no audio (sleuthd.calibration."
             "turn_attenuation); nothing fitted"

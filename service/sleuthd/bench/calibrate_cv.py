@@ -121,19 +121,27 @@ def cross_validate(
     decision_threshold: float = DECISION_THRESHOLD,
     short_clips: Sequence[Clip] | None = None,
     train_short_shares: Sequence[float] = (0.0,),
+    length_correction: bool = False,
     progress: Callable[[str], None] = lambda _message: None,
 ) -> list[SettingResult]:
     """Score every (jitter set, L2, training share of short crops) setting on held-out target
     speakers; means over the folds of ``repeats`` independent fold splits, per test jitter (and per
     turn-length condition when ``short_clips``, short crops of ``clips`` paired by ``Clip.source``,
-    are given; they are also the crops a training share draws from)."""
+    are given; they are also the crops a training share draws from). ``length_correction``: every
+    setting's features from length-corrected cosines (calibration.turn_attenuation)."""
     if any(share > 0 for share in train_short_shares) and short_clips is None:
         raise ValueError("training on short turns needs the short crops (--short-turns)")
     scores: dict[Setting, dict[float | str, list[dict[str, float]]]] = {}
     for fold in held_out_folds(clips, folds, repeats, seed, progress):
         tests: dict[float | str, list[Instance]] = {
             j: make_instances(
-                clips, test_dialogues, fold.draw_seed, benchmark_like=True, jitter_levels=(j,), targets=fold.held_out
+                clips,
+                test_dialogues,
+                fold.draw_seed,
+                benchmark_like=True,
+                jitter_levels=(j,),
+                targets=fold.held_out,
+                length_correction=length_correction,
             )
             for j in test_jitters
         }
@@ -144,7 +152,12 @@ def cross_validate(
             }
             for condition in TURN_LENGTH_CONDITIONS:
                 tests[condition] = make_instances(
-                    corpora[condition], test_dialogues, fold.draw_seed, benchmark_like=True, targets=fold.held_out
+                    corpora[condition],
+                    test_dialogues,
+                    fold.draw_seed,
+                    benchmark_like=True,
+                    targets=fold.held_out,
+                    length_correction=length_correction,
                 )
         for jitter_levels, share in itertools.product(jitter_sets, train_short_shares):
             train_clips = (
@@ -152,7 +165,13 @@ def cross_validate(
                 if share > 0
                 else fold.train_clips
             )
-            train = make_instances(train_clips, train_dialogues, fold.draw_seed, jitter_levels=jitter_levels)
+            train = make_instances(
+                train_clips,
+                train_dialogues,
+                fold.draw_seed,
+                jitter_levels=jitter_levels,
+                length_correction=length_correction,
+            )
             for l2 in l2_values:
                 models = fit_models(train, l2=l2, variants=BASE_VARIANTS)
                 setting = Setting(tuple(jitter_levels), l2, share)
