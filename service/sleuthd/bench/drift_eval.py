@@ -27,11 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sleuthd.drift import DriftConfig, DriftResult, detect_drift
-
-if TYPE_CHECKING:
-    from sleuthd.engine import Engine
-
 from sleuthd.bench.driftset import (
     SAMPLE_RATE,
     SPLITS,
@@ -43,6 +38,10 @@ from sleuthd.bench.driftset import (
     read_labels,
     read_wav,
 )
+from sleuthd.drift import DriftConfig, DriftResult, detect_drift
+
+if TYPE_CHECKING:
+    from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)
 
