@@ -302,3 +302,42 @@ def test_a_fit_records_its_length_correction_and_short_share_and_loads_with_them
     assert not plain.corrects_length and "every clip whole" in plain.raw["how"]
     with pytest.raises(ValueError, match="needs the corpus's short crops"):
         calibrate.fit(clips, 60, seed=3, short_share=0.5)
+
+
+def test_training_by_length_profile_draws_whole_mixed_and_cut_thirds() -> None:
+    from dataclasses import replace
+
+    # Crops last 0.5 s plus 0.01 s per speaker index, so a turn's length says what it is and whose.
+    short = [replace(c, speech_seconds=0.5 + 0.01 * int(c.speaker[1:])) for c in corpus(spread=0.3)]
+    clips = [c for c in corpus() if int(c.speaker[1:]) < 8]  # crops of speakers 8-11 must never be drawn
+    instances = calibrate.training_instances(clips, short, 300, seed=2, length_profiles=True)
+    assert len(instances) == 300
+    thirds = [np.concatenate([turn_seconds(i) for i in instances[k * 100 : (k + 1) * 100]]) for k in range(3)]
+    whole, mixed, cut = thirds
+    assert whole.min() >= 1.0  # every turn whole
+    assert cut.max() < 1.0  # every turn a crop ...
+    assert cut.max() < 0.5 + 0.01 * 8  # ... of the given clips only
+    assert 0.3 < float(np.mean(mixed < 1.0)) < 0.7  # whole and cut turns side by side
+    # Without profiles and without a share, the draw is exactly make_instances on the whole clips.
+    plain = calibrate.training_instances(clips, short, 60, seed=2)
+    direct = make_instances(clips, 60, seed=2)
+    assert all(np.array_equal(a.features, b.features) for a, b in zip(plain, direct, strict=True))
+    with pytest.raises(ValueError, match="needs the corpus's short crops"):
+        calibrate.training_instances(clips, [], 60, seed=2, length_profiles=True)
+
+
+def test_a_fit_and_a_cross_validation_by_length_profile_say_so() -> None:
+    from dataclasses import replace
+
+    clips, short = corpus(), [replace(c, speech_seconds=0.5) for c in corpus(spread=0.3)]
+    manifest = {"source": {"file_sha256": "ab" * 32}, "sha256": "cd" * 32}
+    models, stats = calibrate.fit(clips, 600, seed=3, n_threshold_instances=90, short_clips=short, length_profiles=True)
+    assert stats["length_profiles"] is True and stats["short_clips_in_training"] == 0
+    assert "drawn by length profile" in calibrate.calibration_block(models, stats, manifest, "c", 3)["how"]
+    kwargs = dict(folds=3, train_dialogues=450, test_dialogues=90, test_jitters=(0.0,), short_clips=short)
+    (plain,) = cross_validate(clips, [(0.0,)], [1e-2], **kwargs)  # type: ignore[arg-type]
+    (profiled,) = cross_validate(clips, [(0.0,)], [1e-2], length_profiles=True, **kwargs)  # type: ignore[arg-type]
+    assert "trained by length profile" in profiled.setting.label() and "profile" not in plain.setting.label()
+    assert profiled.by_turn_length != plain.by_turn_length  # the models saw other training turns
+    with pytest.raises(ValueError, match="one or the other"):
+        cross_validate(clips, [(0.0,)], [1e-2], length_profiles=True, train_short_shares=(0.5,), **kwargs)  # type: ignore[arg-type]

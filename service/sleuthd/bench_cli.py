@@ -336,7 +336,10 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.short_share <= 1.0:
         return _error(f"--short-share must be between 0 and 1, not {args.short_share:g}")
-    loaded = _embed_calibration_corpus(args, short_crop_seed=args.seed if args.short_share > 0 else None)
+    if args.train_length_profiles and args.short_share > 0:
+        return _error("--train-length-profiles replaces --short-share: use one or the other")
+    needs_crops = args.short_share > 0 or args.train_length_profiles
+    loaded = _embed_calibration_corpus(args, short_crop_seed=args.seed if needs_crops else None)
     if isinstance(loaded, int):
         return loaded
     manifest_raw, embedded, short = loaded
@@ -346,6 +349,7 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
         args.seed,
         short_clips=short,
         short_share=args.short_share,
+        length_profiles=args.train_length_profiles,
         length_correction=args.length_correction,
     )
     block = calibrate.calibration_block(models, stats, manifest_raw, args.corpus_label or str(args.corpus), args.seed)
@@ -369,8 +373,12 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
         )
     if not shares or any(not 0.0 <= v <= 1.0 for v in shares):
         return _error("--train-short-shares needs at least one share between 0 and 1")
-    if any(shares) and not args.short_turns:
-        return _error("--train-short-shares above 0 needs --short-turns (the crops it trains on)")
+    if (any(shares) or args.train_length_profiles) and not args.short_turns:
+        return _error(
+            "--train-short-shares above 0 and --train-length-profiles need --short-turns (the crops they train on)"
+        )
+    if args.train_length_profiles and any(shares):
+        return _error("--train-length-profiles replaces --train-short-shares: use one or the other")
     if not jitter_sets or not l2_values or any(j < 0 for js in jitter_sets for j in js) or min(l2_values) <= 0:
         return _error("--jitter-sets needs at least one set of levels >= 0 and --l2 at least one value > 0")
     loaded = _embed_calibration_corpus(args, short_crop_seed=args.seed if args.short_turns else None)
@@ -389,6 +397,7 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
             test_dialogues=args.test_dialogues,
             short_clips=short if args.short_turns else None,
             train_short_shares=shares,
+            length_profiles=args.train_length_profiles,
             length_correction=args.length_correction,
             progress=_progress_printer(args),
         )
@@ -470,6 +479,10 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
 LENGTH_CORRECTION_HELP = (
     "features from length-corrected cosines (each turn's cosines divided by its attenuation, from the "
     "coherence of its windows and its length; docs/auto.md): not what the shipped calibration uses"
+)
+LENGTH_PROFILES_HELP = (
+    "draw the training dialogues by length profile: a third from whole clips, a third mixing whole clips and "
+    "1.2-3 s cuts, a third from cuts only (docs/auto.md, step 9); replaces a training share of cuts"
 )
 LOOK_ALIKE_HELP = (
     "every test cohort includes the target's second most similar same-gender speaker (the most similar is the "
@@ -630,6 +643,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="share of training clips replaced by a random 1.2-3 s cut of themselves "
         "(default: %(default)s, chosen by `calibrate cv --train-short-shares`)",
     )
+    f.add_argument("--train-length-profiles", action="store_true", help=LENGTH_PROFILES_HELP)
     f.add_argument("--length-correction", action="store_true", help=LENGTH_CORRECTION_HELP)
     engine_args(f)
     f.set_defaults(func=cmd_calibrate_fit)
@@ -672,6 +686,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="shares of training clips replaced by their short cuts to try, e.g. '0,0.25,0.5' "
         "(above 0 needs --short-turns; default: %(default)s)",
     )
+    v.add_argument("--train-length-profiles", action="store_true", help=LENGTH_PROFILES_HELP)
     v.add_argument("--length-correction", action="store_true", help=LENGTH_CORRECTION_HELP)
     v.add_argument("--json", type=Path, help="write every result as JSON")
     engine_args(v)

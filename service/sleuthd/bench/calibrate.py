@@ -26,7 +26,7 @@ import numpy as np
 from sleuthd.bench.corpus import CorpusClip
 from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics
 from sleuthd.bench.reliability import expected_calibration_error
-from sleuthd.bench.turn_lengths import TRAIN_SHORT_SHARE, short_crop
+from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE, TRAIN_SHORT_SHARE, short_crop
 from sleuthd.calibration import (
     FEATURES,
     LENGTH_CORRECTION,
@@ -126,6 +126,49 @@ def mix_lengths(clips: Sequence[Clip], short_clips: Sequence[Clip], seed: int, s
     crops = {c.source: c for c in short_clips}
     rng = random.Random(seed)
     return [crops.get(c.source, c) if rng.random() < share else c for c in clips]
+
+
+def shared_training_clips(clips: Sequence[Clip], short_clips: Sequence[Clip], seed: int, share: float) -> list[Clip]:
+    """The clips a training draw with seed ``seed`` uses when a share of them is cut (no profiles)."""
+    return mix_lengths(clips, short_clips, seed + 3, share) if share > 0 else list(clips)
+
+
+def training_instances(
+    clips: Sequence[Clip],
+    short_clips: Sequence[Clip],
+    n_instances: int,
+    seed: int,
+    *,
+    short_share: float = 0.0,
+    length_profiles: bool = False,
+    **draw: Any,
+) -> list[Instance]:
+    """``n_instances`` training dialogues (make_instances, with ``draw`` passed on) from ``clips`` and
+    their crops in ``short_clips`` (paired by ``Clip.source``; crops of other clips are ignored):
+
+    - by default, each clip replaced by its crop with probability ``short_share`` (0: whole clips);
+    - ``length_profiles``: a third of the dialogues from whole clips, a third from clips each whole or
+      cut by a coin flip (MIXED_SHORT_SHARE, as the test's mixed condition), a third from cuts only,
+      so a speaker whose turns are all short is as common in training as any other profile.
+    """
+    if (short_share > 0 or length_profiles) and not short_clips:
+        raise ValueError("training on short turns needs the corpus's short crops")
+    if not length_profiles:
+        return make_instances(shared_training_clips(clips, short_clips, seed, short_share), n_instances, seed, **draw)
+    sources = {c.source for c in clips}
+    profiles = (
+        list(clips),
+        mix_lengths(clips, short_clips, seed + 3, MIXED_SHORT_SHARE),
+        [c for c in short_clips if c.source in sources],
+    )
+    counts = (n_instances // 3, n_instances // 3, n_instances - 2 * (n_instances // 3))
+    # Each profile's draw has a seed of its own, so the whole-clip third is the same dialogues as
+    # the first third of an unprofiled draw would be only by chance, never by construction.
+    return [
+        instance
+        for k, (profile, count) in enumerate(zip(profiles, counts, strict=True))
+        for instance in make_instances(profile, count, seed + 10 * k, **draw)
+    ]
 
 
 # Domain randomisation: per-dimension standard deviation of the Gaussian jitter added to every unit
@@ -334,19 +377,28 @@ def fit(
     *,
     short_clips: Sequence[Clip] = (),
     short_share: float = TRAIN_SHORT_SHARE,
+    length_profiles: bool = False,
     length_correction: bool = False,
 ) -> tuple[dict[str, LogisticModel], dict[str, Any]]:
-    """Fit every variant on dialogues drawn from ``clips``, a share ``short_share`` of them replaced by
-    their crops in ``short_clips`` (needed when the share is above 0); ``length_correction``: on
+    """Fit every variant on dialogues drawn from ``clips`` and their crops in ``short_clips`` as
+    training_instances draws them (``short_share``, ``length_profiles``); ``length_correction``: on
     length-corrected cosines."""
-    if short_share > 0 and not short_clips:
-        raise ValueError(f"a training share of short turns ({short_share:g}) needs the corpus's short crops")
-    train = mix_lengths(clips, short_clips, seed + 3, short_share) if short_share > 0 else list(clips)
     # Dialogues without and with other speakers come from separate draws, so the models of requests
     # without a cohort do not depend on whether the cohort models are fitted.
-    instances = make_instances(train, n_instances, seed, length_correction=length_correction) + make_instances(
-        train, n_instances, seed + 2, cohort=True, length_correction=length_correction
-    )
+    instances = [
+        instance
+        for draw_seed, cohort in ((seed, False), (seed + 2, True))
+        for instance in training_instances(
+            clips,
+            short_clips,
+            n_instances,
+            draw_seed,
+            short_share=short_share,
+            length_profiles=length_profiles,
+            cohort=cohort,
+            length_correction=length_correction,
+        )
+    ]
     models = fit_models(instances)
     stats: dict[str, Any] = {"variants": {}}
     for variant in VARIANTS:
@@ -380,12 +432,20 @@ def fit(
     stats["instances"] = len(instances)
     stats["short_share"] = short_share
     stats["length_correction"] = LENGTH_CORRECTION if length_correction else None
-    stats["short_clips_in_training"] = sum(a is not b for a, b in zip(train, clips, strict=True))
+    stats["length_profiles"] = length_profiles
+    shared = shared_training_clips(clips, short_clips, seed, 0.0 if length_profiles else short_share)
+    stats["short_clips_in_training"] = sum(a is not b for a, b in zip(shared, clips, strict=True))
     stats["cohort_instances"] = sum(i.plain_features is not None for i in instances)
     return models, stats
 
 
 def _short_words(stats: dict[str, Any]) -> str:
+    if stats.get("length_profiles"):
+        return (
+            "drawn by length profile: a third of the dialogues from whole clips, a third from clips each whole or "
+            f"replaced by a random 1.2-3 s cut of their audible part with probability {MIXED_SHORT_SHARE:g}, "
+            "a third from such cuts only"
+        )
     if not stats.get("short_share"):
         return "every clip whole"
     return (

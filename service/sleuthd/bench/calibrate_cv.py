@@ -36,6 +36,7 @@ from sleuthd.bench.calibrate import (
     fit_models,
     make_instances,
     mix_lengths,
+    training_instances,
 )
 from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE
 from sleuthd.calibration import BASE_VARIANTS
@@ -50,9 +51,11 @@ class Setting:
     jitter_levels: tuple[float, ...]
     l2: float
     train_short_share: float = 0.0  # share of training clips replaced by their short crops
+    length_profiles: bool = False  # training dialogues by length profile (calibrate.training_instances)
 
     def label(self) -> str:
         cuts = f", {self.train_short_share:.0%} of training clips cut" if self.train_short_share else ""
+        cuts += ", trained by length profile" if self.length_profiles else ""
         return f"jitter {{{', '.join(f'{j:g}' for j in self.jitter_levels)}}}, L2 {self.l2:g}{cuts}"
 
 
@@ -121,16 +124,20 @@ def cross_validate(
     decision_threshold: float = DECISION_THRESHOLD,
     short_clips: Sequence[Clip] | None = None,
     train_short_shares: Sequence[float] = (0.0,),
+    length_profiles: bool = False,
     length_correction: bool = False,
     progress: Callable[[str], None] = lambda _message: None,
 ) -> list[SettingResult]:
     """Score every (jitter set, L2, training share of short crops) setting on held-out target
     speakers; means over the folds of ``repeats`` independent fold splits, per test jitter (and per
     turn-length condition when ``short_clips``, short crops of ``clips`` paired by ``Clip.source``,
-    are given; they are also the crops a training share draws from). ``length_correction``: every
-    setting's features from length-corrected cosines (calibration.turn_attenuation)."""
-    if any(share > 0 for share in train_short_shares) and short_clips is None:
+    are given; they are also the crops a training share or ``length_profiles`` draws from; see
+    calibrate.training_instances). ``length_correction``: every setting's features from
+    length-corrected cosines (calibration.turn_attenuation)."""
+    if (length_profiles or any(share > 0 for share in train_short_shares)) and short_clips is None:
         raise ValueError("training on short turns needs the short crops (--short-turns)")
+    if length_profiles and any(share > 0 for share in train_short_shares):
+        raise ValueError("training by length profile replaces a training share of cuts: use one or the other")
     scores: dict[Setting, dict[float | str, list[dict[str, float]]]] = {}
     for fold in held_out_folds(clips, folds, repeats, seed, progress):
         tests: dict[float | str, list[Instance]] = {
@@ -160,21 +167,19 @@ def cross_validate(
                     length_correction=length_correction,
                 )
         for jitter_levels, share in itertools.product(jitter_sets, train_short_shares):
-            train_clips = (
-                mix_lengths(fold.train_clips, short_clips or (), fold.draw_seed + 3, share)
-                if share > 0
-                else fold.train_clips
-            )
-            train = make_instances(
-                train_clips,
+            train = training_instances(
+                fold.train_clips,
+                short_clips or (),
                 train_dialogues,
                 fold.draw_seed,
+                short_share=share,
+                length_profiles=length_profiles,
                 jitter_levels=jitter_levels,
                 length_correction=length_correction,
             )
             for l2 in l2_values:
                 models = fit_models(train, l2=l2, variants=BASE_VARIANTS)
-                setting = Setting(tuple(jitter_levels), l2, share)
+                setting = Setting(tuple(jitter_levels), l2, share, length_profiles)
                 for j, test in tests.items():
                     probs = [models[i.variant].probability(i.features) for i in test]
                     m = dialogue_scores(test, probs, decision_threshold)
@@ -226,6 +231,7 @@ def to_json(results: Sequence[SettingResult], chosen: SettingResult | None, para
                 "jitter_levels": list(r.setting.jitter_levels),
                 "l2": r.setting.l2,
                 "train_short_share": r.setting.train_short_share,
+                "length_profiles": r.setting.length_profiles,
                 "by_test_jitter": {f"{j:g}": m for j, m in r.by_test_jitter.items()},
                 "by_turn_length": r.by_turn_length,
                 "min_s1": r.min_s1,
@@ -239,5 +245,6 @@ def to_json(results: Sequence[SettingResult], chosen: SettingResult | None, para
             "jitter_levels": list(chosen.setting.jitter_levels),
             "l2": chosen.setting.l2,
             "train_short_share": chosen.setting.train_short_share,
+            "length_profiles": chosen.setting.length_profiles,
         },
     }
