@@ -162,8 +162,8 @@ def training_instances(
         [c for c in short_clips if c.source in sources],
     )
     counts = (n_instances // 3, n_instances // 3, n_instances - 2 * (n_instances // 3))
-    # Each profile's draw has a seed of its own, so the whole-clip third is the same dialogues as
-    # the first third of an unprofiled draw would be only by chance, never by construction.
+    # A seed per profile (seed, seed + 10, seed + 20): the three draws share no random choices. The
+    # whole-clip third is therefore the first third of the unprofiled draw with the same seed.
     return [
         instance
         for k, (profile, count) in enumerate(zip(profiles, counts, strict=True))
