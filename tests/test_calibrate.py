@@ -324,6 +324,8 @@ def test_training_by_length_profile_draws_whole_mixed_and_cut_thirds() -> None:
     assert all(np.array_equal(a.features, b.features) for a, b in zip(plain, direct, strict=True))
     with pytest.raises(ValueError, match="needs the corpus's short crops"):
         calibrate.training_instances(clips, [], 60, seed=2, length_profiles=True)
+    with pytest.raises(ValueError, match="one or the other"):
+        calibrate.training_instances(clips, short, 60, seed=2, length_profiles=True, short_share=0.5)
 
 
 def test_a_fit_and_a_cross_validation_by_length_profile_say_so() -> None:

@@ -21,9 +21,9 @@ the cohort features added.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -148,6 +148,21 @@ class Calibration:
 
 # Keeps the attenuation finite for degenerate coherence estimates (one cosine can be anything).
 COHERENCE_RANGE = (0.05, 0.99)
+
+
+class TurnReliability(Protocol):
+    """What the length correction needs of a turn's clip (clips.ClipEmbedding, bench.calibrate.Clip)."""
+
+    @property
+    def window_coherence(self) -> float: ...
+
+    @property
+    def independent_windows(self) -> float: ...
+
+
+def reliability(clips: Sequence[TurnReliability]) -> tuple[np.ndarray, np.ndarray]:
+    """(window coherence, independent windows) of the clips, (n,) each: turn_attenuation's inputs."""
+    return np.array([c.window_coherence for c in clips]), np.array([c.independent_windows for c in clips])
 
 
 def turn_attenuation(window_coherence: np.ndarray, independent_windows: np.ndarray) -> np.ndarray:

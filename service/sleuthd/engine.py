@@ -21,7 +21,7 @@ import numpy as np
 from sleuthd import scoring
 from sleuthd.audio import AudioError
 from sleuthd.batcher import BatcherConfig, BatchObserver, MicroBatcher, NullObserver
-from sleuthd.calibration import Calibration, CalibrationError, candidate_fit
+from sleuthd.calibration import Calibration, CalibrationError, candidate_fit, reliability
 from sleuthd.clips import ClipEmbedding, PreparedClip, embedded_clip, prepare_placements
 from sleuthd.domain import (
     AudioInput,
@@ -493,8 +493,7 @@ class Engine:
                 context_emb,
                 np.array([c.speech_seconds for c in context]),
                 reference,
-                np.array([c.window_coherence for c in (*context, *clips[:n_cand])]),
-                np.array([c.independent_windows for c in (*context, *clips[:n_cand])]),
+                *reliability([*context, *clips[:n_cand]]),
             )
         info = METHODS[opts.method]
         order = scoring.rank_order(scores, info.higher_is_better)

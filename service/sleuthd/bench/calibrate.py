@@ -32,6 +32,7 @@ from sleuthd.calibration import (
     LENGTH_CORRECTION,
     VARIANTS,
     LogisticModel,
+    reliability,
     turn_attenuation,
     turn_features,
 )
@@ -153,6 +154,9 @@ def training_instances(
     """
     if (short_share > 0 or length_profiles) and not short_clips:
         raise ValueError("training on short turns needs the corpus's short crops")
+    if length_profiles and short_share > 0:
+        # The profiles fix which clips are cut; a share on top would be silently ignored.
+        raise ValueError("training by length profile replaces a training share of cuts: use one or the other")
     if not length_profiles:
         return make_instances(shared_training_clips(clips, short_clips, seed, short_share), n_instances, seed, **draw)
     sources = {c.source for c in clips}
@@ -281,13 +285,7 @@ def make_instances(
             ref = None if ref is None else _jitter(ref[None, :], jitter, noise)[0]
             cohort_emb = [_jitter(g, jitter, noise) for g in cohort_emb]
         seconds = np.array([t.speech_seconds for t in turns])
-        attenuation = (
-            turn_attenuation(
-                np.array([t.window_coherence for t in turns]), np.array([t.independent_windows for t in turns])
-            )
-            if length_correction
-            else None
-        )
+        attenuation = turn_attenuation(*reliability(turns)) if length_correction else None
         variant, x = turn_features(emb, ref, seconds, None, attenuation)
         if not cohort:
             out.append(Instance(variant, x, labels, n, scenario))
