@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 PY      := .venv/bin/python
 SLEUTHD := .venv/bin/sleuthd
+BENCH   := .venv/bin/sleuthd-bench
 APT_TOOLS := espeak-ng flite sox
 SILERO_VAD := silero-vad==6.2.3
 
@@ -17,11 +18,11 @@ tools:
 	fi
 
 # The virtual environment; rebuilt when pyproject.toml changes.
-.venv/.stamp: pyproject.toml
+.venv/.stamp: pyproject.toml tools/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[export,bench,dev]'
+	$(PY) -m pip install -q -e '.[export,dev]' -e './tools[baseline,load]'
 	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it.
 	$(PY) -m pip install -q --no-deps $(SILERO_VAD)
 	touch $@
@@ -29,7 +30,7 @@ tools:
 setup: tools .venv/.stamp
 
 # ONNX models and manifests (git-ignored; rebuilt when cards or exporters change).
-models/ge2e/manifest.json: .venv/.stamp models/ge2e/card.json service/sleuthd/export_ge2e.py service/sleuthd/model_export.py
+models/ge2e/manifest.json: .venv/.stamp models/ge2e/card.json service/sleuthd/export/ge2e.py service/sleuthd/export/models.py
 	$(SLEUTHD) --log-level warning models export ge2e
 models/silero_vad/manifest.json: .venv/.stamp models/silero_vad/card.json
 	$(SLEUTHD) --log-level warning models export vad
@@ -38,7 +39,7 @@ models: setup models/ge2e/manifest.json models/silero_vad/manifest.json
 
 # Synthesize the example dialogue, start a server on a free port, check the dialogue, stop the server.
 demo: models
-	$(SLEUTHD) --log-level warning synth dialogue examples/demo/script.json --out data/demo
+	$(BENCH) --log-level warning dialogue examples/demo/script.json --out data/demo
 	scripts/demo.sh data/demo/dialogue.json
 
 test: models
@@ -46,9 +47,9 @@ test: models
 	$(MAKE) --no-print-directory lint typecheck
 
 lint:
-	.venv/bin/ruff check service tests loadtest scripts
+	.venv/bin/ruff check service tools tests loadtest scripts
 typecheck:
-	.venv/bin/mypy service/sleuthd
+	.venv/bin/mypy service/sleuthd tools/sleuthd_bench
 
 proto:
 	PATH=.venv/bin:$$PATH scripts/gen_proto.sh

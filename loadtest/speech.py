@@ -16,7 +16,7 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sleuthd import synth
+from sleuthd_bench import synth
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The spliced utterances follow the speaker-drift paper's layout (three segments joined with 500 ms
 of silence) and are built by the dev-set builder itself, from espeak-ng speech cached under
 data/test-speech/drift/. The detector runs with the card's drift block when the card has one, else
-with the block fitted by `sleuthd bench drift --size large` (PROPOSED_BLOCK).
+with the block fitted by `sleuthd-bench drift --size large` (PROPOSED_BLOCK).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from sleuthd import synth
-from sleuthd.bench import driftset
+from sleuthd_bench import synth
+from sleuthd_bench import driftset
 from sleuthd.clips import prepare_waveform
 from sleuthd.drift import DriftConfig, DriftResult, detect_drift
 from sleuthd.engine import Engine
@@ -25,7 +25,7 @@ from sleuthd.manifest import read_card
 
 from .support import MODELS_DIR, REPO, VOICE_A, VOICE_B
 
-# Fitted on the large dev set's fit split (espeak voices); see `sleuthd bench drift`.
+# Fitted on the large dev set's fit split (espeak voices); see `sleuthd-bench drift`.
 PROPOSED_BLOCK: dict[str, Any] = {
     "window_rate_per_second": 2.5,
     "threshold": 0.1119,

@@ -139,7 +139,7 @@ def _run_client(coro_fn, args: argparse.Namespace) -> int:  # type: ignore[no-un
 
 
 def cmd_models_export(args: argparse.Namespace) -> int:
-    from sleuthd import model_export
+    from sleuthd.export import models as model_export
 
     names = ["vad", "ge2e"] if args.name == "all" else [args.name]
     for name in names:
@@ -151,17 +151,6 @@ def cmd_models_export(args: argparse.Namespace) -> int:
         parity = m.get("parity", {})
         extra = f", parity min cosine {parity['min_cosine']}" if parity.get("measured") else ""
         print(f"wrote {path} (sha256 {m['sha256'][:12]}…{extra})")
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------- synth
-
-
-def cmd_synth_dialogue(args: argparse.Namespace) -> int:
-    from sleuthd import synth
-
-    path = synth.render_dialogue_script(args.script, args.out)
-    print(f"wrote {path}")
     return 0
 
 
@@ -267,15 +256,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.set_defaults(func=cmd_models_export)
 
-    sy = sub.add_parser("synth", help="synthesize speech with espeak-ng/flite")
-    sysub = sy.add_subparsers(dest="synth_command", required=True)
-    d = sysub.add_parser("dialogue", help="render a dialogue script (voices + texts) to WAVs and a dialogue file")
-    d.add_argument("script", type=Path)
-    d.add_argument("--out", type=Path, required=True)
-    d.set_defaults(func=cmd_synth_dialogue)
-    from sleuthd import bench_cli
-
-    bench_cli.register(sub)
     return p
 
 

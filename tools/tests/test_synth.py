@@ -1,4 +1,4 @@
-"""Tests for sleuthd.synth: real synthesized speech from espeak-ng / flite / sox, and FSDD turns."""
+"""Tests for sleuthd_bench.synth: real synthesized speech from espeak-ng / flite / sox, and FSDD turns."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from sleuthd import synth
-from sleuthd.synth import MissingToolError, SynthesisError, Voice
+from sleuthd_bench import synth
+from sleuthd_bench.synth import MissingToolError, SynthesisError, Voice
 
 needs_tools = pytest.mark.skipif(
     any(shutil.which(t) is None for t in synth.TOOLS),
@@ -23,7 +23,7 @@ TEXT = "The quiet engineer carried two heavy suitcases to the station before lun
 
 
 # The committed FSDD subset (digits 0-9, takes 0 and 1, six speakers; see its README).
-FSDD_SUBSET = Path(__file__).resolve().parent / "data" / "fsdd"
+FSDD_SUBSET = Path(__file__).resolve().parents[2] / "tests" / "data" / "fsdd"
 
 
 def _read(path: Path) -> tuple[np.ndarray, int]:

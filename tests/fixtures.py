@@ -8,13 +8,13 @@ from pathlib import Path
 import grpc
 import pytest
 import pytest_asyncio
-from sleuthd import synth
+from sleuthd_bench import synth
 from sleuthd.engine import Engine, EngineConfig
 from sleuthd.metrics import ServiceMetrics
 from sleuthd.server import RunningServer, ServerConfig, create_server
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from .support import (
+from tests.support import (
     CLIPS_PER_VOICE,
     MODELS_DIR,
     SPEECH_CACHE,

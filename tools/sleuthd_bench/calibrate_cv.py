@@ -1,4 +1,4 @@
-"""`sleuthd calibrate cv`: choose the `auto` fitting settings by cross-validation on the fit corpus.
+"""`sleuthd-bench calibrate cv`: choose the `auto` fitting settings by cross-validation on the fit corpus.
 
 The evaluation splits (other voice families, real speech) must stay unseen, so settings such as the
 domain-randomisation jitter and the L2 penalty are compared on the FIT corpus alone: its speakers are
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.bench.calibrate import (
+from sleuthd_bench.calibrate import (
     DECISION_THRESHOLD,
     Clip,
     Instance,
@@ -38,7 +38,7 @@ from sleuthd.bench.calibrate import (
     mix_lengths,
     training_instances,
 )
-from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE
+from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE
 from sleuthd.calibration import BASE_VARIANTS
 
 TEST_JITTERS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03)

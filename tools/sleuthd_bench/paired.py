@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, balanced, localization_prf
+from sleuthd_bench.metrics import SCENARIOS, DetectionRecord, balanced, localization_prf
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_LEVEL = 0.95

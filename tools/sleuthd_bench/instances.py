@@ -11,8 +11,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sleuthd.bench.manifest import ManifestLine
-from sleuthd.bench.metrics import SCENARIOS, Scenario
+from sleuthd_bench.manifest import ManifestLine
+from sleuthd_bench.metrics import SCENARIOS, Scenario
 
 PAPER_METHODS = ("pairwise", "centroid", "reference")
 METHOD_CHOICES = (*PAPER_METHODS, "auto")

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
-from sleuthd.bench import calibrate as cal
-from sleuthd.bench.calibrate_cv import TEST_JITTERS, fold_mean, held_out_folds
-from sleuthd.bench.corpus import read_corpus
+from sleuthd_bench import calibrate as cal
+from sleuthd_bench.calibrate_cv import TEST_JITTERS, fold_mean, held_out_folds
+from sleuthd_bench.corpus import read_corpus
 from sleuthd.calibration import BASE_VARIANTS, FEATURES
 from sleuthd.engine import Engine, EngineConfig
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sleuthd.bench.metrics import FlagRule, Scenario, best_threshold, threshold_sweep
+from sleuthd_bench.metrics import FlagRule, Scenario, best_threshold, threshold_sweep
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`sleuthd calibrate fit`: fit the `auto` method's logistic models on a speaker-labelled corpus.
+"""`sleuthd-bench calibrate fit`: fit the `auto` method's logistic models on a speaker-labelled corpus.
 
 Training instances are dialogues drawn from the corpus the way the SpeakerSleuth benchmark builds
 them: a target speaker's turns (2 to 10), in a third of them one turn replaced by an opposite-gender
@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.bench.corpus import CorpusClip
-from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics
-from sleuthd.bench.reliability import expected_calibration_error
-from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE, TRAIN_SHORT_SHARE, short_crop
+from sleuthd_bench.corpus import CorpusClip
+from sleuthd_bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics
+from sleuthd_bench.reliability import expected_calibration_error
+from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE, TRAIN_SHORT_SHARE, short_crop
 from sleuthd.calibration import (
     FEATURES,
     LENGTH_CORRECTION,
@@ -45,7 +45,7 @@ CALIBRATION_VERSION = 3  # 2: cohort variants; 3: reference_z, context_robust_z,
 # Flag a turn when it is more likely foreign than not: the Bayes decision for a calibrated probability.
 # Not tuned (fit_stats.decision_threshold_search records what tuning on the fit corpus would pick).
 DECISION_THRESHOLD = 0.5
-# The fitting settings below were chosen by `sleuthd calibrate cv` on held-out voices of the fit corpus
+# The fitting settings below were chosen by `sleuthd-bench calibrate cv` on held-out voices of the fit corpus
 # (runs/calibration/cv.md; docs/auto.md): the best mean balanced accuracy among the settings that kept
 # consistent speakers unflagged in >= 99 % of dialogues at every test jitter. The penalty is per
 # training turn (it scales with n), on standardised features.
@@ -477,7 +477,7 @@ def calibration_block(
             f"have 1-3 other speakers with 1-5 turns each (the intruder's voice among them in "
             f"{INTRUDER_IN_COHORT:.0%} of altered dialogues); the other variants never see them. L2 and jitter "
             "chosen by "
-            "`sleuthd calibrate cv` on held-out voices of the same corpus. Decision threshold 0.5, the "
+            "`sleuthd-bench calibrate cv` on held-out voices of the same corpus. Decision threshold 0.5, the "
             "Bayes decision for a calibrated probability (not tuned; fit_stats.decision_threshold_search shows what "
             "tuning on the fit corpus would have picked). Never fitted on the transfer or real-speech splits."
         ),

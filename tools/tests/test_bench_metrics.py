@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from sleuthd.bench import metrics as m
-from sleuthd.bench import plots, report
-from sleuthd.bench.metrics import DetectionRecord, DiscriminationRecord
+from sleuthd_bench import metrics as m
+from sleuthd_bench import plots, report
+from sleuthd_bench.metrics import DetectionRecord, DiscriminationRecord
 
 INV_LOG2_3 = 0.6309297535714575  # 1 / log2(3)
 IDCG2 = 3.6309297535714578  # 3 + 1/log2(3)
@@ -607,5 +607,5 @@ def test_plot_functions_directly(tmp_path: Path) -> None:
 
 
 def test_plots_import_is_lazy() -> None:
-    code = "import sys; import sleuthd.bench.plots, sleuthd.bench.report; assert 'matplotlib' not in sys.modules"
+    code = "import sys; import sleuthd_bench.plots, sleuthd_bench.report; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

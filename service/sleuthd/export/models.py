@@ -71,7 +71,7 @@ def export_ge2e_model(models_dir: Path, parity_dir: Path | None) -> Path:
     """Write ``models_dir/ge2e/ge2e.onnx`` and its manifest, with parity figures if clips are given."""
     import onnxruntime as ort
 
-    from sleuthd import export_ge2e
+    from sleuthd.export import ge2e as export_ge2e
 
     model_dir = models_dir / "ge2e"
     card = read_card(model_dir)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sleuthd.bench import plots
+from sleuthd_bench import plots
 
 _MISSING = "–"
 
@@ -29,7 +29,7 @@ def build_report(
     """Assemble the ``report.json`` object.
 
     ``methods`` maps a run name (``"pairwise@paper"``, ``"auto"``, …) to the
-    per-run object from :func:`sleuthd.bench.metrics.method_report`; it is deep
+    per-run object from :func:`sleuthd_bench.metrics.method_report`; it is deep
     copied, in the given order. Raises ``ValueError`` when a run lacks
     ``"detection"`` or ``"localization"`` or has unexpected top-level keys.
     """

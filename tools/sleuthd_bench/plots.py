@@ -79,7 +79,7 @@ def plot_threshold_sweep(
     """Draw the Figure-7-style threshold sweep and save it as a PNG.
 
     ``sweeps`` maps a method name (e.g. ``"pairwise"``, ``"centroid"``) to the
-    output of :func:`sleuthd.bench.metrics.threshold_sweep`: entries with
+    output of :func:`sleuthd_bench.metrics.threshold_sweep`: entries with
     ``"threshold"`` (τ, cosine similarity or cosine distance), ``"bal"`` and
     ``"bal_f1"`` (percent). Two panels share the τ axis, one line per method.
     A star marks the paper's threshold for the method (pairwise 0.4,
@@ -216,7 +216,7 @@ def plot_bias_scatter(report: Mapping[str, Any], path: Path | str) -> Path:
 def plot_reliability(summary: Mapping[str, Any], path: Path | str, title: str) -> Path:
     """Reliability diagram: observed share of inconsistent turns against mean predicted probability per
     bin (the diagonal is perfect calibration), with the bin counts below. ``summary`` is
-    sleuthd.bench.reliability.summary()."""
+    sleuthd_bench.reliability.summary()."""
     out = Path(path)
     fig = _new_figure(5.4, 6.0)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])

@@ -1,4 +1,4 @@
-"""`sleuthd bench throughput`: audio-seconds scored per second and latency, three ways, in one run.
+"""`sleuthd-bench throughput`: audio-seconds scored per second and latency, three ways, in one run.
 
 Modes, on the same real (synthetic-voice) dialogues of 5 turns x 2-6 s:
 
@@ -40,7 +40,7 @@ import grpc
 import numpy as np
 import soundfile as sf
 
-from sleuthd import synth
+from sleuthd_bench import synth
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

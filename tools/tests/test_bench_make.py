@@ -1,4 +1,4 @@
-"""`sleuthd bench make`: manifests built from a real (synthesized) speaker corpus with the real encoder."""
+"""`sleuthd-bench make`: manifests built from a real (synthesized) speaker corpus with the real encoder."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import pytest_asyncio
-from sleuthd import synth
-from sleuthd.bench.corpus import CorpusError, read_corpus
-from sleuthd.bench.make import MakeError, MakeOptions, make_manifest
-from sleuthd.bench.manifest import read_manifest
+from sleuthd_bench import synth
+from sleuthd_bench.corpus import CorpusError, read_corpus
+from sleuthd_bench.make import MakeError, MakeOptions, make_manifest
+from sleuthd_bench.manifest import read_manifest
 from sleuthd.domain import AudioInput
 from sleuthd.engine import Engine
 
-from .support import REPO
+from tests.support import REPO
 
 pytestmark = pytest.mark.skipif(
     any(shutil.which(t) is None for t in synth.TOOLS), reason="needs espeak-ng, flite and sox (make setup)"
@@ -171,7 +171,7 @@ async def test_least_similar_fallback_without_opposite_gender(
     gender = {r["speaker"]: r["gender"] for r in rows.values()}
     males = _subset(corpus_csv, {"M"}, "males.csv")
     out = tmp_path / "males.jsonl"
-    with caplog.at_level(logging.WARNING, logger="sleuthd.bench.make"):
+    with caplog.at_level(logging.WARNING, logger="sleuthd_bench.make"):
         result = await make_manifest(males, out, MakeOptions(dialogues_per_speaker=2), engine, show_progress=False)
     assert any("least similar" in r.getMessage() for r in caplog.records)
     assert len(result.s2_fallback_targets) == 4
@@ -198,7 +198,7 @@ def test_corpus_csv_errors(tmp_path: Path) -> None:
 
 def test_cli_writes_manifest_and_reports_errors_plainly(corpus_csv: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli.jsonl"
-    cmd = [sys.executable, "-m", "sleuthd.cli", "--log-level", "warning", "bench", "make", str(corpus_csv)]
+    cmd = [sys.executable, "-m", "sleuthd_bench.cli", "--log-level", "warning", "make", str(corpus_csv)]
     ok = subprocess.run(
         [*cmd, "--out", str(out), "--turns", "4", "--dialogues-per-speaker", "1", "--source", "cli", "--quiet"],
         capture_output=True,
@@ -212,7 +212,7 @@ def test_cli_writes_manifest_and_reports_errors_plainly(corpus_csv: Path, tmp_pa
     assert {len(x["target_turns"]) for x in lines} == {4} and {x["source"] for x in lines} == {"cli"}
 
     bad = subprocess.run(
-        [sys.executable, "-m", "sleuthd.cli", "bench", "make", str(tmp_path / "none.csv"), "--out", str(out)],
+        [sys.executable, "-m", "sleuthd_bench.cli", "make", str(tmp_path / "none.csv"), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,

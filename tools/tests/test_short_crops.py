@@ -1,5 +1,5 @@
-"""Short turns (sleuthd.bench.turn_lengths): cuts of real synthesized speech, embedded by the real engine,
-and `sleuthd bench cut`."""
+"""Short turns (sleuthd_bench.turn_lengths): cuts of real synthesized speech, embedded by the real engine,
+and `sleuthd-bench cut`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from sleuthd.bench.calibrate import embed_corpus
-from sleuthd.bench.corpus import CorpusClip, read_corpus
-from sleuthd.bench.turn_lengths import SHORT_TURN_SECONDS, cut_corpus, short_crop
+from sleuthd_bench.calibrate import embed_corpus
+from sleuthd_bench.corpus import CorpusClip, read_corpus
+from sleuthd_bench.turn_lengths import SHORT_TURN_SECONDS, cut_corpus, short_crop
 from sleuthd.calibration import turn_attenuation
 from sleuthd.engine import Engine
 
@@ -73,11 +73,11 @@ def write_corpus(path: Path, speech: Speech) -> list[Path]:
 
 
 def test_bench_cut_writes_a_corpus_of_mixed_lengths(tmp_path: Path, speech: Speech) -> None:
-    from sleuthd.cli import main
+    from sleuthd_bench.cli import main
 
     originals = write_corpus(tmp_path / "corpus.csv", speech)
     out = tmp_path / "mixed"
-    assert main(["bench", "cut", str(tmp_path / "corpus.csv"), "--out", str(out), "--seed", "2"]) == 0
+    assert main(["cut", str(tmp_path / "corpus.csv"), "--out", str(out), "--seed", "2"]) == 0
     rows = read_corpus(out / "corpus.csv")
     assert [r.speaker for r in rows] == [p.parent.name for p in originals]
     cut = [r for r, p in zip(rows, originals, strict=True) if r.path != p.resolve()]
@@ -90,19 +90,19 @@ def test_bench_cut_writes_a_corpus_of_mixed_lengths(tmp_path: Path, speech: Spee
             assert r.text == "a sentence"
     # The same seed makes the same corpus; every clip or none with share 1 or 0.
     again = tmp_path / "again"
-    assert main(["bench", "cut", str(tmp_path / "corpus.csv"), "--out", str(again), "--seed", "2"]) == 0
+    assert main(["cut", str(tmp_path / "corpus.csv"), "--out", str(again), "--seed", "2"]) == 0
     assert [r.path.name for r in read_corpus(again / "corpus.csv")] == [r.path.name for r in rows]
     assert cut_corpus(tmp_path / "corpus.csv", tmp_path / "all", 1.0, 0).cut == len(rows)
     assert cut_corpus(tmp_path / "corpus.csv", tmp_path / "none", 0.0, 0).cut == 0
 
 
 def test_bench_cut_refuses_a_bad_share_or_corpus(tmp_path: Path, speech: Speech, capsys) -> None:
-    from sleuthd.cli import main
+    from sleuthd_bench.cli import main
 
     write_corpus(tmp_path / "corpus.csv", speech)
-    assert main(["bench", "cut", str(tmp_path / "corpus.csv"), "--out", str(tmp_path / "o"), "--share", "1.5"]) == 2
+    assert main(["cut", str(tmp_path / "corpus.csv"), "--out", str(tmp_path / "o"), "--share", "1.5"]) == 2
     assert "--share must be between 0 and 1" in capsys.readouterr().err
-    assert main(["bench", "cut", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o")]) == 2
+    assert main(["cut", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o")]) == 2
     assert "cannot read corpus" in capsys.readouterr().err
 
 

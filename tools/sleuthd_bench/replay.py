@@ -1,4 +1,4 @@
-"""Replaying a benchmark manifest through a running server (``sleuthd replay``).
+"""Replaying a benchmark manifest through a running server (``sleuthd-bench replay``).
 
 Every instance goes through the public gRPC API, exactly as a user's pipeline would call it:
 one ``CheckDialogue`` per detection instance and run, one ``RankCandidates`` per discrimination
@@ -30,9 +30,9 @@ from typing import Any
 import grpc
 
 from sleuthd import client
-from sleuthd.bench import paired
-from sleuthd.bench import report as report_mod
-from sleuthd.bench.instances import (
+from sleuthd_bench import paired
+from sleuthd_bench import report as report_mod
+from sleuthd_bench.instances import (
     AUTO,
     PAPER_METHODS,
     Candidate,
@@ -43,10 +43,10 @@ from sleuthd.bench.instances import (
     plan_runs,
     scenario_turns,
 )
-from sleuthd.bench.manifest import ManifestLine, read_manifest
-from sleuthd.bench.metrics import SCENARIOS, DetectionRecord, DiscriminationRecord, Scenario, method_report
-from sleuthd.bench.progress import Progress
-from sleuthd.bench.sweeps import SWEEPS, SweepInstance, best_table, sweep_method
+from sleuthd_bench.manifest import ManifestLine, read_manifest
+from sleuthd_bench.metrics import SCENARIOS, DetectionRecord, DiscriminationRecord, Scenario, method_report
+from sleuthd_bench.progress import Progress
+from sleuthd_bench.sweeps import SWEEPS, SweepInstance, best_table, sweep_method
 from sleuthd.v1 import sleuthd_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class ReplayError(RuntimeError):
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """Options of ``sleuthd replay``.
+    """Options of ``sleuthd-bench replay``.
 
     ``methods``: from pairwise, centroid, reference, auto. ``thresholds``: from paper, default.
     ``concurrency``: RPCs in flight at once. ``timeout_s``: deadline of each RPC.
@@ -633,7 +633,7 @@ def _append_markdown(
 
 def _write_reliability(out_dir: Path, predictions: list[dict[str, Any]], manifest: str) -> dict[str, Path]:
     """calibration.json and reliability.png for the auto run: are its probabilities probabilities?"""
-    from sleuthd.bench import plots, reliability
+    from sleuthd_bench import plots, reliability
 
     probs, labels = reliability.turn_pairs(predictions, AUTO)
     if len(probs) == 0:

@@ -1,4 +1,4 @@
-"""Building a SpeakerSleuth-style manifest from a speaker-labelled corpus (``sleuthd bench make``).
+"""Building a SpeakerSleuth-style manifest from a speaker-labelled corpus (``sleuthd-bench make``).
 
 Construction follows the paper (Section 4.2) with our corpora's limits:
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sleuthd.bench.corpus import CorpusClip, embed_clips, read_corpus
-from sleuthd.bench.manifest import ManifestLine, relative_path, write_manifest
-from sleuthd.bench.progress import Progress
+from sleuthd_bench.corpus import CorpusClip, embed_clips, read_corpus
+from sleuthd_bench.manifest import ManifestLine, relative_path, write_manifest
+from sleuthd_bench.progress import Progress
 from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Paired bootstrap comparison of replay runs (sleuthd.bench.paired) and `sleuthd bench compare`."""
+"""Paired bootstrap comparison of replay runs (sleuthd_bench.paired) and `sleuthd-bench compare`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from sleuthd.bench import paired
-from sleuthd.bench.metrics import DetectionRecord, detection_metrics, localization_metrics
+from sleuthd_bench import paired
+from sleuthd_bench.metrics import DetectionRecord, detection_metrics, localization_metrics
 
 
 def _dialogue(did: str, s1_flag: set[int], s2_flag: set[int], s3_flag: set[int]) -> list[DetectionRecord]:
@@ -139,7 +139,7 @@ def test_records_from_predictions_round_trip() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sleuthd.cli", "bench", "compare", *args],
+        [sys.executable, "-m", "sleuthd_bench.cli", "compare", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,9 +1,9 @@
 """What the dialogue's other speakers add to `auto`: the same dialogues judged without and with them.
 
 Two uses, both offline tooling:
-- ``cohort_cross_validate`` (`sleuthd calibrate cohort-cv`): on the fit corpus, by folds of held-out
+- ``cohort_cross_validate`` (`sleuthd-bench calibrate cohort-cv`): on the fit corpus, by folds of held-out
   target voices, fits every variant on the other voices and compares the plain and the cohort models;
-- ``compare`` on dialogues of any corpus with the shipped calibration (`sleuthd calibrate
+- ``compare`` on dialogues of any corpus with the shipped calibration (`sleuthd-bench calibrate
   cohort-eval`): how the fitted cohort models transfer to voices they never saw.
 
 Test dialogues are benchmark-style (5 turns, a reference, S2 opposite gender, S3 the most similar
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.bench.calibrate import DECISION_THRESHOLD, Clip, Instance, dialogue_scores, fit_models, make_instances
-from sleuthd.bench.calibrate_cv import fold_mean, held_out_folds
-from sleuthd.bench.reliability import expected_calibration_error
+from sleuthd_bench.calibrate import DECISION_THRESHOLD, Clip, Instance, dialogue_scores, fit_models, make_instances
+from sleuthd_bench.calibrate_cv import fold_mean, held_out_folds
+from sleuthd_bench.reliability import expected_calibration_error
 from sleuthd.calibration import LogisticModel
 
 JUDGMENTS = ("without cohort", "with cohort")

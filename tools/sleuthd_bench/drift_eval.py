@@ -1,5 +1,5 @@
 """Speaker-drift dev set, second half: embed the built set, fit the detector and the paper's baseline on
-``fit``, evaluate both on every split and write the report (``sleuthd bench drift``).
+``fit``, evaluate both on every split and write the report (``sleuthd-bench drift``).
 
 Evaluation compares :func:`sleuthd.drift.detect_drift` with the paper's baseline: embed each of the
 three segments (GE2E utterance embedding: the pooled windows at the encoder's own rate) and call
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sleuthd.bench.driftset import (
+from sleuthd_bench.driftset import (
     SAMPLE_RATE,
     SPLITS,
     SUBTYPES,
@@ -95,7 +95,7 @@ async def embed_driftset(
     ``rate_per_second``, encoder); results are cached next to the labels in
     ``embeddings-<encoder>-<rate>.npz`` and reused for WAVs whose content has not changed.
     """
-    from sleuthd.bench.progress import Progress
+    from sleuthd_bench.progress import Progress
     from sleuthd.clips import pool, prepare_waveform
 
     labels_path = Path(labels_path)
@@ -499,7 +499,7 @@ def drift_block(fit: FitResult, report: Mapping[str, Any]) -> dict[str, Any]:
     c = fit.config
     fit_det = report["splits"]["fit"]["detector"]
     how = (
-        f"fitted on the fit split of `sleuthd bench drift` ({fit.n_fit} espeak-ng utterances: 5 subtypes x "
+        f"fitted on the fit split of `sleuthd-bench drift` ({fit.n_fit} espeak-ng utterances: 5 subtypes x "
         f"{fit.n_fit // len(SUBTYPES)}, paper layout of 3 segments + 500 ms silence): threshold = the accuracy-"
         f"maximising cut of the detector score (fit accuracy {fit_det['accuracy']:.3f}, F1 {fit_det['f1']:.3f}); "
         f"window rate, min_side_windows and transition_level chosen from {len(fit.candidates)} settings by fit "

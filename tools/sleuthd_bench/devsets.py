@@ -1,4 +1,4 @@
-"""The development benchmark (``sleuthd bench synth``): synthetic and real-speech splits.
+"""The development benchmark (``sleuthd-bench synth``): synthetic and real-speech splits.
 
 Splits (the names are part of the contract: calibration is fitted on ``fit`` and must be reported
 on the others):
@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sleuthd import synth
-from sleuthd.bench.make import MakeOptions, MakeResult, make_manifest
-from sleuthd.bench.manifest import dumps
-from sleuthd.bench.progress import Progress
+from sleuthd_bench import synth
+from sleuthd_bench.make import MakeOptions, MakeResult, make_manifest
+from sleuthd_bench.manifest import dumps
+from sleuthd_bench.progress import Progress
 from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ SPLITS = ("fit", "transfer", "fsdd")
 SIZES = ("small", "large")
 FIT_FAMILIES = frozenset({"espeak"})
 TRANSFER_FAMILIES = frozenset({"flite", "sox"})
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 # Where FSDD is looked for when --fsdd-dir is not given, first match wins.
 FSDD_CANDIDATES = (Path("/work/shared/data/fsdd"), REPO.parent / "shared" / "data" / "fsdd")
 

@@ -1,7 +1,7 @@
-"""The benchmark subcommands: ``sleuthd bench make``, ``sleuthd bench synth`` and ``sleuthd replay``.
+"""The ``sleuthd-bench`` command line: build benchmarks, replay them through a server, fit `auto`.
 
-``register(sub)`` adds them to the main parser's subcommands. Heavy imports (engine, grpc
-stubs, matplotlib) happen inside the commands, so ``sleuthd --help`` stays fast.
+Research tooling, kept out of the product: it uses sleuthd's public in-process API and client only.
+Heavy imports (encoders, grpc stubs, matplotlib) happen inside the commands, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sleuthd.bench import calibrate
+    from sleuthd_bench import calibrate
 
 logger = logging.getLogger("sleuthd")
 
@@ -45,8 +45,8 @@ def _load_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_bench_cut(args: argparse.Namespace) -> int:
-    from sleuthd.bench.corpus import CorpusError
-    from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE, SHORT_TURN_SECONDS, cut_corpus
+    from sleuthd_bench.corpus import CorpusError
+    from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE, SHORT_TURN_SECONDS, cut_corpus
 
     share = MIXED_SHORT_SHARE if args.share is None else args.share
     try:
@@ -60,8 +60,8 @@ def cmd_bench_cut(args: argparse.Namespace) -> int:
 
 def cmd_bench_make(args: argparse.Namespace) -> int:
     from sleuthd.audio import AudioError
-    from sleuthd.bench.corpus import CorpusError
-    from sleuthd.bench.make import MakeError, MakeOptions, make_manifest
+    from sleuthd_bench.corpus import CorpusError
+    from sleuthd_bench.make import MakeError, MakeOptions, make_manifest
     from sleuthd.manifest import ManifestError as ModelManifestError
 
     try:
@@ -91,11 +91,11 @@ def cmd_bench_make(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_synth(args: argparse.Namespace) -> int:
-    from sleuthd.bench.corpus import CorpusError
-    from sleuthd.bench.devsets import PRESETS, DevSetError, build_devsets
-    from sleuthd.bench.make import MakeError
+    from sleuthd_bench.corpus import CorpusError
+    from sleuthd_bench.devsets import PRESETS, DevSetError, build_devsets
+    from sleuthd_bench.make import MakeError
     from sleuthd.manifest import ManifestError as ModelManifestError
-    from sleuthd.synth import SynthesisError
+    from sleuthd_bench.synth import SynthesisError
 
     out = args.out or Path("data") / "dev" / args.size
     started = time.monotonic()
@@ -131,10 +131,10 @@ def cmd_bench_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from sleuthd.bench.instances import METHOD_CHOICES, THRESHOLD_SETS, parse_choices
-    from sleuthd.bench.manifest import ManifestError
-    from sleuthd.bench.replay import ReplayConfig, ReplayError, replay
-    from sleuthd.bench.report import markdown_table
+    from sleuthd_bench.instances import METHOD_CHOICES, THRESHOLD_SETS, parse_choices
+    from sleuthd_bench.manifest import ManifestError
+    from sleuthd_bench.replay import ReplayConfig, ReplayError, replay
+    from sleuthd_bench.report import markdown_table
 
     try:
         methods = parse_choices(args.methods, METHOD_CHOICES, "--methods")
@@ -181,7 +181,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from sleuthd.bench import paired
+    from sleuthd_bench import paired
 
     path = args.run_dir / "predictions.jsonl" if args.run_dir.is_dir() else args.run_dir
     if not path.is_file():
@@ -207,7 +207,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_throughput(args: argparse.Namespace) -> int:
-    from sleuthd.bench import throughput
+    from sleuthd_bench import throughput
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if not levels or min(levels) < 1:
@@ -231,10 +231,10 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_drift(args: argparse.Namespace) -> int:
-    """``sleuthd bench drift``: exit 0 on success, 2 on bad input or a missing tool/model."""
-    from sleuthd import synth
-    from sleuthd.bench import drift_eval
-    from sleuthd.bench.driftset import PRESETS, DriftSetError
+    """``sleuthd-bench drift``: exit 0 on success, 2 on bad input or a missing tool/model."""
+    from sleuthd_bench import synth
+    from sleuthd_bench import drift_eval
+    from sleuthd_bench.driftset import PRESETS, DriftSetError
     from sleuthd.engine import Engine, EngineConfig
     from sleuthd.manifest import ManifestError
 
@@ -284,9 +284,9 @@ def _embed_calibration_corpus(
     the calibrate commands, or an exit code on a bad corpus."""
     import asyncio
 
-    from sleuthd.bench import calibrate
-    from sleuthd.bench.corpus import CorpusError, read_corpus
-    from sleuthd.bench.progress import Progress
+    from sleuthd_bench import calibrate
+    from sleuthd_bench.corpus import CorpusError, read_corpus
+    from sleuthd_bench.progress import Progress
 
     try:
         clips = read_corpus(args.corpus)
@@ -332,7 +332,7 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_calibrate_fit(args: argparse.Namespace) -> int:
-    from sleuthd.bench import calibrate
+    from sleuthd_bench import calibrate
 
     if not 0.0 <= args.short_share <= 1.0:
         return _error(f"--short-share must be between 0 and 1, not {args.short_share:g}")
@@ -360,7 +360,7 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate_cv(args: argparse.Namespace) -> int:
-    from sleuthd.bench import calibrate_cv
+    from sleuthd_bench import calibrate_cv
 
     try:
         jitter_sets = [tuple(float(v) for v in part.split(",")) for part in args.jitter_sets.split(";") if part.strip()]
@@ -412,7 +412,7 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate_cohort_cv(args: argparse.Namespace) -> int:
-    from sleuthd.bench import cohort_eval
+    from sleuthd_bench import cohort_eval
 
     loaded = _embed_calibration_corpus(args)
     if isinstance(loaded, int):
@@ -439,8 +439,8 @@ def cmd_calibrate_cohort_cv(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
-    from sleuthd.bench import calibrate, cohort_eval
-    from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE
+    from sleuthd_bench import calibrate, cohort_eval
+    from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE
     from sleuthd.calibration import Calibration, CalibrationError
 
     loaded = _embed_calibration_corpus(args, short_crop_seed=None if args.turn_lengths == "whole" else args.seed)
@@ -490,11 +490,18 @@ LOOK_ALIKE_HELP = (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``bench`` (with ``make`` and ``synth``) and ``replay`` to the main parser's subcommands."""
-    from sleuthd.bench.driftset import PRESETS as DRIFT_PRESETS
-    from sleuthd.bench.turn_lengths import TRAIN_SHORT_SHARE
-    from sleuthd.cli import default_models_dir
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sleuthd-bench`` command line: benchmarks, replay, calibration fitting and speech synthesis."""
+    from sleuthd.config import default_models_dir
+    from sleuthd_bench.driftset import PRESETS as DRIFT_PRESETS
+    from sleuthd_bench.turn_lengths import TRAIN_SHORT_SHARE
+
+    p = argparse.ArgumentParser(
+        prog="sleuthd-bench",
+        description="Research tools for sleuthd: build benchmarks, replay them through a server, fit `auto`.",
+    )
+    p.add_argument("--log-level", default="info", help="debug, info, warning, error (default: info)")
+    sub = p.add_subparsers(dest="command", required=True)
 
     def engine_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
@@ -504,10 +511,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         sp.add_argument("--turns", type=int, default=5, help="target turns per dialogue (paper: 5 or 10; default 5)")
         sp.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
 
-    b = sub.add_parser("bench", help="build benchmark manifests")
-    bsub = b.add_subparsers(dest="bench_command", required=True)
-
-    m = bsub.add_parser(
+    m = sub.add_parser(
         "make",
         help="build a manifest from a speaker-labelled corpus CSV",
         description="Build a SpeakerSleuth-style manifest from a CSV with columns path,speaker,gender[,text] "
@@ -521,7 +525,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     engine_args(m)
     m.set_defaults(func=cmd_bench_make)
 
-    cut = bsub.add_parser(
+    cut = sub.add_parser(
         "cut",
         help="a corpus whose clips differ in length: a share of them cut to 1.2-3 s (about 2 s of speech)",
         description="Writes OUT/corpus.csv with every clip of CORPUS; each clip, by a coin flip with probability "
@@ -538,7 +542,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cut.add_argument("--seed", type=int, default=0, help="seed of the coin flips and the cuts (default: 0)")
     cut.set_defaults(func=cmd_bench_cut)
 
-    s = bsub.add_parser(
+    s = sub.add_parser(
         "synth",
         help="build the dev benchmark: fit (espeak), transfer (flite + sox variants), fsdd (real speech)",
     )
@@ -571,7 +575,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_replay)
 
-    cp = bsub.add_parser(
+    cp = sub.add_parser(
         "compare",
         help="one run of a replay against every other, paired over dialogues, with bootstrap intervals",
         description="Read a replay's predictions.jsonl and print, for --run against every other run, the "
@@ -586,7 +590,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cp.add_argument("--json", type=Path, help="also write the comparisons as JSON")
     cp.set_defaults(func=cmd_bench_compare)
 
-    t = bsub.add_parser(
+    t = sub.add_parser(
         "throughput",
         help="audio-seconds scored per second and latency: resemblyzer vs our server unbatched vs batched",
     )
@@ -600,7 +604,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_bench_throughput)
 
-    dr = bsub.add_parser(
+    dr = sub.add_parser(
         "drift",
         help="build the speaker-drift dev set, fit drift detection on it and compare with the paper's baseline",
         description="Build the speaker-drift dev set (3 segments + 500 ms silence; non-drift, hard negatives "
@@ -725,3 +729,30 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ce.add_argument("--json", type=Path, help="write the results as JSON")
     engine_args(ce)
     ce.set_defaults(func=cmd_calibrate_cohort_eval)
+
+    d = sub.add_parser("dialogue", help="render a dialogue script (voices + texts) to WAVs and a dialogue file")
+    d.add_argument("script", type=Path)
+    d.add_argument("--out", type=Path, required=True)
+    d.set_defaults(func=cmd_synth_dialogue)
+    return p
+
+
+def cmd_synth_dialogue(args: argparse.Namespace) -> int:
+    from sleuthd_bench import synth
+
+    try:
+        path = synth.render_dialogue_script(args.script, args.out)
+    except (synth.SynthesisError, OSError, ValueError) as exc:
+        return _error(str(exc))
+    print(f"wrote {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ speech), about where real speech of 2-3 s sits (FSDD: 0.81/0.88/0.93). The embed
 
 - ``short_crop``: one random cut of a clip, as WAV bytes (used by `calibrate cv --short-turns` and
   `calibrate cohort-eval --turn-lengths`, which embed the cuts in memory);
-- ``cut_corpus`` (`sleuthd bench cut`): a corpus CSV in which a share of the clips are replaced by cuts
+- ``cut_corpus`` (`sleuthd-bench cut`): a corpus CSV in which a share of the clips are replaced by cuts
   written to disk, so `bench make` and `replay` can measure turn-length variation through the API.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from sleuthd.bench.corpus import read_corpus
+from sleuthd_bench.corpus import read_corpus
 
 SHORT_TURN_SECONDS = (1.2, 3.0)  # length of a cut, seconds of audio, uniform
 # In a corpus of mixed lengths, the share of clips replaced by a cut (each by a coin flip).

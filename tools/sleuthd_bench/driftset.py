@@ -1,4 +1,4 @@
-"""The speaker-drift dev set (``sleuthd bench drift``): plan it, synthesize it and write its labels.
+"""The speaker-drift dev set (``sleuthd-bench drift``): plan it, synthesize it and write its labels.
 
 Layout follows the speaker-drift paper (Sec. 2): every utterance is three speech segments joined
 with 500 ms of digital silence, and there are equal numbers of five subtypes:
@@ -23,7 +23,7 @@ into its own base voice or a sibling variant): same-gender changes are the hard,
 Splits: ``fit`` uses espeak-ng voices only (thresholds are fitted there), ``transfer`` uses the
 flite voices and the sox variants (reported, never fitted on).
 
-Embedding, fitting and evaluating the set: :mod:`sleuthd.bench.drift_eval`.
+Embedding, fitting and evaluating the set: :mod:`sleuthd_bench.drift_eval`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import soundfile as sf
 
-from sleuthd import synth
+from sleuthd_bench import synth
 
 if TYPE_CHECKING:
     pass
@@ -323,7 +323,7 @@ def _write_wav(path: Path, audio: np.ndarray) -> None:
 class SegmentCache:
     """Synthesized, silence-trimmed sentences on disk: ``<root>/<voice>/<sha1 of text>.wav``.
 
-    A cached file is reused when its ``.txt`` sidecar holds the same text (as in ``sleuthd.synth``).
+    A cached file is reused when its ``.txt`` sidecar holds the same text (as in ``sleuthd_bench.synth``).
     """
 
     def __init__(self, root: Path) -> None:

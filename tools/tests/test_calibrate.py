@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sleuthd.bench import calibrate
-from sleuthd.bench.calibrate import (
+from sleuthd_bench import calibrate
+from sleuthd_bench.calibrate import (
     Clip,
     Instance,
     _draw_cohort,
@@ -20,9 +20,9 @@ from sleuthd.bench.calibrate import (
     make_instances,
     mix_lengths,
 )
-from sleuthd.bench.calibrate_cv import Setting, SettingResult, cross_validate, select, speaker_folds
-from sleuthd.bench.cohort_eval import JUDGMENTS, cohort_cross_validate, compare
-from sleuthd.bench.turn_lengths import MIXED_SHORT_SHARE
+from sleuthd_bench.calibrate_cv import Setting, SettingResult, cross_validate, select, speaker_folds
+from sleuthd_bench.cohort_eval import JUDGMENTS, cohort_cross_validate, compare
+from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE
 from sleuthd.calibration import BASE_VARIANTS, COHORT_SUFFIX, FEATURES, VARIANTS
 
 DIM = 32

@@ -1,4 +1,4 @@
-"""`sleuthd replay`: the small synthetic dev set replayed through the real in-process server."""
+"""`sleuthd-bench replay`: the small synthetic dev set replayed through the real in-process server."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from sleuthd import synth
-from sleuthd.bench.devsets import PRESETS, build_devsets
-from sleuthd.bench.instances import discrimination_candidates, discrimination_context, plan_runs, scenario_turns
-from sleuthd.bench.manifest import ManifestError, ManifestLine, read_manifest, relative_path
-from sleuthd.bench.replay import ReplayConfig, ReplayError, check_auto_supported, replay
+from sleuthd_bench import synth
+from sleuthd_bench.devsets import PRESETS, build_devsets
+from sleuthd_bench.instances import discrimination_candidates, discrimination_context, plan_runs, scenario_turns
+from sleuthd_bench.manifest import ManifestError, ManifestLine, read_manifest, relative_path
+from sleuthd_bench.replay import ReplayConfig, ReplayError, check_auto_supported, replay
 from sleuthd.engine import Engine
 from sleuthd.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 
-from .support import REPO
+from tests.support import REPO
 
 needs_tools = pytest.mark.skipif(
     any(shutil.which(t) is None for t in synth.TOOLS), reason="needs espeak-ng, flite and sox (make setup)"
@@ -278,7 +278,7 @@ async def test_unreachable_target_fails_with_a_clear_message(small_devset: dict[
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sleuthd.cli", *args], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "sleuthd_bench.cli", *args], capture_output=True, text=True, timeout=120, check=False
     )
 
 

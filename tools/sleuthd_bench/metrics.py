@@ -220,7 +220,7 @@ def _group_by_scenario(records: Iterable[DetectionRecord]) -> dict[Scenario, lis
     return groups
 
 
-#: A per-scenario value, or an array of them (bootstrap resamples in sleuthd.bench.paired).
+#: A per-scenario value, or an array of them (bootstrap resamples in sleuthd_bench.paired).
 Value = TypeVar("Value", float, "np.ndarray")
 
 
