@@ -8,11 +8,13 @@ from pathlib import Path
 import grpc
 import pytest
 import pytest_asyncio
-from sleuthd_bench import synth
-from sleuthd.engine import Engine, EngineConfig
+from sleuthd.api import SpeakerEncoder
+from sleuthd.config import EngineConfig, ServerConfig
+from sleuthd.engine import Engine
 from sleuthd.metrics import ServiceMetrics
-from sleuthd.server import RunningServer, ServerConfig, create_server
+from sleuthd.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+from sleuthd_bench import synth
 
 from tests.support import (
     CLIPS_PER_VOICE,
@@ -66,8 +68,16 @@ async def engine(models_dir: Path, metrics: ServiceMetrics) -> AsyncIterator[Eng
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="session")
+async def speaker_encoder(models_dir: Path) -> AsyncIterator[SpeakerEncoder]:
+    """GE2E through the public in-process API (sleuthd.api), as the tools use it."""
+    encoder = SpeakerEncoder.load(models_dir)
+    yield encoder
+    await encoder.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="session")
 async def server(engine: Engine, metrics: ServiceMetrics) -> AsyncIterator[RunningServer]:
-    config = ServerConfig(port=0, max_message_bytes=TEST_MAX_MESSAGE_BYTES, metrics_port=0)
+    config = ServerConfig(port=0, max_message_mb=TEST_MAX_MESSAGE_BYTES / 2**20, metrics_port=0)
     running = await create_server(engine, config, metrics)
     yield running
     await running.stop(grace=1.0)

@@ -13,17 +13,17 @@ import pytest
 import pytest_asyncio
 from sleuthd.calibration import (
     FEATURES,
-    LENGTH_CORRECTION,
     Calibration,
     CalibrationError,
     LogisticModel,
     inconsistency_probability,
     turn_features,
 )
-from sleuthd.engine import Engine, EngineConfig
+from sleuthd.config import EngineConfig, ServerConfig
+from sleuthd.engine import Engine
 from sleuthd.manifest import load_encoder_manifest
 from sleuthd.metrics import ServiceMetrics
-from sleuthd.server import RunningServer, ServerConfig, create_server
+from sleuthd.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -212,16 +212,11 @@ def test_calibration_round_trips_and_is_versioned_with_the_encoder(models_dir: P
     again["source"]["file_sha256"] = "0" * 64
     with pytest.raises(CalibrationError, match="fitted for weights"):
         Calibration.from_manifest(again, "ge2e")
-    # The shipped models were fitted on cosines as measured; one fitted with the length correction is
-    # judged with it, and one fitted with a correction this server does not know is refused.
-    assert not cal.corrects_length and cal.attenuation(np.array([0.8, np.nan]), np.array([3.0, 0.8])) is None
+    # The shipped models were fitted on cosines as measured; one fitted with the (removed) turn-length
+    # correction would give wrong probabilities on them, so it is refused.
     corrected = json.loads(json.dumps(manifest.raw))
-    corrected["calibration"]["length_correction"] = LENGTH_CORRECTION
-    with_correction = Calibration.from_manifest(corrected, "ge2e")
-    scale = with_correction.attenuation(np.array([0.8, np.nan]), np.array([3.0, 0.8]))
-    assert with_correction.corrects_length and scale is not None and scale[1] < scale[0]
-    corrected["calibration"]["length_correction"] = "attenuation-v9"
-    with pytest.raises(CalibrationError, match="'attenuation-v9', which this server does not know"):
+    corrected["calibration"]["length_correction"] = "attenuation-v1"
+    with pytest.raises(CalibrationError, match="'attenuation-v1', which sleuthd no longer serves"):
         Calibration.from_manifest(corrected, "ge2e")
     # A calibration from before the cohort models existed is refused, naming what it lacks.
     older = json.loads(json.dumps(manifest.raw))
@@ -250,7 +245,7 @@ async def two_encoder_server(
     m["default_method"] = "pairwise"
     (plain / "manifest.json").write_text(json.dumps(m))
     engine = Engine.load(EngineConfig(models_dir=root, device="cpu"))
-    running = await create_server(engine, ServerConfig(port=0), ServiceMetrics())
+    running = await create_server(engine, ServerConfig(port=0, metrics_port=-1), ServiceMetrics())
     yield running
     await running.stop(grace=1.0)
     await engine.aclose()
@@ -273,45 +268,3 @@ async def test_auto_on_an_uncalibrated_encoder_fails_clearly(two_encoder_server:
         req.options.encoder, req.options.method = "ge2e", pb.METHOD_AUTO
         v = await stub.CheckDialogue(req, timeout=60)
         assert list(v.speakers[0].inconsistent_turn_ids) == ["t2"]
-
-
-def test_window_coherence_uses_only_windows_that_share_no_audio() -> None:
-    from sleuthd.features import WindowSpec, step_frames, window_coherence
-
-    spec = WindowSpec()
-    apart = -(-spec.window_frames // step_frames(spec))  # 3 with the shipped placement (0.77 s steps, 1.6 s windows)
-    assert apart == 3
-    rng = np.random.default_rng(0)
-    common = _unit(rng.normal(size=DIM))
-    # Neighbours are made identical (they share audio); windows 3 and more places apart are ~0.5 alike.
-    windows = np.stack([_unit(common + _unit(rng.normal(size=DIM))) for _ in range(6)])
-    windows[1], windows[4] = windows[0], windows[3]
-    sims = windows @ windows.T
-    rows, cols = np.triu_indices(6, k=3)
-    assert window_coherence(windows, spec) == pytest.approx(float(sims[rows, cols].mean()))
-    assert 0.3 < window_coherence(windows, spec) < 0.7
-    assert np.isnan(window_coherence(windows[:3], spec))  # no pair far enough apart
-
-
-def test_attenuation_is_relative_to_the_speakers_typical_turn() -> None:
-    from sleuthd.calibration import turn_attenuation
-
-    coherence = np.array([0.8, 0.8, 0.8, np.nan])
-    windows = np.array([3.0, 3.0, 3.0, 0.75])  # three long turns and one short one
-    scale = turn_attenuation(coherence, windows)
-    assert scale[:3] == pytest.approx([1.0, 1.0, 1.0])
-    long, short = (1.0 / np.sqrt(1.0 + 0.25 / k) for k in (3.0, 0.75))  # 1/rho2 - 1 = 0.25
-    assert scale[3] == pytest.approx(short / long)
-    # Nothing long enough to measure coherence: nothing is corrected.
-    assert np.array_equal(turn_attenuation(np.full(3, np.nan), np.array([0.8, 1.0, 1.2])), np.ones(3))
-    # The correction raises the short turn's cosines, so a genuine short turn no longer looks foreign.
-    v = ConstructedVoices()
-    turns = v.voice(v.a, 4)
-    # The same voice, shrunk as a 1.2 s turn is: cosines to the others about 0.9 of the long turns'.
-    turns[3] = _unit(0.9 * turns[3] + 0.436 * _unit(v.rng.normal(size=DIM)))
-    seconds = np.array([4.8, 4.8, 4.8, 1.2])
-    _, raw = turn_features(turns, None, seconds)
-    _, corrected = turn_features(turns, None, seconds, None, scale)
-    gap = FEATURES["context"].index("context_gap")
-    assert raw[3, gap] > 1.0  # uncorrected, it looks like an outsider
-    assert abs(corrected[3, gap]) < 0.2 * raw[3, gap]

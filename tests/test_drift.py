@@ -8,7 +8,6 @@ with the block fitted by `sleuthd-bench drift --size large` (PROPOSED_BLOCK).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,11 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from sleuthd_bench import synth
-from sleuthd_bench import driftset
-from sleuthd.clips import prepare_waveform
+from sleuthd.api import SpeakerEncoder
 from sleuthd.drift import DriftConfig, DriftResult, detect_drift
 from sleuthd.engine import Engine
 from sleuthd.manifest import read_card
+from sleuthd_bench import driftset, synth
 
 from .support import MODELS_DIR, REPO, VOICE_A, VOICE_B
 
@@ -210,26 +208,20 @@ def _plan(subtype: str, boundary: int, voice_b: str | None) -> driftset.Utteranc
 
 
 async def _drift_of(
-    plan: driftset.UtterancePlan, engine: Engine, config: DriftConfig, tmp_path: Path
+    plan: driftset.UtterancePlan, encoder: SpeakerEncoder, config: DriftConfig, tmp_path: Path
 ) -> tuple[driftset.DriftLabel, DriftResult]:
     label = driftset.render_utterance(plan, tmp_path, driftset.SegmentCache(DRIFT_CACHE))
     samples = driftset.read_wav(tmp_path / label.path)
-    encoder = engine.encoders["ge2e"]
-    manifest = encoder.manifest
-    dense = dataclasses.replace(
-        manifest, window=dataclasses.replace(manifest.window, rate_per_second=config.window_rate_per_second)
-    )
-    clip = prepare_waveform(samples, dense, engine.vad)
-    assert clip.windows is not None and clip.window_times is not None, clip.detail
-    embeddings = await encoder.encode(clip.windows)
-    return label, detect_drift(embeddings, clip.window_times, config)
+    clip = await encoder.embed_waveform(samples, encoder.windows_at(config.window_rate_per_second))
+    assert clip.window_embeddings is not None and clip.window_times is not None, clip.detail
+    return label, detect_drift(clip.window_embeddings, clip.window_times, config)
 
 
 @pytest.mark.parametrize("boundary", [1, 2])
 async def test_spliced_voice_change_lands_within_one_hop(
-    boundary: int, engine: Engine, config: DriftConfig, tmp_path: Path
+    boundary: int, speaker_encoder: SpeakerEncoder, config: DriftConfig, tmp_path: Path
 ) -> None:
-    label, result = await _drift_of(_plan("abrupt", boundary, VOICE_B), engine, config, tmp_path)
+    label, result = await _drift_of(_plan("abrupt", boundary, VOICE_B), speaker_encoder, config, tmp_path)
     assert label.segment_voices == tuple(VOICE_A if i < boundary else VOICE_B for i in range(3))
     assert len(result.segments) == 1, result
     (segment,) = result.segments
@@ -243,9 +235,9 @@ async def test_spliced_voice_change_lands_within_one_hop(
 
 @pytest.mark.parametrize("subtype", ["non_drift", "hard_negative_noise"])
 async def test_one_voice_speech_has_no_segment(
-    subtype: str, engine: Engine, config: DriftConfig, tmp_path: Path
+    subtype: str, speaker_encoder: SpeakerEncoder, config: DriftConfig, tmp_path: Path
 ) -> None:
-    label, result = await _drift_of(_plan(subtype, 1, None), engine, config, tmp_path)
+    label, result = await _drift_of(_plan(subtype, 1, None), speaker_encoder, config, tmp_path)
     assert set(label.segment_voices) == {VOICE_A}
     assert result.segments == (), result
     assert result.score < config.threshold
@@ -266,13 +258,13 @@ class _CountingVad:
 async def test_drift_reuses_the_judging_decode_and_both_placements_are_cached(
     models_dir: Path, speech: Any, config: DriftConfig
 ) -> None:
+    from sleuthd.config import EngineConfig
     from sleuthd.domain import AudioInput, CheckOptions, DialogueRequest, DialogueTurn
-    from sleuthd.engine import EngineConfig
     from sleuthd.scoring import Method
 
     own = Engine.load(EngineConfig(models_dir=models_dir, device="cpu"))  # its own, empty cache
-    counting = _CountingVad(own.vad)
-    own.vad = counting  # type: ignore[assignment]
+    counting = _CountingVad(own.embedder.vad)
+    own.embedder.vad = counting  # type: ignore[assignment]
     try:
         turns = tuple(DialogueTurn(f"t{k}", "A", audio=AudioInput(speech.wav_bytes(VOICE_A, k))) for k in range(3))
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from resemblyzer import preprocess_wav
 from sleuthd.encoder import OnnxEncoder
-from sleuthd.manifest import load_encoder_manifest
 from sleuthd.export.models import fsdd_parity_turns, parity_cosines
+from sleuthd.manifest import load_encoder_manifest
 
 from .support import FSDD_SUBSET, Speech
 

@@ -12,7 +12,6 @@ from sleuthd.scoring import (
     pairwise_mean_cosine,
     rank_order,
     reference_cosine,
-    turn_scores,
 )
 
 # Three unit vectors: two identical, one orthogonal.
@@ -42,12 +41,6 @@ def test_flag_directions() -> None:
     # Exactly at the threshold is not flagged, either direction.
     assert not flagged(Method.REFERENCE, np.array([0.4]), 0.4)[0]
     assert not flagged(Method.CENTROID, np.array([0.4]), 0.4)[0]
-
-
-def test_turn_scores_dispatch() -> None:
-    assert turn_scores(Method.PAIRWISE, E, None).tolist() == pytest.approx([0.5, 0.5, 0.0])
-    with pytest.raises(ValueError, match="reference"):
-        turn_scores(Method.REFERENCE, E, None)
 
 
 def test_candidate_scores_and_ranking() -> None:

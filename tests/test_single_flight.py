@@ -114,15 +114,15 @@ async def test_identical_concurrent_requests_are_embedded_once(
 async def test_a_cancelled_request_leaves_the_shared_clip_to_the_other(engine: Engine, speech: Speech) -> None:
     encoder = engine.encoders["ge2e"]
     audio = audio_from_pb(fresh_pcm(speech, VOICE_A, 3, 777), "audio")
-    leaving = asyncio.ensure_future(engine.embed_audio(encoder, [(audio, "leaving")]))
-    staying = asyncio.ensure_future(engine.embed_audio(encoder, [(audio, "staying")]))
+    leaving = asyncio.ensure_future(engine.embedder.embed_audio(encoder, [(audio, "leaving")]))
+    staying = asyncio.ensure_future(engine.embedder.embed_audio(encoder, [(audio, "staying")]))
     await asyncio.sleep(0.01)
     leaving.cancel()
     (clip,) = await staying
     assert leaving.cancelled() and clip.usable
-    assert len(engine._in_flight) == 0
+    assert len(engine.embedder._in_flight) == 0
     # What the survivor got is what the cache now holds for everyone.
-    (again,) = await engine.embed_audio(encoder, [(audio, "later")])
+    (again,) = await engine.embedder.embed_audio(encoder, [(audio, "later")])
     assert again is clip
 
 

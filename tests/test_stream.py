@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 import numpy as np
 import pytest
 import pytest_asyncio
 import soundfile as sf
+from sleuthd.config import ServerConfig
 from sleuthd.engine import Engine
 from sleuthd.metrics import ServiceMetrics
-from sleuthd.server import RunningServer, ServerConfig, create_server
-from sleuthd.session import StreamLimits
+from sleuthd.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -206,8 +207,9 @@ async def test_bad_audio_in_stream_names_the_turn(stub: pb_grpc.SleuthStub) -> N
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def small_limits_server(engine: Engine) -> AsyncIterator[RunningServer]:
-    limits = StreamLimits(max_buffered_bytes=100_000, max_turns=3)
-    running = await create_server(engine, ServerConfig(port=0, stream_limits=limits), ServiceMetrics())
+    # The same loaded models behind an engine with small per-stream bounds.
+    small = Engine(engine.models, replace(engine.config, max_stream_buffer_mb=100_000 / 2**20, max_turns=3))
+    running = await create_server(small, ServerConfig(port=0, metrics_port=-1), ServiceMetrics())
     yield running
     await running.stop(grace=1.0)
 
@@ -233,20 +235,25 @@ async def test_per_stream_memory_and_turn_bounds(small_limits_server: RunningSer
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "turns" in err.value.details()
 
 
-async def test_vanishing_client_frees_the_stream(stub: pb_grpc.SleuthStub, engine: Engine, speech: Speech) -> None:
-    before = engine.active_streams
+async def test_vanishing_client_frees_the_stream(
+    stub: pb_grpc.SleuthStub, metrics: ServiceMetrics, speech: Speech
+) -> None:
+    def active_streams() -> float:
+        return metrics.registry.get_sample_value("sleuthd_streams_active") or 0.0
+
+    before = active_streams()
     call = stub.StreamDialogue(timeout=60)
     await call.write(open_msg())
     await call.write(start("gone", "A", 0))
     await call.write(Req(audio=pb.TurnAudio(turn_id="gone", data=speech.wav_bytes(VOICE_A, 0)[:50_000])))
     for _ in range(100):  # the server has the stream open
-        if engine.active_streams > before:
+        if active_streams() > before:
             break
         await asyncio.sleep(0.05)
-    assert engine.active_streams == before + 1
+    assert active_streams() == before + 1
     call.cancel()  # the client disappears mid-turn
     for _ in range(200):
-        if engine.active_streams == before:
+        if active_streams() == before:
             break
         await asyncio.sleep(0.05)
-    assert engine.active_streams == before
+    assert active_streams() == before

@@ -11,17 +11,17 @@ import io
 import logging
 import re
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 import soundfile as sf
 import soxr
 
+from sleuthd.config import SAMPLE_RATE
+from sleuthd.domain import PcmEncoding, PcmSpec
 from sleuthd.errors import InvalidRequest
 
 logger = logging.getLogger(__name__)
 
-TARGET_SAMPLE_RATE = 16_000
 MIN_SAMPLE_RATE = 8_000
 MAX_SAMPLE_RATE = 48_000
 MAX_CHANNELS = 8
@@ -31,20 +31,6 @@ LOUDNESS_TARGET_DBFS = -30.0
 
 class AudioError(InvalidRequest):
     """The client's audio cannot be used; the message says why and what to send instead."""
-
-
-class PcmEncoding(Enum):
-    S16LE = "s16le"
-    F32LE = "f32le"
-
-
-@dataclass(frozen=True)
-class PcmSpec:
-    """How to read headerless PCM bytes."""
-
-    encoding: PcmEncoding
-    sample_rate_hz: int
-    channels: int
 
 
 @dataclass(frozen=True)
@@ -156,10 +142,10 @@ def decode_pcm(data: bytes, spec: PcmSpec, max_seconds: float) -> Waveform:
 
 def to_model_rate(wave: Waveform) -> Waveform:
     """Resample to 16 kHz with soxr (high quality)."""
-    if wave.sample_rate_hz == TARGET_SAMPLE_RATE:
+    if wave.sample_rate_hz == SAMPLE_RATE:
         return wave
-    out = soxr.resample(wave.samples, wave.sample_rate_hz, TARGET_SAMPLE_RATE, quality="HQ")
-    return Waveform(np.ascontiguousarray(out, dtype=np.float32), TARGET_SAMPLE_RATE)
+    out = soxr.resample(wave.samples, wave.sample_rate_hz, SAMPLE_RATE, quality="HQ")
+    return Waveform(np.ascontiguousarray(out, dtype=np.float32), SAMPLE_RATE)
 
 
 def normalize_loudness(samples: np.ndarray, target_dbfs: float = LOUDNESS_TARGET_DBFS) -> np.ndarray:

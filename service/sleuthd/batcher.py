@@ -28,38 +28,12 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from sleuthd.config import BatcherConfig
 from sleuthd.errors import DeadlineExceeded, EngineFailure, Overloaded
 from sleuthd.manifest import EncoderManifest
+from sleuthd.observe import BatchObserver, NullObserver
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatcherConfig:
-    """How requests are grouped into model calls. Every field is a documented server option."""
-
-    # Windows per model call: bounds the cost (latency, memory) of one call. A request with more windows
-    # is split across consecutive calls and stitched back; it is never rejected for its size.
-    max_batch_windows: int = 64
-    # How long the OLDEST queued request may wait for company, in milliseconds. When it has waited this
-    # long, whatever is queued is run, full batch or not.
-    max_wait_ms: float = 5.0
-    # Windows allowed to wait in the queue (not counting those already in a model call). A request that
-    # would go over is rejected at once with Overloaded, so overload shows up as fast errors, not latency.
-    max_queue_windows: int = 4096
-    # Model calls in flight at once. On a few CPU cores 1 is right (one call already uses every core);
-    # on a GPU 2 lets the host prepare and copy one batch while the other runs.
-    max_concurrent_batches: int = 1
-
-    def __post_init__(self) -> None:
-        if self.max_batch_windows < 1:
-            raise ValueError(f"max_batch_windows must be at least 1, got {self.max_batch_windows}")
-        if self.max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms must be 0 or more, got {self.max_wait_ms}")
-        if self.max_queue_windows < 1:
-            raise ValueError(f"max_queue_windows must be at least 1, got {self.max_queue_windows}")
-        if self.max_concurrent_batches < 1:
-            raise ValueError(f"max_concurrent_batches must be at least 1, got {self.max_concurrent_batches}")
 
 
 class EmbeddingModel(Protocol):
@@ -71,44 +45,6 @@ class EmbeddingModel(Protocol):
     def embed(self, windows: np.ndarray) -> np.ndarray:
         """(batch, window_samples) float32 -> (batch, embedding_size) float32."""
         ...
-
-
-class BatchObserver(Protocol):
-    """Receives the batcher's measurements (the metrics module implements it with Prometheus)."""
-
-    def queue_depth(self, windows: int) -> None:
-        """Windows now waiting in the queue; called whenever that number changes."""
-
-    def queue_wait(self, seconds: float) -> None:
-        """How long a request waited from arrival until its first windows were put in a batch."""
-
-    def batch_executed(self, windows: int, requests: int, seconds: float) -> None:
-        """One model call finished (whether it succeeded or raised) after ``seconds`` of work."""
-
-    def batch_failed(self, windows: int, requests: int) -> None:
-        """A model call raised or returned the wrong shape; its ``requests`` all failed."""
-
-    def rejected(self) -> None:
-        """A request was refused because the queue was full."""
-
-
-class NullObserver:
-    """The default :class:`BatchObserver`: measures nothing."""
-
-    def queue_depth(self, windows: int) -> None:
-        pass
-
-    def queue_wait(self, seconds: float) -> None:
-        pass
-
-    def batch_executed(self, windows: int, requests: int, seconds: float) -> None:
-        pass
-
-    def batch_failed(self, windows: int, requests: int) -> None:
-        pass
-
-    def rejected(self) -> None:
-        pass
 
 
 @dataclass
@@ -212,12 +148,15 @@ class MicroBatcher:
         running are waited for and their requests answered."""
         self._closed = True
         self._fail_queued(EngineFailure("shutting down"))
-        if self._task is not None:
+        # A task already done (its event loop ended, as after asyncio.run) needs no waiting, and cannot be
+        # awaited from another loop.
+        if self._task is not None and not self._task.done():
             self._task.cancel()
             # asyncio.wait, not await: it neither re-raises the task's CancelledError nor swallows our own.
             await asyncio.wait([self._task])
-        if self._inflight:
-            await asyncio.wait(list(self._inflight))
+        running = [t for t in self._inflight if not t.done()]
+        if running:
+            await asyncio.wait(running)
 
     async def encode(self, windows: np.ndarray, deadline: float | None = None) -> np.ndarray:
         """(n, window_samples) windows -> (n, embedding_size) float32 embeddings, row for row.

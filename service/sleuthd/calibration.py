@@ -21,19 +21,13 @@ the cohort features added.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from sleuthd.scoring import unit
-
-# Names the correction turn_attenuation applies to every cosine. A calibration records whether its
-# models were fitted on corrected cosines ("length_correction": this name; absent or null: not), and
-# the server feeds them features made the same way. The shipped calibration does not use it: its
-# cross-validation gate failed on all-short dialogues (docs/auto.md, steps 7 and 8).
-LENGTH_CORRECTION = "attenuation-v1"
 
 # Floors keep ratios finite for speakers whose turns are nearly identical.
 MIN_SPREAD = 0.02  # cosine
@@ -95,7 +89,6 @@ class Calibration:
     models: dict[str, LogisticModel]
     decision_threshold: float
     raw: dict[str, Any]
-    corrects_length: bool = False  # fitted on length-corrected cosines (LENGTH_CORRECTION)
 
     @classmethod
     def from_manifest(cls, manifest_raw: Mapping[str, Any], encoder_name: str) -> Calibration:
@@ -105,28 +98,28 @@ class Calibration:
             raise CalibrationError(
                 f"encoder {encoder_name!r} has no calibration in its manifest, so method auto cannot judge with "
                 "it: use a thresholded method (pairwise, centroid, reference) or fit one with "
-                "`sleuthd calibrate fit`"
+                "`sleuthd-bench calibrate fit`"
             )
         weights_sha = manifest_raw.get("source", {}).get("file_sha256")
         if block.get("encoder_weights_sha256") != weights_sha:
             raise CalibrationError(
                 f"the calibration of encoder {encoder_name!r} was fitted for weights "
                 f"{str(block.get('encoder_weights_sha256'))[:12]}… but the manifest's weights are "
-                f"{str(weights_sha)[:12]}…: refit it with `sleuthd calibrate fit`"
+                f"{str(weights_sha)[:12]}…: refit it with `sleuthd-bench calibrate fit`"
             )
         try:
             models = {name: LogisticModel.from_json(m) for name, m in block["models"].items()}
             threshold = float(block["decision_threshold"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"calibration of encoder {encoder_name!r} is malformed: {exc}") from exc
-        correction = block.get("length_correction")
-        if correction not in (None, LENGTH_CORRECTION):
-            # Same feature names, different meaning: judging with features made another way than the
-            # models were fitted on would give wrong probabilities. Refuse instead.
+        if block.get("length_correction") is not None:
+            # Same feature names, different meaning: a model fitted on length-corrected cosines would give
+            # wrong probabilities on the plain cosines this server computes. Refuse instead. (The
+            # correction failed its gate and was removed; docs/research/ has its history.)
             raise CalibrationError(
-                f"the calibration of encoder {encoder_name!r} was fitted with turn-length correction {correction!r}, "
-                f"which this server does not know (it knows {LENGTH_CORRECTION!r}): refit it with "
-                "`sleuthd calibrate fit`"
+                f"the calibration of encoder {encoder_name!r} was fitted with turn-length correction "
+                f"{block['length_correction']!r}, which sleuthd no longer serves: refit it with "
+                "`sleuthd-bench calibrate fit`"
             )
         missing = [v for v in VARIANTS if v not in models]
         if missing:
@@ -135,60 +128,12 @@ class Calibration:
         if stale:
             raise CalibrationError(
                 f"calibration of encoder {encoder_name!r} was fitted on other features ({', '.join(stale)}): "
-                "refit it with `sleuthd calibrate fit`"
+                "refit it with `sleuthd-bench calibrate fit`"
             )
-        return cls(models, threshold, dict(block), corrects_length=correction == LENGTH_CORRECTION)
-
-    def attenuation(self, window_coherence: np.ndarray, independent_windows: np.ndarray) -> np.ndarray | None:
-        """The turns' length correction if the models were fitted with it (turn_attenuation), else None."""
-        return turn_attenuation(window_coherence, independent_windows) if self.corrects_length else None
+        return cls(models, threshold, dict(block))
 
 
 # ------------------------------------------------------------------------------------------ features
-
-# Keeps the attenuation finite for degenerate coherence estimates (one cosine can be anything).
-COHERENCE_RANGE = (0.05, 0.99)
-
-
-class TurnReliability(Protocol):
-    """What the length correction needs of a turn's clip (clips.ClipEmbedding, bench.calibrate.Clip)."""
-
-    @property
-    def window_coherence(self) -> float: ...
-
-    @property
-    def independent_windows(self) -> float: ...
-
-
-def reliability(clips: Sequence[TurnReliability]) -> tuple[np.ndarray, np.ndarray]:
-    """(window coherence, independent windows) of the clips, (n,) each: turn_attenuation's inputs."""
-    return np.array([c.window_coherence for c in clips]), np.array([c.independent_windows for c in clips])
-
-
-def turn_attenuation(window_coherence: np.ndarray, independent_windows: np.ndarray) -> np.ndarray:
-    """How much more each turn's pooled embedding understates its similarity to the speaker than the
-    speaker's typical turn does, (n,): below 1 for turns shorter than the median, about 1 otherwise.
-
-    A turn's embedding is the normalised mean of its window embeddings. If a share ``rho2`` of each
-    window embedding is what the whole turn has in common (the mean cosine between windows that
-    share no audio) and the rest varies with what is said, averaging k independent windows leaves
-    (1 - rho2) / k of noise, and the cosine of the pooled embedding with any fixed direction is
-    shrunk by a = 1 / sqrt(1 + (1 / rho2 - 1) / k) (Spearman's correction for attenuation). With
-    espeak-ng voices (rho2 about 0.82) a 1.2 s turn is shrunk by about 0.88 and a 4.5 s one by about
-    0.96: that difference, not a different voice, is why short turns sit below the speaker's long ones.
-    Returned is a divided by its median over the turns, so corrected cosines stay on the scale of the
-    speaker's typical turn (the features' "room below 1" keeps its meaning).
-
-    ``rho2`` is the median over the turns long enough to measure it (one replaced turn cannot move it
-    much); when none is, every turn counts as typical (1).
-    """
-    known = window_coherence[np.isfinite(window_coherence)]
-    if not len(known):
-        return np.ones(len(independent_windows))
-    rho2 = float(np.clip(np.median(known), *COHERENCE_RANGE))
-    k = np.maximum(np.asarray(independent_windows, dtype=np.float64), 0.1)
-    a = 1.0 / np.sqrt(1.0 + (1.0 / rho2 - 1.0) / k)
-    return np.asarray(a / np.median(a))
 
 
 def _pair_values(sims: np.ndarray, members: np.ndarray) -> np.ndarray:
@@ -202,16 +147,11 @@ def turn_features(
     reference: np.ndarray | None,
     speech_seconds: np.ndarray,
     cohort: np.ndarray | None = None,
-    attenuation: np.ndarray | None = None,
 ) -> tuple[str, np.ndarray]:
     """Features of every turn of one speaker, and the variant (model) they belong to.
 
     emb: (n, D) unit embeddings of the speaker's usable turns; reference: (D,) or None;
-    speech_seconds: (n,); cohort: (c, D) unit centroids of the dialogue's other speakers, or None;
-    attenuation: (n,) from turn_attenuation, or None (no correction). Every cosine of a turn is
-    divided by its attenuation, so a short genuine turn is measured on the same footing as the
-    speaker's typical turn (the reference counts as typical: its length is common to every turn's
-    comparison with it).
+    speech_seconds: (n,); cohort: (c, D) unit centroids of the dialogue's other speakers, or None.
     Returns (variant, (n, k) features in that variant's order).
 
     The yardstick for turn i is the speaker's other evidence (the other turns, and the reference when
@@ -221,15 +161,15 @@ def turn_features(
     n = len(emb)
     pool = np.vstack([emb, reference[None, :]]) if reference is not None else emb  # evidence: turns (+ reference)
     m = len(pool)
-    scale = np.ones(m)
-    if attenuation is not None:
-        scale[:n] = attenuation
-    sims = (pool @ pool.T) / np.outer(scale, scale)
+    # Features are computed in float64 (the fitted models were), whatever the encoder's output dtype.
+    sims = (pool @ pool.T).astype(np.float64)
     log_dur = np.log(np.maximum(speech_seconds, 0.1))
     rows: list[dict[str, float]] = [{"log_speech_seconds": float(log_dur[i])} for i in range(n)]
     # Cohort normalisation (two or more own turns): each piece of evidence's cosine to the closest
     # other voice of the dialogue is the yardstick of "a different person, in this recording".
-    nearest_other = (pool @ cohort.T).max(axis=1) / scale if cohort is not None and len(cohort) and n >= 2 else None
+    nearest_other = (
+        (pool @ cohort.T).max(axis=1).astype(np.float64) if cohort is not None and len(cohort) and n >= 2 else None
+    )
     for i in range(n):
         row = rows[i]
         turn_others = np.array([j for j in range(n) if j != i], dtype=int)
@@ -268,10 +208,8 @@ def turn_features(
             row["farthest_gap"] = (level - float(sims[i, others].min())) / room
             # Leave-one-out: the turn against the centroid of the rest, versus each of the rest against
             # the centroid of the others without it.
-            loo_i = float(pool[i] @ unit(pool[others].mean(axis=0))) / scale[i]
-            loo_rest = np.array(
-                [float(pool[j] @ unit(pool[others[others != j]].mean(axis=0))) / scale[j] for j in others]
-            )
+            loo_i = float(pool[i] @ unit(pool[others].mean(axis=0)))
+            loo_rest = np.array([float(pool[j] @ unit(pool[others[others != j]].mean(axis=0))) for j in others])
             loo_level = float(np.median(loo_rest))
             row["loo_gap"] = (loo_level - loo_i) / max(1.0 - loo_level, MIN_DISTANCE)
             row["loo_z"] = (loo_level - loo_i) / max(float(loo_rest.std()), MIN_SPREAD)
@@ -333,12 +271,10 @@ def inconsistency_probability(
     reference: np.ndarray | None,
     speech_seconds: np.ndarray,
     cohort: np.ndarray | None = None,
-    attenuation: np.ndarray | None = None,
 ) -> tuple[str, np.ndarray]:
     """(variant, (n,) P(inconsistent)) for one speaker's usable turns; ``cohort``: (c, D) unit
-    centroids of the dialogue's other speakers (None or empty: no cohort); ``attenuation``: (n,) from
-    turn_attenuation."""
-    variant, x = turn_features(emb, reference, speech_seconds, cohort, attenuation)
+    centroids of the dialogue's other speakers (None or empty: no cohort)."""
+    variant, x = turn_features(emb, reference, speech_seconds, cohort)
     return variant, calibration.models[variant].probability(x)
 
 
@@ -349,22 +285,13 @@ def candidate_fit(
     context: np.ndarray,
     context_seconds: np.ndarray,
     reference: np.ndarray | None,
-    coherence: np.ndarray | None = None,
-    independent_windows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """For each candidate as one more turn next to the context turns (and reference): P(it belongs to
     the speaker), and the log-odds of belonging. Rank by the log-odds: two clearly foreign candidates
-    both have P close to 0, but their log-odds still say which is the less foreign. ((m,), (m,))
-    ``coherence`` and ``independent_windows``: (n_context + m,) for the context clips, then the
-    candidates, for a calibration fitted with the length correction (see turn_attenuation)."""
-    n_ctx = len(context)
+    both have P close to 0, but their log-odds still say which is the less foreign. ((m,), (m,))"""
     logits = np.empty(len(candidates))
     for j, (cand, secs) in enumerate(zip(candidates, candidate_seconds, strict=True)):
         emb = np.vstack([context, cand[None, :]])
-        attenuation = None
-        if coherence is not None and independent_windows is not None:
-            rows = [*range(n_ctx), n_ctx + j]
-            attenuation = calibration.attenuation(coherence[rows], independent_windows[rows])
-        variant, x = turn_features(emb, reference, np.append(context_seconds, secs), None, attenuation)
+        variant, x = turn_features(emb, reference, np.append(context_seconds, secs), None)
         logits[j] = -calibration.models[variant].logit(x[-1:])[0]
     return 1.0 / (1.0 + np.exp(-np.clip(logits, -40, 40))), logits

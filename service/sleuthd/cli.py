@@ -1,4 +1,8 @@
-"""The `sleuthd` command line: serve, check, rank, models."""
+"""The `sleuthd` command line: serve, check, rank, models.
+
+Server flags are generated from the config dataclasses (sleuthd.config), so each default is written once.
+Research commands (benchmarks, replay, calibration fitting, synthesis) live in `sleuthd-bench`.
+"""
 
 from __future__ import annotations
 
@@ -6,82 +10,54 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-import grpc
-from google.protobuf.json_format import MessageToDict
-
-if TYPE_CHECKING:
-    from sleuthd.engine import EngineConfig
+from sleuthd import __version__
+from sleuthd.config import ConfigError, EngineConfig, ServerConfig, add_cli_args, default_models_dir, from_cli_args
 
 logger = logging.getLogger("sleuthd")
 
-
-def default_models_dir() -> Path:
-    """$SLEUTHD_MODELS_DIR, else the repository's models/ when running from a checkout, else ./models."""
-    env = os.environ.get("SLEUTHD_MODELS_DIR")
-    if env:
-        return Path(env)
-    checkout = Path(__file__).resolve().parents[2] / "models"
-    return checkout if checkout.is_dir() else Path("models")
+EXIT_OK, EXIT_ERROR, EXIT_INCONSISTENT = 0, 2, 3
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 # ---------------------------------------------------------------------------------------------- serve
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    from sleuthd.batcher import BatcherConfig
-    from sleuthd.engine import EngineConfig
-
-    return EngineConfig(
-        models_dir=args.models_dir,
-        default_encoder=args.encoder,
-        device=args.device,
-        max_clip_seconds=args.max_clip_seconds,
-        workers=args.workers,
-        embedding_cache_entries=args.embedding_cache_entries,
-        batching=args.batching,
-        vad=args.vad,
-        batcher=BatcherConfig(
-            max_batch_windows=args.max_batch_windows,
-            max_wait_ms=args.max_wait_ms,
-            max_queue_windows=args.max_queue_windows,
-            max_concurrent_batches=args.max_concurrent_batches,
-        ),
-    )
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     from sleuthd.engine import Engine
+    from sleuthd.errors import EngineFailure, InvalidRequest
+    from sleuthd.manifest import ManifestError
     from sleuthd.metrics import ServiceMetrics
-    from sleuthd.server import ServerConfig, serve_forever
+    from sleuthd.server import serve_forever
 
     metrics = ServiceMetrics()
-    engine = Engine.load(engine_config(args), observer=metrics)
-    config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        max_message_bytes=args.max_message_mb * 1024 * 1024,
-        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-        metrics_host=args.metrics_host,
-    )
-    asyncio.run(serve_forever(engine, config, metrics))
-    return 0
+    try:
+        server_config = from_cli_args(ServerConfig, args)
+        engine = Engine.load(from_cli_args(EngineConfig, args), observer=metrics)
+    except (ConfigError, ManifestError, EngineFailure, InvalidRequest, OSError) as exc:
+        return _error(str(exc))
+    try:
+        asyncio.run(serve_forever(engine, server_config, metrics))
+    except OSError as exc:  # the port is taken, or the interface does not exist
+        return _error(str(exc))
+    return EXIT_OK
 
 
-# ---------------------------------------------------------------------------------------------- check
+# ---------------------------------------------------------------------------------------------- check, rank
 
 
 async def _check(args: argparse.Namespace) -> int:
-    from sleuthd import client
+    from google.protobuf.json_format import MessageToDict
+
+    from sleuthd import client, tables
 
     req = client.dialogue_request_from_file(args.file)
     if args.method or args.thresholds or args.threshold is not None:
@@ -93,16 +69,18 @@ async def _check(args: argparse.Namespace) -> int:
             override.threshold_set = o.threshold_set
         req.options.CopyFrom(override)
     async with client.channel(args.target) as ch:
-        verdict = await client.call_with_retries(lambda: client.stub(ch).CheckDialogue(req, timeout=args.timeout))
+        verdict = await client.stub(ch).CheckDialogue(req, timeout=args.timeout)
     if args.json:
         print(json.dumps(MessageToDict(verdict, preserving_proto_field_name=True), indent=2))
     else:
-        print(client.verdict_table(verdict))
-    return 0 if all(s.consistent or not s.judged for s in verdict.speakers) else 3
+        print(tables.verdict_table(verdict))
+    return EXIT_OK if all(s.consistent or not s.judged for s in verdict.speakers) else EXIT_INCONSISTENT
 
 
 async def _rank(args: argparse.Namespace) -> int:
-    from sleuthd import client
+    from google.protobuf.json_format import MessageToDict
+
+    from sleuthd import client, tables
     from sleuthd.v1 import sleuthd_pb2 as pb
 
     req = pb.RankCandidatesRequest(speaker=args.speaker, options=client.make_options(args.method))
@@ -113,33 +91,35 @@ async def _rank(args: argparse.Namespace) -> int:
     if args.reference:
         req.reference.CopyFrom(client.audio_file(args.reference))
     async with client.channel(args.target) as ch:
-        resp = await client.call_with_retries(lambda: client.stub(ch).RankCandidates(req, timeout=args.timeout))
+        resp = await client.stub(ch).RankCandidates(req, timeout=args.timeout)
     if args.json:
         print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True), indent=2))
     else:
-        print(client.ranking_table(resp))
-    return 0
+        print(tables.ranking_table(resp))
+    return EXIT_OK
 
 
-def _run_client(coro_fn, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+def _run_client(coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace) -> int:
+    import grpc
+
     from sleuthd.client import DialogueFileError
-    from sleuthd.errors import InvalidRequest
 
     try:
         return int(asyncio.run(coro_fn(args)))
     except grpc.aio.AioRpcError as exc:
-        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 2
-    except (DialogueFileError, InvalidRequest) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _error(f"{exc.code().name}: {exc.details()}")
+    except DialogueFileError as exc:
+        return _error(str(exc))
 
 
 # ---------------------------------------------------------------------------------------------- models
 
 
 def cmd_models_export(args: argparse.Namespace) -> int:
-    from sleuthd.export import models as model_export
+    try:
+        from sleuthd.export import models as model_export
+    except ImportError as exc:
+        return _error(f"{exc}; exporting needs the export extra: pip install 'sleuthd[export]'")
 
     names = ["vad", "ge2e"] if args.name == "all" else [args.name]
     for name in names:
@@ -151,80 +131,26 @@ def cmd_models_export(args: argparse.Namespace) -> int:
         parity = m.get("parity", {})
         extra = f", parity min cosine {parity['min_cosine']}" if parity.get("measured") else ""
         print(f"wrote {path} (sha256 {m['sha256'][:12]}…{extra})")
-    return 0
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------- main
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Engine knobs shared by `serve` and the throughput benchmark (defaults from EngineConfig)."""
-    from sleuthd.batcher import BatcherConfig
-    from sleuthd.engine import EngineConfig
-
-    e, b = EngineConfig(models_dir=Path(".")), BatcherConfig()
-    p.add_argument("--workers", type=int, default=e.workers, help="decode/VAD/model threads; 0 = CPU count")
-    p.add_argument(
-        "--embedding-cache-entries",
-        type=int,
-        default=e.embedding_cache_entries,
-        help=f"clip embeddings remembered by audio hash; 0 = off (default: {e.embedding_cache_entries})",
-    )
-    p.add_argument(
-        "--vad", choices=["silero", "energy"], default=e.vad,
-        help=f"speech detection: silero (robust to noise) or energy (fast, clean audio) (default: {e.vad})",
-    )  # fmt: skip
-    p.add_argument(
-        "--batching", choices=["on", "off", "clip"], default="on",
-        help="on: micro-batch windows across requests; off: one window per model call; clip: one call per clip",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-batch-windows",
-        type=int,
-        default=b.max_batch_windows,
-        help=f"encoder windows per model call (default: {b.max_batch_windows})",
-    )
-    p.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=b.max_wait_ms,
-        help=f"longest wait of the oldest queued request before its batch runs, ms (default: {b.max_wait_ms})",
-    )
-    p.add_argument(
-        "--max-queue-windows",
-        type=int,
-        default=b.max_queue_windows,
-        help=f"queued windows before new requests get RESOURCE_EXHAUSTED (default: {b.max_queue_windows})",
-    )
-    p.add_argument(
-        "--max-concurrent-batches", type=int, default=b.max_concurrent_batches,
-        help=f"model calls in flight at once (default: {b.max_concurrent_batches})",
-    )  # fmt: skip
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sleuthd", description="Speaker-consistency checks for synthesized dialogues.")
+    p.add_argument("--version", action="version", version=f"sleuthd {__version__}")
     p.add_argument("--log-level", default="info", help="debug, info, warning, error (default: info)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the gRPC server")
-    s.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
-    s.add_argument("--port", type=int, default=50051, help="port; 0 picks a free one and prints it (default: 50051)")
-    s.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
-    s.add_argument("--encoder", default="ge2e", help="default encoder (default: ge2e)")
-    s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where encoders run")
-    s.add_argument("--max-message-mb", type=int, default=64, help="largest request accepted, MiB (default: 64)")
-    s.add_argument("--max-clip-seconds", type=float, default=300.0, help="longest clip accepted (default: 300)")
-    add_engine_args(s)
-    s.add_argument(
-        "--metrics-port", type=int, default=9464, help="Prometheus /metrics port; 0 = any free port, -1 = off (9464)"
-    )
-    s.add_argument("--metrics-host", default="127.0.0.1", help="interface for /metrics (default: 127.0.0.1)")
+    add_cli_args(s, ServerConfig)
+    add_cli_args(s, EngineConfig)
     s.set_defaults(func=cmd_serve)
 
     def client_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--target", default="127.0.0.1:50051", help="server host:port (default: 127.0.0.1:50051)")
-        sp.add_argument("--method", choices=["pairwise", "centroid", "reference"], help="default: the server's")
+        sp.add_argument("--method", choices=["pairwise", "centroid", "reference", "auto"], help="default: the server's")
         sp.add_argument("--json", action="store_true", help="print the raw response as JSON")
         sp.add_argument("--timeout", type=float, default=120.0, help="RPC deadline, seconds (default: 120)")
 
@@ -247,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     msub = m.add_subparsers(dest="models_command", required=True)
     e = msub.add_parser("export", help="export a model to ONNX and write its manifest")
     e.add_argument("name", choices=["ge2e", "vad", "all"])
-    e.add_argument("--models-dir", type=Path, default=default_models_dir())
+    e.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
     e.add_argument(
         "--parity-clips",
         type=Path,
@@ -255,13 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of real-speech WAVs to measure parity with resemblyzer on",
     )
     e.set_defaults(func=cmd_models_export)
-
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    try:
+        args = build_parser().parse_args(argv)
+    except ConfigError as exc:  # a malformed SLEUTHD_* environment variable
+        return _error(str(exc))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args))
 
 

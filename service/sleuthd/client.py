@@ -1,49 +1,60 @@
-"""Client-side helpers: requests from files on disk, calls with retries, and readable tables.
+"""Client-side helpers: a channel that retries, and requests built from files on disk.
 
-Used by the CLI (`sleuthd check`, `sleuthd rank`) and by benchmark replay; everything goes through a
-real gRPC channel.
+Used by the CLI (`sleuthd check`, `sleuthd rank`) and by the tools' replay; everything goes through a
+real gRPC channel. Imports only grpc and the generated stubs, so a pipeline that talks to a server
+never loads the engine, ONNX Runtime or audio libraries.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
-from sleuthd import convert
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-STATUS_NAMES = {
-    pb.CONSISTENT: "CONSISTENT",
-    pb.INCONSISTENT: "INCONSISTENT",
-    pb.INSUFFICIENT_AUDIO: "INSUFFICIENT_AUDIO",
-    pb.INSUFFICIENT_CONTEXT: "INSUFFICIENT_CONTEXT",
-}
 THRESHOLD_SETS = {"default": pb.THRESHOLD_SET_DEFAULT, "paper": pb.THRESHOLD_SET_PAPER}
+METHODS = ("pairwise", "centroid", "reference", "auto")
+
+# Retries come from the channel's service config, not a loop: UNAVAILABLE only (the server is starting,
+# draining or its engine failed; another attempt or replica can help). Every other code is final:
+# RESOURCE_EXHAUSTED means busy or over a limit, which the caller must decide about.
+RETRY_POLICY = {
+    "maxAttempts": 4,
+    "initialBackoff": "0.25s",
+    "maxBackoff": "2s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Sleuth"].full_name
 
 
 class DialogueFileError(ValueError):
     """A dialogue JSON file is malformed or names audio that does not exist."""
 
 
+def channel_options(max_message_bytes: int = 128 * 1024 * 1024) -> list[tuple[str, Any]]:
+    """Message limits and the retry policy (a request is retried only if it fits the retry buffer, so
+    the buffer is as large as the largest message)."""
+    config = {"methodConfig": [{"name": [{"service": SERVICE_NAME}], "retryPolicy": RETRY_POLICY}]}
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", json.dumps(config)),
+        ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
+        ("grpc.retry_buffer_size", 2 * max_message_bytes),
+    ]
+
+
 def channel(target: str, max_message_bytes: int = 128 * 1024 * 1024) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(
-        target,
-        options=[
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-        ],
-    )
+    return grpc.aio.insecure_channel(target, options=channel_options(max_message_bytes))
 
 
 def stub(ch: grpc.aio.Channel) -> pb_grpc.SleuthStub:
@@ -61,7 +72,9 @@ def make_options(
 ) -> pb.CheckOptions:
     opts = pb.CheckOptions(encoder=encoder)
     if method:
-        opts.method = convert.method_from_name(method)  # type: ignore[assignment]
+        if method not in METHODS:
+            raise DialogueFileError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        opts.method = pb.Method.Value(f"METHOD_{method.upper()}")
     if thresholds:
         if thresholds not in THRESHOLD_SETS:
             raise DialogueFileError(f"thresholds must be one of {', '.join(THRESHOLD_SETS)}, not {thresholds!r}")
@@ -97,86 +110,3 @@ def dialogue_request_from_file(path: Path) -> pb.CheckDialogueRequest:
     o = doc.get("options") or {}
     req.options.CopyFrom(make_options(o.get("method"), o.get("thresholds"), o.get("threshold"), o.get("encoder", "")))
     return req
-
-
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
-
-
-async def call_with_retries(call: Callable[[], Awaitable[T]], attempts: int = 4, first_backoff_s: float = 0.25) -> T:
-    """Retry UNAVAILABLE with exponential backoff; every other status is final."""
-    for attempt in range(attempts):
-        try:
-            return await call()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in RETRYABLE or attempt == attempts - 1:
-                raise
-            delay = first_backoff_s * 2**attempt
-            logger.warning("%s: %s; retrying in %.2f s", exc.code().name, exc.details(), delay)
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
-
-
-def _fmt(msg: Any, field: str, digits: int = 3) -> str:
-    return f"{getattr(msg, field):.{digits}f}" if msg.HasField(field) else "—"
-
-
-def verdict_table(v: pb.DialogueVerdict) -> str:
-    """Per-turn verdicts and per-speaker summary as aligned text."""
-    method = pb.Method.Name(v.method).removeprefix("METHOD_").lower()
-    rows = [("turn", "speaker", "status", "score", "thr", "pairwise", "centroid", "reference", "speech s")]
-    for t in v.turns:
-        rows.append(
-            (
-                t.turn_id,
-                t.speaker,
-                STATUS_NAMES.get(t.status, "?"),
-                _fmt(t, "score"),
-                _fmt(t, "threshold"),
-                _fmt(t, "pairwise_mean_cosine"),
-                _fmt(t, "centroid_cosine_distance"),
-                _fmt(t, "reference_cosine"),
-                f"{t.speech_seconds:.2f}",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    scale = next((t.score_scale for t in v.turns if t.score_scale), "")
-    flagged = "above" if scale in ("probability", "cosine_distance") else "below"
-    meaning = {
-        "probability": "probability that the turn does not belong to its speaker",
-        "cosine_similarity": "cosine similarity",
-        "cosine_distance": "cosine distance",
-    }.get(scale, scale or "-")
-    lines = [
-        f"dialogue {v.dialogue_id}: encoder {v.encoder}, method {method}; score = {meaning}, flagged {flagged} thr",
-        "(paper scores: pairwise and reference = cosine similarity, centroid = cosine distance)",
-    ]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.append("")
-    for s in v.speakers:
-        if not s.judged:
-            verdict = "NOT JUDGED (no scorable turn)"
-        elif s.consistent:
-            verdict = "consistent"
-        else:
-            verdict = f"INCONSISTENT: {', '.join(s.inconsistent_turn_ids)}"
-        lines.append(f"speaker {s.speaker}: {verdict} ({s.scored_turns} scored, {s.unscored_turns} unscored)")
-    for t in v.turns:
-        if t.status in (pb.INSUFFICIENT_AUDIO, pb.INSUFFICIENT_CONTEXT) or t.reason == pb.SPEAKER_CONFUSION:
-            lines.append(f"  {t.turn_id}: {t.detail}")
-        for seg in t.drift_segments:
-            lines.append(
-                f"  {t.turn_id}: voice changes between {seg.start_seconds:.1f} s and {seg.end_seconds:.1f} s "
-                f"(cosine distance {seg.score:.3f})"
-            )
-    return "\n".join(lines)
-
-
-def ranking_table(r: pb.RankCandidatesResponse) -> str:
-    scale = r.candidates[0].score_scale if r.candidates else ""
-    better = "higher" if r.candidates and r.candidates[0].higher_is_better else "lower"
-    lines = [
-        f"encoder {r.encoder}, method {pb.Method.Name(r.method).removeprefix('METHOD_').lower()}, "
-        f"score = {scale.replace('_', ' ')} ({better} is better), {r.usable_context} usable context clips"
-    ]
-    lines += [f"{c.rank:>3}. {c.candidate_id}  {c.score:.4f}" for c in r.candidates]
-    return "\n".join(lines)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from sleuthd.audio import Waveform, decode_encoded, decode_pcm, normalize_loudness, to_model_rate
+from sleuthd.config import SAMPLE_RATE
 from sleuthd.domain import AudioInput
-from sleuthd.features import WindowSpec, independent_windows, make_windows, window_coherence
+from sleuthd.features import WindowSpec, make_windows
 from sleuthd.manifest import EncoderManifest
 from sleuthd.vad import Vad
 
@@ -28,7 +29,6 @@ class PreparedClip:
     windows: np.ndarray | None  # (n_windows, window_samples) float32; None when not usable
     window_times: np.ndarray | None  # (n_windows, 2) start/end seconds in the ORIGINAL clip's time
     detail: str = ""  # why the clip is not usable
-    spec: WindowSpec | None = None  # the window placement the windows were cut with
 
     @property
     def usable(self) -> bool:
@@ -41,15 +41,6 @@ def decode(audio: AudioInput, max_seconds: float) -> Waveform:
     return to_model_rate(wave)
 
 
-def prepare(
-    audio: AudioInput, manifest: EncoderManifest, vad: Vad, max_seconds: float, window: WindowSpec | None = None
-) -> PreparedClip:
-    """Decode, normalise, trim silence and cut windows. Raises AudioError for unusable bytes.
-
-    ``window`` overrides the manifest's window placement (drift analysis uses denser windows)."""
-    return prepare_placements(audio, manifest, vad, max_seconds, (window,))[0]
-
-
 def prepare_placements(
     audio: AudioInput,
     manifest: EncoderManifest,
@@ -57,9 +48,10 @@ def prepare_placements(
     max_seconds: float,
     windows: Sequence[WindowSpec | None],
 ) -> list[PreparedClip]:
-    """:func:`prepare` for several window placements (None: the manifest's) at the cost of one decode
-    and one VAD pass: a turn checked for drift needs the judging windows and the denser drift ones,
-    and decoding plus Silero VAD is about a third of what encoding the judging windows costs."""
+    """Decode, normalise, trim silence and cut windows under each placement (None: the manifest's), at
+    the cost of one decode and one VAD pass: a turn checked for drift needs the judging windows and the
+    denser drift ones, and decoding plus Silero VAD is about a third of what encoding the judging windows
+    costs. Raises AudioError for unusable bytes."""
     wave = decode(audio, max_seconds)
     return prepare_waveform_placements(wave.samples, manifest, vad, windows)
 
@@ -67,7 +59,7 @@ def prepare_placements(
 def prepare_waveform(
     samples: np.ndarray, manifest: EncoderManifest, vad: Vad, window: WindowSpec | None = None
 ) -> PreparedClip:
-    """The same as :func:`prepare` for a 16 kHz mono float32 waveform already in memory."""
+    """:func:`prepare_placements` with one placement, for a 16 kHz mono float32 waveform in memory."""
     return prepare_waveform_placements(samples, manifest, vad, (window,))[0]
 
 
@@ -75,7 +67,7 @@ def prepare_waveform_placements(
     samples: np.ndarray, manifest: EncoderManifest, vad: Vad, windows: Sequence[WindowSpec | None]
 ) -> list[PreparedClip]:
     """The same as :func:`prepare_placements` for a 16 kHz mono float32 waveform already in memory."""
-    audio_seconds = len(samples) / 16_000
+    audio_seconds = len(samples) / SAMPLE_RATE
     samples = normalize_loudness(samples, manifest.loudness_target_dbfs)
     mask = vad.speech_mask(samples)
     if mask.speech_seconds < manifest.min_speech_seconds:
@@ -99,14 +91,13 @@ def prepare_waveform_placements(
         # Map each window's span in the trimmed clip back to the original clip's clock.
         first = starts * spec.hop_samples
         last = np.minimum(first + spec.span_samples, len(kept_index)) - 1
-        times = np.stack([kept_index[first], kept_index[np.maximum(last, first)] + 1], axis=1) / 16_000
+        times = np.stack([kept_index[first], kept_index[np.maximum(last, first)] + 1], axis=1) / SAMPLE_RATE
         out.append(
             PreparedClip(
                 audio_seconds=audio_seconds,
                 speech_seconds=mask.speech_seconds,
                 windows=cut,
                 window_times=times,
-                spec=spec,
             )
         )
     return out
@@ -122,10 +113,6 @@ class ClipEmbedding:
     window_embeddings: np.ndarray | None  # (n_windows, D)
     window_times: np.ndarray | None  # (n_windows, 2) seconds in the original clip
     detail: str = ""
-    # How reliable the pooled embedding is (see calibration.turn_attenuation): the mean cosine between
-    # windows that share no audio (NaN: too short to tell), and the speech in units of one window.
-    window_coherence: float = float("nan")
-    independent_windows: float = 0.0
 
     @property
     def usable(self) -> bool:
@@ -133,16 +120,9 @@ class ClipEmbedding:
 
 
 def embedded_clip(clip: PreparedClip, window_embeddings: np.ndarray) -> ClipEmbedding:
-    """A usable clip's embedding from its windows' embeddings (unit rows), with their reliability."""
-    assert clip.spec is not None, "a usable PreparedClip records its window placement"
+    """A usable clip's embedding from its windows' embeddings (unit rows)."""
     return ClipEmbedding(
-        clip.audio_seconds,
-        clip.speech_seconds,
-        pool(window_embeddings),
-        window_embeddings,
-        clip.window_times,
-        window_coherence=window_coherence(window_embeddings, clip.spec),
-        independent_windows=independent_windows(clip.speech_seconds, clip.spec),
+        clip.audio_seconds, clip.speech_seconds, pool(window_embeddings), window_embeddings, clip.window_times
     )
 
 

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -74,7 +75,7 @@ class BatcherConfig:
 class EngineConfig:
     """What the engine loads and the limits it enforces on every request."""
 
-    models_dir: Path = option(factory=default_models_dir, help="folder of model manifests (`sleuthd models export`)")
+    models_dir: Path = option(factory=default_models_dir, help="folder of model manifests")  # noqa: RUF009
     default_encoder: str = option("ge2e", help="encoder used when a request names none", flag="encoder")
     device: Literal["auto", "cpu", "cuda"] = option(
         "auto", help="where encoders run; auto = the CUDA execution provider when onnxruntime-gpu has it"
@@ -89,7 +90,7 @@ class EngineConfig:
         help="on: merge the windows of all concurrent requests into shared model calls; off: one model call "
         "per clip, nothing shared (a baseline for `sleuthd-bench throughput`)",
     )
-    batcher: BatcherConfig = option(factory=BatcherConfig, help="micro-batcher knobs")
+    batcher: BatcherConfig = option(factory=BatcherConfig, help="micro-batcher knobs")  # noqa: RUF009
     workers: int = option(0, help="threads for decoding and silence detection; 0 = the CPU count")
     embedding_cache_entries: int = option(
         4096, help="clip embeddings remembered by audio hash (about 2 KB each); 0 = off"
@@ -161,7 +162,7 @@ def _env_name(f: dataclasses.Field[Any]) -> str:
 def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory()  # type: ignore[misc]
+    return f.default_factory()  # type: ignore[operator]
 
 
 def _parse(kind: Any, text: str, what: str) -> Any:
@@ -178,28 +179,28 @@ def _parse(kind: Any, text: str, what: str) -> Any:
         raise ConfigError(f"{what}={text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
 
 
-def add_cli_args(parser: argparse.ArgumentParser, cls: type, env: dict[str, str] | None = None) -> None:
+def add_cli_args(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str] | None = None) -> None:
     """Add one flag per field of config dataclass ``cls`` (nested config dataclasses are flattened).
 
     Defaults come from ``SLEUTHD_<FIELD>`` in ``env`` (default: the process environment), else from
     the dataclass; the help text shows the default and the variable's name. A malformed environment
     value raises :class:`ConfigError` naming the variable.
     """
-    env = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
-            add_cli_args(parser, kind, env)  # type: ignore[arg-type]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            add_cli_args(parser, kind, environ)
             continue
         default = _default(f)
-        if _env_name(f) in env:
-            default = _parse(kind, env[_env_name(f)], _env_name(f))
+        if _env_name(f) in environ:
+            default = _parse(kind, environ[_env_name(f)], _env_name(f))
         choices = typing.get_args(kind) if typing.get_origin(kind) is Literal else None
         parser.add_argument(
             _flag(f),
             dest=f.name,
-            type=None if choices else kind,
+            type=str if choices else kind,
             choices=choices,
             default=default,
             help=f"{f.metadata['help']} (default: {default}; env {_env_name(f)})",
@@ -212,11 +213,11 @@ def from_cli_args(cls: type, args: argparse.Namespace) -> Any:
     values = {}
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        values[f.name] = from_cli_args(kind, args) if dataclasses.is_dataclass(kind) else getattr(args, f.name)
+        nested = isinstance(kind, type) and dataclasses.is_dataclass(kind)
+        values[f.name] = from_cli_args(kind, args) if nested else getattr(args, f.name)
     try:
         return cls(**values)
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
-

@@ -9,10 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from sleuthd import domain
-from sleuthd.audio import PcmEncoding, PcmSpec
+from sleuthd.domain import Method, PcmEncoding, PcmSpec, TurnUpdate
 from sleuthd.errors import InvalidRequest
-from sleuthd.scoring import Method
-from sleuthd.session import TurnUpdate
 from sleuthd.v1 import sleuthd_pb2 as pb
 
 _METHOD_FROM_PB = {

@@ -1,16 +1,34 @@
-"""Requests and verdicts as plain frozen dataclasses: the engine's language, free of gRPC."""
+"""Requests and verdicts as plain frozen dataclasses: the engine's language, free of gRPC.
+
+A leaf: only the standard library is imported here, so the client, the tools and every engine module
+can share these types without pulling in audio libraries or models.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
 
-from sleuthd.audio import PcmSpec
-from sleuthd.scoring import Method
 
-if TYPE_CHECKING:
-    from sleuthd.drift import DriftResult
+class Method(Enum):
+    PAIRWISE = "pairwise"
+    CENTROID = "centroid"
+    REFERENCE = "reference"
+    AUTO = "auto"  # calibrated probability, see sleuthd.calibration
+
+
+class PcmEncoding(Enum):
+    S16LE = "s16le"
+    F32LE = "f32le"
+
+
+@dataclass(frozen=True)
+class PcmSpec:
+    """How to read headerless PCM bytes."""
+
+    encoding: PcmEncoding
+    sample_rate_hz: int
+    channels: int
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,26 @@ class TurnStatus(Enum):
 
 
 @dataclass(frozen=True)
+class DriftSegment:
+    """A stretch of a turn where the voice changes."""
+
+    start_seconds: float  # seconds of the turn's decoded audio
+    end_seconds: float
+    score: float  # cosine distance (1 - cos) between the mean embeddings before and after; larger = stronger
+
+    @property
+    def change_seconds(self) -> float:
+        """The single best guess of when the voice changes: the middle of the segment."""
+        return 0.5 * (self.start_seconds + self.end_seconds)
+
+
+@dataclass(frozen=True)
+class DriftResult:
+    score: float  # cosine distance of the turn's strongest change found; 0.0 if too few windows to look
+    segments: tuple[DriftSegment, ...]  # reported changes in time order; empty when no drift
+
+
+@dataclass(frozen=True)
 class TurnResult:
     turn_id: str
     speaker: str
@@ -93,6 +131,16 @@ class SpeakerResult:
     inconsistent_turn_ids: tuple[str, ...]
     scored_turns: int
     unscored_turns: int
+
+
+@dataclass(frozen=True)
+class TurnUpdate:
+    """A streamed turn verdict: the turn's first verdict, or a revision a later turn caused."""
+
+    verdict: TurnResult
+    revision: bool  # False: first verdict for this turn; True: a later turn changed its status
+    trigger_turn_id: str
+    speaker: SpeakerResult
 
 
 @dataclass(frozen=True)

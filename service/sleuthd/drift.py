@@ -34,13 +34,16 @@ pruned by merging.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DriftConfig", "DriftResult", "DriftSegment", "detect_drift"]
+from sleuthd.domain import DriftResult, DriftSegment, TurnResult
+from sleuthd.features import WindowSpec
+
+__all__ = ["DriftConfig", "DriftResult", "DriftSegment", "attach_drift", "detect_drift", "drift_window", "find_drift"]
 
 
 @dataclass(frozen=True)
@@ -106,26 +109,6 @@ class DriftConfig:
                     raise ValueError(f"drift.{key} must be a whole number, not {value!r}")
                 kwargs[key] = kind(value)
         return cls(**kwargs)
-
-
-@dataclass(frozen=True)
-class DriftSegment:
-    """A stretch of a turn where the voice changes."""
-
-    start_seconds: float  # seconds of the turn's decoded audio
-    end_seconds: float
-    score: float  # cosine distance (1 - cos) between the mean embeddings before and after; larger = stronger
-
-    @property
-    def change_seconds(self) -> float:
-        """The single best guess of when the voice changes: the middle of the segment."""
-        return 0.5 * (self.start_seconds + self.end_seconds)
-
-
-@dataclass(frozen=True)
-class DriftResult:
-    score: float  # cosine distance of the turn's strongest change found; 0.0 if too few windows to look
-    segments: tuple[DriftSegment, ...]  # reported changes in time order; empty when no drift
 
 
 @dataclass(frozen=True)
@@ -289,3 +272,38 @@ def _merge_phase(
         if len(kept) == 1:
             return [], scores[0]
         del kept[weakest]
+
+
+# ------------------------------------------------------------------------------------- serving glue
+
+
+def drift_window(window: WindowSpec, config: DriftConfig) -> WindowSpec:
+    """The denser window placement drift analysis uses: the encoder's windows at the card's rate."""
+    return replace(window, rate_per_second=config.window_rate_per_second)
+
+
+def find_drift(
+    window_embeddings: np.ndarray | None, window_times: np.ndarray | None, config: DriftConfig
+) -> DriftResult | None:
+    """Voice changes inside one turn, from its embedding on the drift windows. None when the turn has
+    too little speech to search (fewer windows than the detector needs): "too short to tell" is not
+    "no drift"."""
+    if window_embeddings is None or window_times is None or len(window_times) < config.min_windows:
+        return None
+    return detect_drift(window_embeddings, window_times, config)
+
+
+def attach_drift(
+    turns: Sequence[TurnResult], drift: Mapping[str, DriftResult | None], config: DriftConfig
+) -> list[TurnResult]:
+    """Attach drift results to the turns that were searched; a None result (too little speech) becomes
+    a note in the turn's detail rather than a score."""
+    needed = config.min_windows / config.window_rate_per_second
+    too_short = f"drift: too little speech to search (about {needed:.0f} s needed)"
+    out = []
+    for t in turns:
+        if t.turn_id in drift:
+            result = drift[t.turn_id]
+            t = replace(t, drift=result) if result is not None else replace(t, detail=f"{t.detail}; {too_short}")
+        out.append(t)
+    return out

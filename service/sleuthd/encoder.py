@@ -81,26 +81,18 @@ class WindowEncoder(Protocol):
         ...
 
 
-class ThreadedEncoder:
-    """Model calls on worker threads with no batching across requests (the micro-batcher's baseline).
+class PerClipEncoder:
+    """Each clip's windows in one model call of its own, on a worker thread; nothing is shared across
+    clips or requests (``--batching off``: the micro-batcher's baseline, and lowest latency when idle)."""
 
-    ``windows_per_call`` = 1: every window is its own model call (no batching at all); None: each
-    clip's windows go in one call (as resemblyzer's embed_utterance does).
-    """
-
-    def __init__(self, encoder: OnnxEncoder, executor: Executor, windows_per_call: int | None = 1) -> None:
+    def __init__(self, encoder: OnnxEncoder, executor: Executor) -> None:
         self.encoder = encoder
         self.manifest = encoder.manifest
         self.provider = encoder.provider
         self._executor = executor
-        self._step = windows_per_call
 
     async def encode(self, windows: np.ndarray, deadline: float | None = None) -> np.ndarray:
         loop = asyncio.get_running_loop()
-        step = self._step or max(len(windows), 1)
-        parts = []
-        for start in range(0, len(windows), step):
-            if deadline is not None and loop.time() >= deadline:
-                raise DeadlineExceeded("the deadline passed before the model call")
-            parts.append(await loop.run_in_executor(self._executor, self.encoder.embed, windows[start : start + step]))
-        return np.concatenate(parts) if len(parts) > 1 else (parts[0] if parts else self.encoder.embed(windows))
+        if deadline is not None and loop.time() >= deadline:
+            raise DeadlineExceeded("the deadline passed before the model call")
+        return await loop.run_in_executor(self._executor, self.encoder.embed, windows)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sleuthd.config import SAMPLE_RATE
+
 
 @dataclass(frozen=True)
 class WindowSpec:
@@ -37,7 +39,7 @@ class WindowSpec:
 
 def step_frames(spec: WindowSpec) -> int:
     """STFT frames from one window's start to the next."""
-    step = int(np.round((16_000 / spec.rate_per_second) / spec.hop_samples))
+    step = int(np.round((SAMPLE_RATE / spec.rate_per_second) / spec.hop_samples))
     if not 0 < step <= spec.window_frames:
         raise ValueError(f"window rate {spec.rate_per_second}/s gives a step of {step} frames")
     return step
@@ -68,26 +70,3 @@ def make_windows(samples: np.ndarray, spec: WindowSpec) -> tuple[np.ndarray, np.
     padded[spec.context_samples : spec.context_samples + len(samples)] = samples
     idx = starts[:, None] * spec.hop_samples + np.arange(spec.window_samples)[None, :]
     return padded[idx], starts
-
-
-def window_coherence(window_embeddings: np.ndarray, spec: WindowSpec) -> float:
-    """Mean cosine between a clip's windows that share no audio (unit window embeddings, (n, D)).
-
-    How alike two stretches of the same turn sound: the share of a window embedding that the whole
-    turn has in common (GE2E on espeak-ng voices: about 0.82). Overlapping windows are left out
-    because they share audio and would overstate it. NaN when the clip has no such pair (less than
-    about 3 s of speech).
-    """
-    min_apart = -(-spec.window_frames // step_frames(spec))  # windows this many places apart share no frame
-    n = len(window_embeddings)
-    if n <= min_apart:
-        return float("nan")
-    sims = window_embeddings @ window_embeddings.T
-    rows, cols = np.triu_indices(n, k=min_apart)
-    return float(sims[rows, cols].mean())
-
-
-def independent_windows(speech_seconds: float, spec: WindowSpec) -> float:
-    """How many windows' worth of distinct speech a clip has (speech / window span; below 1 for a
-    clip shorter than one window, whose single window is part padding)."""
-    return speech_seconds / (spec.span_samples / 16_000)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sleuthd import scoring
-from sleuthd.calibration import Calibration, inconsistency_probability, reliability
+from sleuthd.calibration import Calibration, inconsistency_probability
 from sleuthd.clips import ClipEmbedding
 from sleuthd.domain import FlagReason, SpeakerResult, TurnResult, TurnStatus
 from sleuthd.scoring import METHODS, Method, unit
@@ -57,8 +57,7 @@ def judge_speaker(
     prob, model = None, ""
     if judgment.calibration is not None and (len(usable) >= 2 or (usable and reference is not None)):
         seconds = np.array([clips[i].speech_seconds for i in usable])
-        attenuation = judgment.calibration.attenuation(*reliability([clips[i] for i in usable]))
-        model, prob = inconsistency_probability(judgment.calibration, emb, reference, seconds, cohort, attenuation)
+        model, prob = inconsistency_probability(judgment.calibration, emb, reference, seconds, cohort)
     method_scores = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc, Method.AUTO: prob}[judgment.method]
     info = METHODS[judgment.method]
     out: list[TurnResult] = []

@@ -20,8 +20,6 @@ Every metric, with its labels (all low-cardinality):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from sleuthd.domain import TurnStatus
@@ -61,10 +59,6 @@ class ServiceMetrics:
         )
         self.verdicts = Counter("sleuthd_verdicts", "Turn verdicts by status", ["status"], registry=r)
         self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
-
-    def track_streams(self, active_streams: Callable[[], int]) -> None:
-        """Read the open-stream count from the engine at scrape time."""
-        self.streams_active.set_function(lambda: float(active_streams()))
 
     # -- RPCs (called by the servicer)
     def rpc_finished(self, method: str, code: str, seconds: float) -> None:

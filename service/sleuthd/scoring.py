@@ -7,16 +7,12 @@ cosine similarity in [-1, 1] (higher = more alike) or cosine distance = 1 - simi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 
+from sleuthd.domain import Method
 
-class Method(Enum):
-    PAIRWISE = "pairwise"
-    CENTROID = "centroid"
-    REFERENCE = "reference"
-    AUTO = "auto"  # calibrated probability, see sleuthd.calibration
+__all__ = ["METHODS", "PAPER_METHODS", "Method", "MethodInfo"]
 
 
 @dataclass(frozen=True)
@@ -67,17 +63,6 @@ def centroid_cosine_distance(emb: np.ndarray) -> np.ndarray:
 def reference_cosine(emb: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """s_i = cos(e_i, r); (n,) cosine similarity."""
     return np.asarray(unit(emb) @ unit(reference))
-
-
-def turn_scores(method: Method, emb: np.ndarray, reference: np.ndarray | None) -> np.ndarray:
-    """Per-turn consistency scores of one speaker's turns under ``method``."""
-    if method is Method.PAIRWISE:
-        return pairwise_mean_cosine(emb)
-    if method is Method.CENTROID:
-        return centroid_cosine_distance(emb)
-    if reference is None:
-        raise ValueError("reference comparison needs a reference embedding")
-    return reference_cosine(emb, reference)
 
 
 def flagged(method: Method, scores: np.ndarray, threshold: float) -> np.ndarray:

@@ -5,66 +5,55 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sleuthd.config import ServerConfig
 from sleuthd.engine import Engine
 from sleuthd.metrics import ServiceMetrics
 from sleuthd.servicer import SleuthServicer
-from sleuthd.session import StreamLimits
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Sleuth"].full_name
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 0  # 0 = pick a free port
-    # Largest request the servicer accepts (INVALID_ARGUMENT above it, with advice). The transport
-    # limit is twice this, so a moderately oversized request still gets the helpful message; beyond
-    # that gRPC itself answers RESOURCE_EXHAUSTED before the request is read.
-    max_message_bytes: int = 64 * 1024 * 1024
-    grace_seconds: float = 10.0  # in-flight RPCs get this long to finish on shutdown
-    # Prometheus /metrics over HTTP; None disables it, 0 picks a free port.
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-    stream_limits: StreamLimits = field(default_factory=StreamLimits)
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
     port: int
-    health: health.HealthServicer
+    health: health.aio.HealthServicer
     metrics: ServiceMetrics
     metrics_port: int | None = None
 
-    def set_serving(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    async def set_serving(self, serving: bool) -> None:
         for name in ("", SERVICE_NAME):
-            self.health.set(name, status)
+            await self.health.set(name, _SERVING if serving else _NOT_SERVING)
 
     async def stop(self, grace: float) -> None:
-        self.set_serving(False)
+        """Health goes NOT_SERVING for good, new RPCs are refused, in-flight ones get ``grace`` seconds."""
+        await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
 
 
 async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMetrics | None = None) -> RunningServer:
     """Start a server for ``engine`` on ``config.host:config.port``; returns it with its bound port.
 
-    ``metrics`` should be the observer the engine was loaded with, so batch and verdict metrics land
-    in the same registry as RPC metrics. Health reports NOT_SERVING until this returns (the engine is
-    loaded and warmed up by then).
+    ``metrics`` should be the observer the engine was loaded with, so batch and verdict metrics land in
+    the same registry as RPC metrics. Health reports NOT_SERVING until this returns (the engine is
+    loaded and warmed up by then). ``config.metrics_port`` -1 serves no /metrics.
     """
     metrics = metrics or ServiceMetrics()
-    metrics.track_streams(lambda: engine.active_streams)
+    # The servicer answers a request up to the limit with advice (INVALID_ARGUMENT); the transport limit
+    # is twice that, so a moderately oversized request still gets the advice; beyond it gRPC itself
+    # answers RESOURCE_EXHAUSTED before the request is read.
     transport_limit = 2 * config.max_message_bytes
     server = grpc.aio.server(
         options=[
@@ -72,14 +61,18 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
             ("grpc.max_send_message_length", transport_limit),
         ]
     )
-    health_servicer = health.HealthServicer()
+    health_servicer = health.aio.HealthServicer()
     running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics)
-    running.set_serving(False)
+    await running.set_serving(False)
+
+    pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run
 
     def on_engine_failure() -> None:
-        running.set_serving(False)
+        task = asyncio.ensure_future(running.set_serving(False))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
 
-    servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics, config.stream_limits)
+    servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics)
     pb_grpc.add_SleuthServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -91,9 +84,9 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         raise OSError(f"could not bind {config.host}:{config.port}")
     await server.start()
     running.port = port
-    if config.metrics_port is not None:
+    if config.metrics_port >= 0:
         running.metrics_port = metrics.serve_http(config.metrics_host, config.metrics_port)
-    running.set_serving(True)
+    await running.set_serving(True)
     return running
 
 
@@ -109,6 +102,6 @@ async def serve_forever(engine: Engine, config: ServerConfig, metrics: ServiceMe
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    logger.info("shutting down: draining in-flight RPCs for up to %.0f s", config.grace_seconds)
-    await running.stop(config.grace_seconds)
+    logger.info("shutting down: draining in-flight RPCs for up to %.0f s", config.shutdown_grace_seconds)
+    await running.stop(config.shutdown_grace_seconds)
     await engine.aclose()

@@ -25,7 +25,7 @@ from sleuthd.errors import (
 )
 from sleuthd.manifest import PAPER_THRESHOLDS
 from sleuthd.metrics import ServiceMetrics
-from sleuthd.session import DialogueSession, StreamLimits
+from sleuthd.stream import StreamSession
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -62,12 +62,10 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         max_message_bytes: int,
         on_engine_failure: Callable[[], None],
         metrics: ServiceMetrics,
-        stream_limits: StreamLimits | None = None,
     ) -> None:
         self.engine = engine
         self.max_message_bytes = max_message_bytes
         self.metrics = metrics
-        self.stream_limits = stream_limits or StreamLimits()
         self._on_engine_failure = on_engine_failure
 
     # ------------------------------------------------------------------ error and metric plumbing
@@ -170,7 +168,8 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         self, request_iterator: AsyncIterator[pb.StreamDialogueRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamDialogueResponse]:
         started = time.perf_counter()
-        session = DialogueSession(self.engine, self.stream_limits)
+        session = StreamSession(self.engine)
+        self.metrics.streams_active.inc()
         try:
             async for message in request_iterator:
                 self._check_size(message.ByteSize())
@@ -189,10 +188,11 @@ class SleuthServicer(pb_grpc.SleuthServicer):
             await self._finish(context, "StreamDialogue", started, self._status_for(exc))
         finally:
             session.release()
+            self.metrics.streams_active.dec()
         self.metrics.rpc_finished("StreamDialogue", grpc.StatusCode.OK.name, time.perf_counter() - started)
 
     async def _stream_step(
-        self, session: DialogueSession, message: pb.StreamDialogueRequest, context: grpc.aio.ServicerContext
+        self, session: StreamSession, message: pb.StreamDialogueRequest, context: grpc.aio.ServicerContext
     ) -> list[pb.StreamDialogueResponse]:
         kind = message.WhichOneof("message")
         if kind == "open":

@@ -17,9 +17,10 @@ from typing import Protocol
 import numpy as np
 import onnxruntime as ort
 
+from sleuthd.config import SAMPLE_RATE
+
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
 FRAME_SAMPLES = 512  # 32 ms at 16 kHz
 CONTEXT_SAMPLES = 64  # the model sees the tail of the previous frame
 MAX_FRAMES_PER_CALL = 512  # ~16 s per ONNX call; longer clips carry the LSTM state across calls

@@ -22,22 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sleuthd.api import SpeakerEncoder
+from sleuthd.calibration import FEATURES, VARIANTS, LogisticModel, turn_features
 
 from sleuthd_bench.corpus import CorpusClip
 from sleuthd_bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics
 from sleuthd_bench.reliability import expected_calibration_error
 from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE, TRAIN_SHORT_SHARE, short_crop
-from sleuthd.calibration import (
-    FEATURES,
-    LENGTH_CORRECTION,
-    VARIANTS,
-    LogisticModel,
-    reliability,
-    turn_attenuation,
-    turn_features,
-)
-from sleuthd.domain import AudioInput
-from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +52,6 @@ class Clip:
     embedding: np.ndarray
     speech_seconds: float
     source: str = ""  # the corpus file (a short crop keeps the path of the clip it was cut from)
-    window_coherence: float = float("nan")  # see ClipEmbedding
-    independent_windows: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,7 +68,7 @@ class Instance:
 
 
 async def embed_corpus(
-    engine: Engine,
+    encoder: SpeakerEncoder,
     clips: Sequence[CorpusClip],
     progress: Callable[[int, int], None],
     *,
@@ -87,29 +76,16 @@ async def embed_corpus(
 ) -> list[Clip]:
     """Embed every clip in-process (offline tooling); clips with too little speech are dropped.
     ``short_crop_seed``: embed a random short stretch of each clip instead (see ``short_crop``)."""
-    encoder = engine.encoders[engine.config.default_encoder]
     rng = random.Random(short_crop_seed)
     out: list[Clip] = []
     chunk = 32
     for start in range(0, len(clips), chunk):
         part = clips[start : start + chunk]
         audio = [c.path.read_bytes() if short_crop_seed is None else short_crop(c.path, rng) for c in part]
-        results = await engine.embed_audio(
-            encoder, [(AudioInput(a), str(c.path)) for a, c in zip(audio, part, strict=True)]
-        )
+        results = await encoder.embed(audio, [str(c.path) for c in part])
         for c, r in zip(part, results, strict=True):
             if r.embedding is not None:
-                out.append(
-                    Clip(
-                        c.speaker,
-                        c.gender,
-                        r.embedding,
-                        r.speech_seconds,
-                        str(c.path),
-                        r.window_coherence,
-                        r.independent_windows,
-                    )
-                )
+                out.append(Clip(c.speaker, c.gender, r.embedding, r.speech_seconds, str(c.path)))
         progress(min(start + chunk, len(clips)), len(clips))
     return out
 
@@ -207,7 +183,6 @@ def make_instances(
     cohort: bool = False,
     intruder_in_cohort: float = INTRUDER_IN_COHORT,
     similar_in_cohort: bool = False,
-    length_correction: bool = False,
 ) -> list[Instance]:
     """Training dialogues (S1/S2/S3 in equal shares) drawn from embedded clips.
 
@@ -224,7 +199,6 @@ def make_instances(
     ``similar_in_cohort``: the cohort always includes the target's second most similar same-gender
     speaker (the most similar is the S3 intruder of benchmark-like dialogues): two alike voices in one
     dialogue, the hardest yardstick.
-    ``length_correction``: features from length-corrected cosines (calibration.turn_attenuation).
     S2 is an opposite-gender speaker, or in a corpus of one gender the least similar speaker.
     """
     levels = tuple(jitter_levels) if jitter_levels is not None else ((0.0,) if benchmark_like else JITTER_LEVELS)
@@ -285,13 +259,12 @@ def make_instances(
             ref = None if ref is None else _jitter(ref[None, :], jitter, noise)[0]
             cohort_emb = [_jitter(g, jitter, noise) for g in cohort_emb]
         seconds = np.array([t.speech_seconds for t in turns])
-        attenuation = turn_attenuation(*reliability(turns)) if length_correction else None
-        variant, x = turn_features(emb, ref, seconds, None, attenuation)
+        variant, x = turn_features(emb, ref, seconds, None)
         if not cohort:
             out.append(Instance(variant, x, labels, n, scenario))
             continue
         centroids_of_others = np.stack([g.mean(axis=0) / np.linalg.norm(g.mean(axis=0)) for g in cohort_emb])
-        cohort_variant, cx = turn_features(emb, ref, seconds, centroids_of_others, attenuation)
+        cohort_variant, cx = turn_features(emb, ref, seconds, centroids_of_others)
         out.append(Instance(cohort_variant, cx, labels, n, scenario, plain_variant=variant, plain_features=x))
     return out
 
@@ -376,11 +349,9 @@ def fit(
     short_clips: Sequence[Clip] = (),
     short_share: float = TRAIN_SHORT_SHARE,
     length_profiles: bool = False,
-    length_correction: bool = False,
 ) -> tuple[dict[str, LogisticModel], dict[str, Any]]:
     """Fit every variant on dialogues drawn from ``clips`` and their crops in ``short_clips`` as
-    training_instances draws them (``short_share``, ``length_profiles``); ``length_correction``: on
-    length-corrected cosines."""
+    training_instances draws them (``short_share``, ``length_profiles``)."""
     # Dialogues without and with other speakers come from separate draws, so the models of requests
     # without a cohort do not depend on whether the cohort models are fitted.
     instances = [
@@ -394,7 +365,6 @@ def fit(
             short_share=short_share,
             length_profiles=length_profiles,
             cohort=cohort,
-            length_correction=length_correction,
         )
     ]
     models = fit_models(instances)
@@ -409,9 +379,7 @@ def fit(
             "ece_in_sample": round(expected_calibration_error(p, y), 4),
         }
     # The decision threshold: chosen once, on fresh benchmark-style dialogues of the same corpus.
-    bench = make_instances(
-        clips, n_threshold_instances, seed + 1, benchmark_like=True, length_correction=length_correction
-    )
+    bench = make_instances(clips, n_threshold_instances, seed + 1, benchmark_like=True)
     probs = [models[i.variant].probability(i.features) for i in bench]
     grid = np.round(np.arange(0.05, 0.96, 0.01), 2)
     scored = [(float(tau), *(dialogue_scores(bench, probs, float(tau))[k] for k in ("bal", "bal_f1"))) for tau in grid]
@@ -429,7 +397,6 @@ def fit(
     }
     stats["instances"] = len(instances)
     stats["short_share"] = short_share
-    stats["length_correction"] = LENGTH_CORRECTION if length_correction else None
     stats["length_profiles"] = length_profiles
     shared = shared_training_clips(clips, short_clips, seed, 0.0 if length_profiles else short_share)
     stats["short_clips_in_training"] = sum(a is not b for a, b in zip(shared, clips, strict=True))
@@ -480,15 +447,6 @@ def calibration_block(
             "`sleuthd-bench calibrate cv` on held-out voices of the same corpus. Decision threshold 0.5, the "
             "Bayes decision for a calibrated probability (not tuned; fit_stats.decision_threshold_search shows what "
             "tuning on the fit corpus would have picked). Never fitted on the transfer or real-speech splits."
-        ),
-        "length_correction": stats["length_correction"],
-        "length_correction_how": (
-            "none: features from the cosines as measured"
-            if stats["length_correction"] is None
-            else "every cosine of a turn is divided by its attenuation relative to the speaker's median turn, "
-            "1/sqrt(1 + (1/rho2 - 1)/k) with k = speech seconds / window span and rho2 = the median over the "
-            "speaker's turns of the mean cosine between windows that share no audio (sleuthd.calibration."
-            "turn_attenuation); nothing fitted"
         ),
         "decision_threshold": DECISION_THRESHOLD,
         "score_scale": "probability that the turn does not belong to its speaker",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from sleuthd.calibration import BASE_VARIANTS
 
 from sleuthd_bench.calibrate import (
     DECISION_THRESHOLD,
@@ -39,7 +40,6 @@ from sleuthd_bench.calibrate import (
     training_instances,
 )
 from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE
-from sleuthd.calibration import BASE_VARIANTS
 
 TEST_JITTERS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03)
 # The turn-length test conditions (at jitter 0); "mixed" cuts a share MIXED_SHORT_SHARE of the clips.
@@ -125,15 +125,13 @@ def cross_validate(
     short_clips: Sequence[Clip] | None = None,
     train_short_shares: Sequence[float] = (0.0,),
     length_profiles: bool = False,
-    length_correction: bool = False,
     progress: Callable[[str], None] = lambda _message: None,
 ) -> list[SettingResult]:
     """Score every (jitter set, L2, training share of short crops) setting on held-out target
     speakers; means over the folds of ``repeats`` independent fold splits, per test jitter (and per
     turn-length condition when ``short_clips``, short crops of ``clips`` paired by ``Clip.source``,
     are given; they are also the crops a training share or ``length_profiles`` draws from; see
-    calibrate.training_instances). ``length_correction``: every setting's features from
-    length-corrected cosines (calibration.turn_attenuation)."""
+    calibrate.training_instances)."""
     if (length_profiles or any(share > 0 for share in train_short_shares)) and short_clips is None:
         raise ValueError("training on short turns needs the short crops (--short-turns)")
     if length_profiles and any(share > 0 for share in train_short_shares):
@@ -148,7 +146,6 @@ def cross_validate(
                 benchmark_like=True,
                 jitter_levels=(j,),
                 targets=fold.held_out,
-                length_correction=length_correction,
             )
             for j in test_jitters
         }
@@ -164,7 +161,6 @@ def cross_validate(
                     fold.draw_seed,
                     benchmark_like=True,
                     targets=fold.held_out,
-                    length_correction=length_correction,
                 )
         for jitter_levels, share in itertools.product(jitter_sets, train_short_shares):
             train = training_instances(
@@ -175,7 +171,6 @@ def cross_validate(
                 short_share=share,
                 length_profiles=length_profiles,
                 jitter_levels=jitter_levels,
-                length_correction=length_correction,
             )
             for l2 in l2_values:
                 models = fit_models(train, l2=l2, variants=BASE_VARIANTS)

@@ -32,11 +32,12 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
+from sleuthd.api import SpeakerEncoder
+from sleuthd.calibration import BASE_VARIANTS, FEATURES
+
 from sleuthd_bench import calibrate as cal
 from sleuthd_bench.calibrate_cv import TEST_JITTERS, fold_mean, held_out_folds
 from sleuthd_bench.corpus import read_corpus
-from sleuthd.calibration import BASE_VARIANTS, FEATURES
-from sleuthd.engine import Engine, EngineConfig
 
 Predict = Callable[[np.ndarray], np.ndarray]
 MODELS = ("logistic", "logistic_32k", "hinge", "gbm", "gbm_platt")
@@ -96,11 +97,11 @@ def main() -> int:
     args = parser.parse_args()
 
     async def embed() -> list[cal.Clip]:
-        engine = Engine.load(EngineConfig(models_dir=args.models_dir, device="cpu"))
+        encoder = SpeakerEncoder.load(args.models_dir)
         try:
-            return await cal.embed_corpus(engine, read_corpus(args.corpus), lambda done, total: None)
+            return await cal.embed_corpus(encoder, read_corpus(args.corpus), lambda done, total: None)
         finally:
-            await engine.aclose()
+            await encoder.aclose()
 
     clips = asyncio.run(embed())
     at_threshold: dict[tuple[str, float, float], list[dict[str, float]]] = {}

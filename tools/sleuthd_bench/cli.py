@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sleuthd.api import SpeakerEncoder
+
     from sleuthd_bench import calibrate
 
 logger = logging.getLogger("sleuthd")
@@ -35,10 +37,11 @@ def _error(message: str) -> int:
     return EXIT_ERROR
 
 
-def _load_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from sleuthd.engine import Engine, EngineConfig
+def _load_encoder(args: argparse.Namespace) -> SpeakerEncoder:
+    """The encoder a command embeds with, through sleuthd's public in-process API."""
+    from sleuthd.api import SpeakerEncoder
 
-    return Engine.load(EngineConfig(models_dir=args.models_dir, default_encoder=args.encoder, device=args.device))
+    return SpeakerEncoder.load(args.models_dir, encoder=args.encoder, device=args.device)
 
 
 # ---------------------------------------------------------------------------------------------- make
@@ -60,9 +63,10 @@ def cmd_bench_cut(args: argparse.Namespace) -> int:
 
 def cmd_bench_make(args: argparse.Namespace) -> int:
     from sleuthd.audio import AudioError
+    from sleuthd.manifest import ManifestError as ModelManifestError
+
     from sleuthd_bench.corpus import CorpusError
     from sleuthd_bench.make import MakeError, MakeOptions, make_manifest
-    from sleuthd.manifest import ManifestError as ModelManifestError
 
     try:
         options = MakeOptions(
@@ -71,15 +75,15 @@ def cmd_bench_make(args: argparse.Namespace) -> int:
             source=args.source or args.corpus.resolve().parent.name,
             seed=args.seed,
         )
-        engine = _load_engine(args)
+        encoder = _load_encoder(args)
     except (MakeError, ModelManifestError, OSError) as exc:
         return _error(str(exc))
     try:
-        result = asyncio.run(make_manifest(args.corpus, args.out, options, engine, show_progress=not args.quiet))
+        result = asyncio.run(make_manifest(args.corpus, args.out, options, encoder, show_progress=not args.quiet))
     except (CorpusError, MakeError, AudioError) as exc:
         return _error(str(exc))
     finally:
-        engine.close()
+        encoder.close()
     print(
         f"wrote {result.path}: {len(result.lines)} dialogues, {result.n_targets} target speakers, "
         f"{result.n_skipped} of {result.n_clips} clips skipped (too little speech)"
@@ -91,16 +95,17 @@ def cmd_bench_make(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_synth(args: argparse.Namespace) -> int:
+    from sleuthd.manifest import ManifestError as ModelManifestError
+
     from sleuthd_bench.corpus import CorpusError
     from sleuthd_bench.devsets import PRESETS, DevSetError, build_devsets
     from sleuthd_bench.make import MakeError
-    from sleuthd.manifest import ManifestError as ModelManifestError
     from sleuthd_bench.synth import SynthesisError
 
     out = args.out or Path("data") / "dev" / args.size
     started = time.monotonic()
     try:
-        engine = _load_engine(args)
+        encoder = _load_encoder(args)
     except (ModelManifestError, OSError) as exc:
         return _error(str(exc))
     try:
@@ -108,7 +113,7 @@ def cmd_bench_synth(args: argparse.Namespace) -> int:
             build_devsets(
                 out,
                 PRESETS[args.size],
-                engine,
+                encoder,
                 seed=args.seed,
                 turns=args.turns,
                 fsdd_dir=args.fsdd_dir,
@@ -120,7 +125,7 @@ def cmd_bench_synth(args: argparse.Namespace) -> int:
     except (DevSetError, CorpusError, MakeError, SynthesisError, FileNotFoundError) as exc:
         return _error(str(exc))
     finally:
-        engine.close()
+        encoder.close()
     for split, path in result.manifests.items():
         print(f"{split:9s} {result.dialogues[split]:4d} dialogues  {path}")
     print(f"built in {time.monotonic() - started:.1f} s", file=sys.stderr)
@@ -232,19 +237,16 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
 
 def cmd_bench_drift(args: argparse.Namespace) -> int:
     """``sleuthd-bench drift``: exit 0 on success, 2 on bad input or a missing tool/model."""
-    from sleuthd_bench import synth
-    from sleuthd_bench import drift_eval
-    from sleuthd_bench.driftset import PRESETS, DriftSetError
-    from sleuthd.engine import Engine, EngineConfig
     from sleuthd.manifest import ManifestError
+
+    from sleuthd_bench import drift_eval, synth
+    from sleuthd_bench.driftset import PRESETS, DriftSetError
 
     out = Path(args.out) if args.out else REPO / "data" / "drift" / args.size
     try:
         rates = [float(r) for r in args.rates.split(",") if r.strip()]
         drift_eval.embedding_rates(rates)
-        engine = Engine.load(
-            EngineConfig(models_dir=args.models_dir, default_encoder=args.encoder, device=args.device, batching="clip")
-        )
+        encoder = _load_encoder(args)
     except (ValueError, ManifestError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -254,10 +256,9 @@ def cmd_bench_drift(args: argparse.Namespace) -> int:
             drift_eval.run_drift_bench(
                 out,
                 PRESETS[args.size],
-                engine,
+                encoder,
                 seed=args.seed,
                 rates=rates,
-                encoder=args.encoder,
                 workers=args.workers,
                 show_progress=not args.quiet,
             )
@@ -266,7 +267,7 @@ def cmd_bench_drift(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
-        engine.close()
+        encoder.close()
     print(drift_eval.markdown_report(result.report), end="")
     print("\ndrift block for the model card:")
     print(json.dumps(result.block, indent=2))
@@ -292,12 +293,12 @@ def _embed_calibration_corpus(
         clips = read_corpus(args.corpus)
     except CorpusError as exc:
         return _error(str(exc))
-    engine = _load_engine(args)
+    encoder = _load_encoder(args)
 
     async def embed(label: str, seed: int | None) -> list[calibrate.Clip]:
         bar = Progress(len(clips), label, enabled=not args.quiet)
         try:
-            return await calibrate.embed_corpus(engine, clips, bar.update_to, short_crop_seed=seed)
+            return await calibrate.embed_corpus(encoder, clips, bar.update_to, short_crop_seed=seed)
         finally:
             bar.close()
 
@@ -307,10 +308,10 @@ def _embed_calibration_corpus(
             short = [] if short_crop_seed is None else await embed("embedding short crops", short_crop_seed)
             return whole, short
         finally:
-            await engine.aclose()
+            await encoder.aclose()
 
     embedded, short = asyncio.run(embed_all())
-    return engine.encoders[engine.config.default_encoder].manifest.raw, embedded, short
+    return encoder.manifest.raw, embedded, short
 
 
 def _progress_printer(args: argparse.Namespace) -> Callable[[str], None]:
@@ -350,7 +351,6 @@ def cmd_calibrate_fit(args: argparse.Namespace) -> int:
         short_clips=short,
         short_share=args.short_share,
         length_profiles=args.train_length_profiles,
-        length_correction=args.length_correction,
     )
     block = calibrate.calibration_block(models, stats, manifest_raw, args.corpus_label or str(args.corpus), args.seed)
     calibrate.write_into_card(args.card, block, make_default=args.make_default)
@@ -398,7 +398,6 @@ def cmd_calibrate_cv(args: argparse.Namespace) -> int:
             short_clips=short if args.short_turns else None,
             train_short_shares=shares,
             length_profiles=args.train_length_profiles,
-            length_correction=args.length_correction,
             progress=_progress_printer(args),
         )
     except ValueError as exc:
@@ -439,9 +438,10 @@ def cmd_calibrate_cohort_cv(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
+    from sleuthd.calibration import Calibration, CalibrationError
+
     from sleuthd_bench import calibrate, cohort_eval
     from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE
-    from sleuthd.calibration import Calibration, CalibrationError
 
     loaded = _embed_calibration_corpus(args, short_crop_seed=None if args.turn_lengths == "whole" else args.seed)
     if isinstance(loaded, int):
@@ -461,7 +461,6 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
             cohort=True,
             intruder_in_cohort=0.0,
             similar_in_cohort=args.look_alike,
-            length_correction=calibration.corrects_length,
         )
     except (CalibrationError, ValueError) as exc:
         return _error(str(exc))
@@ -476,10 +475,6 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- parser
 
-LENGTH_CORRECTION_HELP = (
-    "features from length-corrected cosines (each turn's cosines divided by its attenuation, from the "
-    "coherence of its windows and its length; docs/auto.md): not what the shipped calibration uses"
-)
 LENGTH_PROFILES_HELP = (
     "draw the training dialogues by length profile: a third from whole clips, a third mixing whole clips and "
     "1.2-3 s cuts, a third from cuts only (docs/auto.md, step 9); replaces a training share of cuts"
@@ -493,6 +488,7 @@ LOOK_ALIKE_HELP = (
 def build_parser() -> argparse.ArgumentParser:
     """The ``sleuthd-bench`` command line: benchmarks, replay, calibration fitting and speech synthesis."""
     from sleuthd.config import default_models_dir
+
     from sleuthd_bench.driftset import PRESETS as DRIFT_PRESETS
     from sleuthd_bench.turn_lengths import TRAIN_SHORT_SHARE
 
@@ -648,7 +644,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s, chosen by `calibrate cv --train-short-shares`)",
     )
     f.add_argument("--train-length-profiles", action="store_true", help=LENGTH_PROFILES_HELP)
-    f.add_argument("--length-correction", action="store_true", help=LENGTH_CORRECTION_HELP)
     engine_args(f)
     f.set_defaults(func=cmd_calibrate_fit)
     v = csub.add_parser(
@@ -691,7 +686,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(above 0 needs --short-turns; default: %(default)s)",
     )
     v.add_argument("--train-length-profiles", action="store_true", help=LENGTH_PROFILES_HELP)
-    v.add_argument("--length-correction", action="store_true", help=LENGTH_CORRECTION_HELP)
     v.add_argument("--json", type=Path, help="write every result as JSON")
     engine_args(v)
     v.set_defaults(func=cmd_calibrate_cv)

@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from sleuthd.calibration import LogisticModel
 
 from sleuthd_bench.calibrate import DECISION_THRESHOLD, Clip, Instance, dialogue_scores, fit_models, make_instances
 from sleuthd_bench.calibrate_cv import fold_mean, held_out_folds
 from sleuthd_bench.reliability import expected_calibration_error
-from sleuthd.calibration import LogisticModel
 
 JUDGMENTS = ("without cohort", "with cohort")
 

@@ -1,7 +1,7 @@
 """Speaker-labelled corpora for benchmark building: the CSV format and in-process embedding.
 
 A corpus is a CSV with the header ``path,speaker,gender[,text]`` (extra columns are ignored);
-paths are relative to the CSV's folder. Embedding runs the server's own engine in-process: this is
+paths are relative to the CSV's folder. Embedding runs sleuthd's own pipeline in-process (sleuthd.api): this is
 offline tooling, so it does not go through gRPC.
 """
 
@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from sleuthd.domain import AudioInput
-from sleuthd.engine import Engine
+from sleuthd.api import SpeakerEncoder
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("path", "speaker", "gender")
-# Clips per engine call: large enough to batch the encoder well, small enough for steady progress.
+# Clips per embedding call: large enough to batch the encoder well, small enough for steady progress.
 _EMBED_CHUNK = 32
 _GENDER_ALIASES = {"m": "M", "male": "M", "man": "M", "f": "F", "female": "F", "woman": "F"}
 
@@ -87,25 +85,19 @@ def read_corpus(csv_path: Path) -> list[CorpusClip]:
 
 
 async def embed_clips(
-    engine: Engine,
+    encoder: SpeakerEncoder,
     clips: Sequence[CorpusClip],
-    encoder: str = "",
     progress: Callable[[int], None] | None = None,
 ) -> list[np.ndarray | None]:
     """Unit-length embeddings of ``clips`` in order; ``None`` for a clip with too little speech.
 
-    ``encoder`` names one of the engine's encoders (``""`` = its default). ``progress(n)`` is called
-    with the number of clips finished after every chunk. Undecodable audio raises the engine's
-    ``AudioError`` naming the file.
+    ``progress(n)`` is called with the number of clips finished after every chunk. Undecodable audio
+    raises sleuthd's ``AudioError`` naming the file.
     """
-    name = encoder or engine.config.default_encoder
-    if name not in engine.encoders:
-        raise CorpusError(f"unknown encoder {name!r}; loaded: {', '.join(sorted(engine.encoders))}")
-    runner = engine.encoders[name]
     out: list[np.ndarray | None] = []
     for start in range(0, len(clips), _EMBED_CHUNK):
         chunk = clips[start : start + _EMBED_CHUNK]
-        results = await engine.embed_audio(runner, [(AudioInput(data=c.path.read_bytes()), str(c.path)) for c in chunk])
+        results = await encoder.embed([c.path.read_bytes() for c in chunk], [str(c.path) for c in chunk])
         out.extend(r.embedding for r in results)
         if progress is not None:
             progress(len(chunk))

@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sleuthd.api import SpeakerEncoder
+
 from sleuthd_bench import synth
 from sleuthd_bench.make import MakeOptions, MakeResult, make_manifest
 from sleuthd_bench.manifest import dumps
 from sleuthd_bench.progress import Progress
-from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def _subset_csv(corpus_csv: Path, speakers: set[str], out: Path) -> Path:
 async def build_devsets(
     out_dir: Path,
     spec: DevSetSpec,
-    engine: Engine,
+    encoder: SpeakerEncoder,
     *,
     seed: int = 0,
     turns: int = 5,
@@ -198,7 +199,7 @@ async def build_devsets(
             split_csv = _subset_csv(corpus_csv, {v.name for v in voices_by_split[split]}, corpus_dir / f"{split}.csv")
             options = MakeOptions(turns=turns, dialogues_per_speaker=dialogues[split], source=split, seed=seed)
             results[split] = await make_manifest(
-                split_csv, out_dir / f"{split}.jsonl", options, engine, show_progress=show_progress
+                split_csv, out_dir / f"{split}.jsonl", options, encoder, show_progress=show_progress
             )
             manifests[split] = out_dir / f"{split}.jsonl"
 
@@ -215,7 +216,7 @@ async def build_devsets(
             fsdd_csv = synth.build_fsdd_corpus(fsdd, out_dir / "corpus" / "fsdd", turns_per_speaker, seed)
             options = MakeOptions(turns=turns, dialogues_per_speaker=spec.fsdd_dialogues, source="fsdd", seed=seed)
             results["fsdd"] = await make_manifest(
-                fsdd_csv, out_dir / "fsdd.jsonl", options, engine, show_progress=show_progress
+                fsdd_csv, out_dir / "fsdd.jsonl", options, encoder, show_progress=show_progress
             )
             manifests["fsdd"] = out_dir / "fsdd.jsonl"
 

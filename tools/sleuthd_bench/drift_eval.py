@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from sleuthd.drift import DriftConfig, DriftResult, detect_drift
 
 from sleuthd_bench.driftset import (
     SAMPLE_RATE,
@@ -38,10 +39,9 @@ from sleuthd_bench.driftset import (
     read_labels,
     read_wav,
 )
-from sleuthd.drift import DriftConfig, DriftResult, detect_drift
 
 if TYPE_CHECKING:
-    from sleuthd.engine import Engine
+    from sleuthd.api import SpeakerEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -83,30 +83,24 @@ def _file_digest(path: Path) -> str:
 
 async def embed_driftset(
     labels_path: Path,
-    engine: Engine,
+    encoder: SpeakerEncoder,
     rate_per_second: float,
     *,
-    encoder: str = "ge2e",
     show_progress: bool = False,
 ) -> list[EmbeddedUtterance]:
-    """Embed every utterance of a built dev set with the in-process engine.
+    """Embed every utterance of a built dev set in-process (sleuthd.api).
 
     Window embeddings go through the service's own path (loudness, VAD trimming, windows at
     ``rate_per_second``, encoder); results are cached next to the labels in
     ``embeddings-<encoder>-<rate>.npz`` and reused for WAVs whose content has not changed.
     """
     from sleuthd_bench.progress import Progress
-    from sleuthd.clips import pool, prepare_waveform
 
     labels_path = Path(labels_path)
     root = labels_path.parent
     labels = read_labels(labels_path)
-    if encoder not in engine.encoders:
-        raise DriftSetError(f"unknown encoder {encoder!r}; loaded: {', '.join(sorted(engine.encoders))}")
-    enc = engine.encoders[encoder]
-    manifest = enc.manifest
-    dense = dataclasses.replace(manifest, window=dataclasses.replace(manifest.window, rate_per_second=rate_per_second))
-    cache_path = root / f"embeddings-{encoder}-{rate_per_second:g}.npz"
+    dense = encoder.windows_at(rate_per_second)
+    cache_path = root / f"embeddings-{encoder.name}-{rate_per_second:g}.npz"
     cached: dict[str, np.ndarray] = {}
     digests: dict[str, str] = {}
     if cache_path.is_file():
@@ -126,18 +120,18 @@ async def embed_driftset(
                 emb, times, seg = (cached[k] for k in keys)
             else:
                 samples = read_wav(wav)
-                clip = prepare_waveform(samples, dense, engine.vad)
-                if clip.windows is None or clip.window_times is None:
+                clip = await encoder.embed_waveform(samples, dense)
+                if clip.window_embeddings is None or clip.window_times is None:
                     raise DriftSetError(f"{wav}: not usable: {clip.detail}")
-                emb = await enc.encode(clip.windows)
+                emb = clip.window_embeddings
                 times = clip.window_times
                 seg_list = []
                 for start, end in label.segments:
                     piece = samples[round(start * SAMPLE_RATE) : round(end * SAMPLE_RATE)]
-                    seg_clip = prepare_waveform(piece, manifest, engine.vad)
-                    if seg_clip.windows is None:
+                    seg_clip = await encoder.embed_waveform(piece)
+                    if seg_clip.embedding is None:
                         raise DriftSetError(f"{wav}: segment {start:.2f}-{end:.2f} s not usable: {seg_clip.detail}")
-                    seg_list.append(pool(await enc.encode(seg_clip.windows)))
+                    seg_list.append(seg_clip.embedding)
                 seg = np.stack(seg_list)
             fresh.update(dict(zip(keys, (emb, times, seg), strict=True)))
             fresh_digests[label.uid] = digest
@@ -603,11 +597,10 @@ def embedding_rates(rates: Sequence[float]) -> float:
 async def run_drift_bench(
     out_dir: Path,
     spec: DriftSetSpec,
-    engine: Engine,
+    encoder: SpeakerEncoder,
     *,
     seed: int = 0,
     rates: Sequence[float] = (5.0, 2.5),
-    encoder: str = "ge2e",
     workers: int = 2,
     show_progress: bool = True,
 ) -> DriftBenchResult:
@@ -618,7 +611,7 @@ async def run_drift_bench(
     """
     top_rate = embedding_rates(rates)
     labels_path = await asyncio.to_thread(build_driftset, out_dir, spec, seed=seed, workers=workers)
-    utterances = await embed_driftset(labels_path, engine, top_rate, encoder=encoder, show_progress=show_progress)
+    utterances = await embed_driftset(labels_path, encoder, top_rate, show_progress=show_progress)
     fit = fit_drift(utterances, rates=rates)
     report = evaluate(utterances, fit)
     block = drift_block(fit, report)

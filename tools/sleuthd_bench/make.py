@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from sleuthd.api import SpeakerEncoder
 
 from sleuthd_bench.corpus import CorpusClip, embed_clips, read_corpus
 from sleuthd_bench.manifest import ManifestLine, relative_path, write_manifest
 from sleuthd_bench.progress import Progress
-from sleuthd.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -208,15 +208,14 @@ async def make_manifest(
     csv_path: Path,
     out: Path,
     options: MakeOptions,
-    engine: Engine,
-    encoder: str = "",
+    encoder: SpeakerEncoder,
     show_progress: bool = True,
 ) -> MakeResult:
-    """Read the corpus, embed it with ``engine``, plan the dialogues and write the manifest to ``out``."""
+    """Read the corpus, embed it with ``encoder``, plan the dialogues and write the manifest to ``out``."""
     clips = read_corpus(csv_path)
-    name = encoder or engine.config.default_encoder
+    name = encoder.name
     with Progress(len(clips), f"embedding {Path(csv_path).name}", enabled=show_progress) as bar:
-        embeddings = await embed_clips(engine, clips, name, progress=bar.advance)
+        embeddings = await embed_clips(encoder, clips, progress=bar.advance)
     skipped = [c for c, e in zip(clips, embeddings, strict=True) if e is None]
     if skipped:
         logger.info(

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
 from sleuthd import client
+from sleuthd.v1 import sleuthd_pb2 as pb
+
 from sleuthd_bench import paired
 from sleuthd_bench import report as report_mod
 from sleuthd_bench.instances import (
@@ -47,7 +48,6 @@ from sleuthd_bench.manifest import ManifestLine, read_manifest
 from sleuthd_bench.metrics import SCENARIOS, DetectionRecord, DiscriminationRecord, Scenario, method_report
 from sleuthd_bench.progress import Progress
 from sleuthd_bench.sweeps import SWEEPS, SweepInstance, best_table, sweep_method
-from sleuthd.v1 import sleuthd_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class _Replayer:
         return pb.Audio(encoded=(self.base / rel).read_bytes())
 
     async def call(self, run: str, dialogue_id: str, task: str, rpc: Callable[[], Awaitable[Any]]) -> Any | None:
-        """Run one RPC with retries; on failure record it and return None."""
+        """Run one RPC (the channel retries UNAVAILABLE); on failure record it and return None."""
         if self.gave_up:
             self.failures.append(
                 Failure(run, dialogue_id, task, "NOT_SENT", "skipped: the server stopped answering (UNAVAILABLE)")
@@ -182,7 +182,7 @@ class _Replayer:
             return None
         self.rpcs += 1
         try:
-            result = await client.call_with_retries(rpc)
+            result = await rpc()
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
             self.failures.append(Failure(run, dialogue_id, task, code, exc.details() or ""))
@@ -299,8 +299,8 @@ async def _connect(ch: grpc.aio.Channel, stub: Any, config: ReplayConfig) -> pb.
             "or pass --target HOST:PORT"
         ) from None
     try:
-        info: pb.GetServerInfoResponse = await client.call_with_retries(
-            lambda: stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=config.connect_timeout_s)
+        info: pb.GetServerInfoResponse = await stub.GetServerInfo(
+            pb.GetServerInfoRequest(), timeout=config.connect_timeout_s
         )
     except grpc.aio.AioRpcError as exc:
         raise ReplayError(
@@ -364,7 +364,8 @@ async def replay(config: ReplayConfig) -> ReplayResult:
     report = report_mod.build_report(Path(config.manifest).name, len(lines), encoder, methods_report)
     sweeps = _sweeps(lines, detections)
     enc_info = _encoder_info(info, encoder)
-    defaults = dict(enc_info.default_thresholds) if enc_info is not None else {}
+    # Proto maps have no order: sorted, so the same server gives the same bytes in sweep.json.
+    defaults = dict(sorted(enc_info.default_thresholds.items())) if enc_info is not None else {}
     out_dir = Path(config.out_dir)
     written = report_mod.write_report(
         out_dir,
@@ -384,7 +385,7 @@ async def replay(config: ReplayConfig) -> ReplayResult:
             )
     wall_s = time.monotonic() - started
     failures = replayer.failures
-    marks = {"paper": dict(info.paper_thresholds), "default": defaults}
+    marks = {"paper": dict(sorted(info.paper_thresholds.items())), "default": defaults}
     sweep_doc = {
         "manifest": Path(config.manifest).name,
         "encoder": encoder,

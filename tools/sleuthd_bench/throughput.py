@@ -5,9 +5,10 @@ Modes, on the same real (synthetic-voice) dialogues of 5 turns x 2-6 s:
 - ``resemblyzer``: what a user would do instead: resemblyzer's ``VoiceEncoder`` in-process (torch,
   CPU) scoring one dialogue at a time (``preprocess_wav`` + ``embed_utterance`` per turn, then pairwise
   cosines); at concurrency c, c clients queue for that one encoder;
-- ``unbatched``: our server with batching off: every encoder window is its own model call;
-- ``per_clip``: our server with each clip's windows in one model call but nothing shared across
-  clips or requests (how resemblyzer batches inside one utterance), for reference;
+- ``unbatched``: our server with model calls of one window each (``--max-batch-windows 1
+  --max-wait-ms 0``, as many model calls in flight as there are cores): no batching at all;
+- ``per_clip``: our server with ``--batching off``: each clip's windows in one model call but nothing
+  shared across clips or requests (how resemblyzer batches inside one utterance), for reference;
 - ``batched``: our server with the micro-batcher on (default knobs).
 
 Both servers run as subprocesses with the embedding cache off (every request is scored from scratch)
@@ -39,15 +40,20 @@ from typing import Any
 import grpc
 import numpy as np
 import soundfile as sf
-
-from sleuthd_bench import synth
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from sleuthd_bench import synth
 
 logger = logging.getLogger(__name__)
 
 MODES = ("resemblyzer", "unbatched", "per_clip", "batched")
-SERVER_MODES = {"unbatched": "off", "per_clip": "clip", "batched": "on"}
+# The server flags of each mode (the same server, configured three ways).
+SERVER_MODES = {
+    "unbatched": ["--max-batch-windows", "1", "--max-wait-ms", "0", "--max-concurrent-batches", str(os.cpu_count())],
+    "per_clip": ["--batching", "off"],
+    "batched": [],
+}
 TURNS = 5
 
 
@@ -246,8 +252,8 @@ def run(
         progress(f"resemblyzer, concurrency {c} ...")
         results["resemblyzer"][str(c)] = run_resemblyzer(dialogues, c, seconds)
     mode_scores: dict[str, dict[int, list[float]]] = {}
-    for mode, flag in SERVER_MODES.items():
-        server = ServerProcess(["--batching", flag, "--device", device, *server_args])
+    for mode, flags in SERVER_MODES.items():
+        server = ServerProcess([*flags, "--device", device, *server_args])
         try:
             merged: dict[int, list[float]] = {}
             for c in concurrency:

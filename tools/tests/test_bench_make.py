@@ -14,12 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import pytest_asyncio
+from sleuthd.api import SpeakerEncoder
 from sleuthd_bench import synth
 from sleuthd_bench.corpus import CorpusError, read_corpus
 from sleuthd_bench.make import MakeError, MakeOptions, make_manifest
 from sleuthd_bench.manifest import read_manifest
-from sleuthd.domain import AudioInput
-from sleuthd.engine import Engine
 
 from tests.support import REPO
 
@@ -57,12 +56,10 @@ def rows(corpus_csv: Path) -> dict[Path, dict[str, str]]:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def centroids(engine: Engine, rows: dict[Path, dict[str, str]]) -> dict[str, np.ndarray]:
+async def centroids(speaker_encoder: SpeakerEncoder, rows: dict[Path, dict[str, str]]) -> dict[str, np.ndarray]:
     """Speaker centroids computed here, independently of the code under test."""
     paths = sorted(rows)
-    clips = await engine.embed_audio(
-        engine.encoders["ge2e"], [(AudioInput(data=p.read_bytes()), str(p)) for p in paths]
-    )
+    clips = await speaker_encoder.embed(paths)
     by_speaker: dict[str, list[np.ndarray]] = {}
     for p, c in zip(paths, clips, strict=True):
         assert c.embedding is not None, f"{p}: synthetic sentences always have enough speech"
@@ -93,12 +90,14 @@ def _subset(corpus_csv: Path, genders: set[str], name: str) -> Path:
     return out
 
 
-async def test_same_seed_same_bytes_other_seed_other_manifest(engine: Engine, corpus_csv: Path, tmp_path: Path) -> None:
+async def test_same_seed_same_bytes_other_seed_other_manifest(
+    speaker_encoder: SpeakerEncoder, corpus_csv: Path, tmp_path: Path
+) -> None:
     paths = []
     for folder, seed in (("a", 7), ("b", 7), ("c", 8)):
         out = tmp_path / folder / "manifest.jsonl"
         await make_manifest(
-            corpus_csv, out, MakeOptions(dialogues_per_speaker=2, seed=seed), engine, show_progress=False
+            corpus_csv, out, MakeOptions(dialogues_per_speaker=2, seed=seed), speaker_encoder, show_progress=False
         )
         paths.append(out)
     a, b, c = (p.read_bytes() for p in paths)
@@ -107,7 +106,11 @@ async def test_same_seed_same_bytes_other_seed_other_manifest(engine: Engine, co
 
 
 async def test_lines_follow_the_construction_rules(
-    engine: Engine, corpus_csv: Path, rows: dict[Path, dict[str, str]], centroids: dict[str, np.ndarray], tmp_path: Path
+    speaker_encoder: SpeakerEncoder,
+    corpus_csv: Path,
+    rows: dict[Path, dict[str, str]],
+    centroids: dict[str, np.ndarray],
+    tmp_path: Path,
 ) -> None:
     # The manifest lives far from the corpus: paths must still resolve relative to its folder.
     out = tmp_path / "deep" / "bench" / "dev.jsonl"
@@ -115,7 +118,7 @@ async def test_lines_follow_the_construction_rules(
         corpus_csv,
         out,
         MakeOptions(turns=5, dialogues_per_speaker=3, source="unit", seed=1),
-        engine,
+        speaker_encoder,
         show_progress=False,
     )
     lines = read_manifest(out)  # also checks that every path exists
@@ -149,19 +152,23 @@ async def test_lines_follow_the_construction_rules(
     assert len(altered_seen) > 1, "altered_turn should vary between dialogues"
 
 
-async def test_turns_option(engine: Engine, corpus_csv: Path, tmp_path: Path) -> None:
+async def test_turns_option(speaker_encoder: SpeakerEncoder, corpus_csv: Path, tmp_path: Path) -> None:
     out = tmp_path / "three.jsonl"
-    await make_manifest(corpus_csv, out, MakeOptions(turns=3, dialogues_per_speaker=1), engine, show_progress=False)
+    await make_manifest(
+        corpus_csv, out, MakeOptions(turns=3, dialogues_per_speaker=1), speaker_encoder, show_progress=False
+    )
     lines = read_manifest(out)
     assert {len(line.target_turns) for line in lines} == {3}
     assert all(0 <= line.altered_turn < 3 for line in lines)
     # Ten turns plus a reference need 11 clips per speaker; the corpus has 7.
     with pytest.raises(MakeError, match="11 usable clips"):
-        await make_manifest(corpus_csv, tmp_path / "ten.jsonl", MakeOptions(turns=10), engine, show_progress=False)
+        await make_manifest(
+            corpus_csv, tmp_path / "ten.jsonl", MakeOptions(turns=10), speaker_encoder, show_progress=False
+        )
 
 
 async def test_least_similar_fallback_without_opposite_gender(
-    engine: Engine,
+    speaker_encoder: SpeakerEncoder,
     corpus_csv: Path,
     rows: dict[Path, dict[str, str]],
     centroids: dict[str, np.ndarray],
@@ -172,7 +179,9 @@ async def test_least_similar_fallback_without_opposite_gender(
     males = _subset(corpus_csv, {"M"}, "males.csv")
     out = tmp_path / "males.jsonl"
     with caplog.at_level(logging.WARNING, logger="sleuthd_bench.make"):
-        result = await make_manifest(males, out, MakeOptions(dialogues_per_speaker=2), engine, show_progress=False)
+        result = await make_manifest(
+            males, out, MakeOptions(dialogues_per_speaker=2), speaker_encoder, show_progress=False
+        )
     assert any("least similar" in r.getMessage() for r in caplog.records)
     assert len(result.s2_fallback_targets) == 4
     for line in read_manifest(out):

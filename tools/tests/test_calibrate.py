@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sleuthd.calibration import BASE_VARIANTS, COHORT_SUFFIX, FEATURES, VARIANTS
 from sleuthd_bench import calibrate
 from sleuthd_bench.calibrate import (
     Clip,
@@ -23,7 +24,6 @@ from sleuthd_bench.calibrate import (
 from sleuthd_bench.calibrate_cv import Setting, SettingResult, cross_validate, select, speaker_folds
 from sleuthd_bench.cohort_eval import JUDGMENTS, cohort_cross_validate, compare
 from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE
-from sleuthd.calibration import BASE_VARIANTS, COHORT_SUFFIX, FEATURES, VARIANTS
 
 DIM = 32
 
@@ -275,31 +275,26 @@ def test_cohort_cross_validation_compares_both_judgments_on_the_same_dialogues()
         compare({}, make_instances(clips, 3, seed=0, benchmark_like=True))
 
 
-def test_a_fit_records_its_length_correction_and_short_share_and_loads_with_them() -> None:
+def test_a_fit_records_its_short_share_and_loads() -> None:
     from dataclasses import replace
 
-    from sleuthd.calibration import LENGTH_CORRECTION, Calibration
+    from sleuthd.calibration import Calibration
 
-    rng = np.random.default_rng(5)
-    # Whole clips with measured window coherence; their crops are shorter and unmeasurable.
-    clips = [replace(c, window_coherence=float(rng.uniform(0.75, 0.85)), independent_windows=3.0) for c in corpus()]
-    short = [replace(c, speech_seconds=1.5, independent_windows=0.9) for c in corpus(spread=0.3)]
+    clips = corpus()
+    short = [replace(c, speech_seconds=1.5) for c in corpus(spread=0.3)]
     manifest = {"source": {"file_sha256": "ab" * 32}, "sha256": "cd" * 32}
     plain_models, plain_stats = calibrate.fit(clips, 600, seed=3, n_threshold_instances=90)
-    models, stats = calibrate.fit(
-        clips, 600, seed=3, n_threshold_instances=90, short_clips=short, short_share=0.5, length_correction=True
-    )
-    assert plain_stats["length_correction"] is None and plain_stats["short_clips_in_training"] == 0
-    assert stats["length_correction"] == LENGTH_CORRECTION
+    models, stats = calibrate.fit(clips, 600, seed=3, n_threshold_instances=90, short_clips=short, short_share=0.5)
+    assert plain_stats["short_clips_in_training"] == 0
     assert 0.3 * len(clips) < stats["short_clips_in_training"] < 0.7 * len(clips)
     block = calibrate.calibration_block(models, stats, manifest, "a corpus", 3)
-    assert "replaced by a random 1.2-3 s cut" in block["how"] and "attenuation" in block["length_correction_how"]
+    assert "replaced by a random 1.2-3 s cut" in block["how"] and "length_correction" not in block
     loaded = Calibration.from_manifest({**manifest, "calibration": block}, "enc")
-    assert loaded.corrects_length
+    assert loaded.models.keys() == models.keys()
     plain = Calibration.from_manifest(
         {**manifest, "calibration": calibrate.calibration_block(plain_models, plain_stats, manifest, "c", 3)}, "enc"
     )
-    assert not plain.corrects_length and "every clip whole" in plain.raw["how"]
+    assert "every clip whole" in plain.raw["how"]
     with pytest.raises(ValueError, match="needs the corpus's short crops"):
         calibrate.fit(clips, 60, seed=3, short_share=0.5)
 

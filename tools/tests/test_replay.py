@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from sleuthd.api import SpeakerEncoder
+from sleuthd.server import RunningServer
+from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd_bench import synth
 from sleuthd_bench.devsets import PRESETS, build_devsets
 from sleuthd_bench.instances import discrimination_candidates, discrimination_context, plan_runs, scenario_turns
 from sleuthd_bench.manifest import ManifestError, ManifestLine, read_manifest, relative_path
 from sleuthd_bench.replay import ReplayConfig, ReplayError, check_auto_supported, replay
-from sleuthd.engine import Engine
-from sleuthd.server import RunningServer
-from sleuthd.v1 import sleuthd_pb2 as pb
 
 from tests.support import REPO
 
@@ -121,9 +121,9 @@ def test_auto_needs_the_method_in_the_api() -> None:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def small_devset(engine: Engine) -> dict[str, Path]:
+async def small_devset(speaker_encoder: SpeakerEncoder) -> dict[str, Path]:
     """The small dev set (cached under data/dev/small/; FSDD included when the data is present)."""
-    result = await build_devsets(SMALL_DIR, PRESETS["small"], engine, show_progress=False)
+    result = await build_devsets(SMALL_DIR, PRESETS["small"], speaker_encoder, show_progress=False)
     return result.manifests
 
 

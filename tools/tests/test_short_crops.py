@@ -1,4 +1,4 @@
-"""Short turns (sleuthd_bench.turn_lengths): cuts of real synthesized speech, embedded by the real engine,
+"""Short turns (sleuthd_bench.turn_lengths): cuts of real synthesized speech, embedded by the real encoder,
 and `sleuthd-bench cut`."""
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+from sleuthd.api import SpeakerEncoder
 from sleuthd_bench.calibrate import embed_corpus
 from sleuthd_bench.corpus import CorpusClip, read_corpus
 from sleuthd_bench.turn_lengths import SHORT_TURN_SECONDS, cut_corpus, short_crop
-from sleuthd.calibration import turn_attenuation
-from sleuthd.engine import Engine
 
 from tests.support import VOICE_A, VOICE_B, Speech
 
@@ -48,10 +47,10 @@ def test_a_clip_shorter_than_the_cut_is_kept_whole(tmp_path: Path) -> None:
     assert len(cut) == len(sound)
 
 
-async def test_crops_embed_as_short_turns_of_the_same_voice(engine: Engine, speech: Speech) -> None:
+async def test_crops_embed_as_short_turns_of_the_same_voice(speaker_encoder: SpeakerEncoder, speech: Speech) -> None:
     clips = [CorpusClip(p, voice, "M") for voice in (VOICE_A, VOICE_B) for p in speech.clips[voice]]
-    whole = await embed_corpus(engine, clips, lambda done, total: None)
-    cut = await embed_corpus(engine, clips, lambda done, total: None, short_crop_seed=0)
+    whole = await embed_corpus(speaker_encoder, clips, lambda done, total: None)
+    cut = await embed_corpus(speaker_encoder, clips, lambda done, total: None, short_crop_seed=0)
     assert [c.source for c in whole] == [str(c.path) for c in clips]
     by_source = {c.source: c for c in whole}
     for c in cut:
@@ -104,28 +103,3 @@ def test_bench_cut_refuses_a_bad_share_or_corpus(tmp_path: Path, speech: Speech,
     assert "--share must be between 0 and 1" in capsys.readouterr().err
     assert main(["cut", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o")]) == 2
     assert "cannot read corpus" in capsys.readouterr().err
-
-
-async def test_the_length_correction_lifts_a_cut_to_its_whole_clips_level(engine: Engine, speech: Speech) -> None:
-    """turn_attenuation on real cuts: a cut sits below its voice's whole clips because it averages fewer
-    windows; dividing by its attenuation brings it back to about their level."""
-    clips = [CorpusClip(p, VOICE_A, "M") for p in speech.clips[VOICE_A]]
-    whole = await embed_corpus(engine, clips, lambda done, total: None)
-    cut = await embed_corpus(engine, clips, lambda done, total: None, short_crop_seed=1)
-    assert all(np.isfinite(w.window_coherence) and 0.3 < w.window_coherence < 1.0 for w in whole)
-    assert all(np.isnan(c.window_coherence) for c in cut if c.independent_windows < 1.5)  # no two windows apart
-    raw_gaps, corrected_gaps = [], []
-    for c in cut:
-        rest = [w for w in whole if w.source != c.source]
-        own = next(w for w in whole if w.source == c.source)
-        centre = np.mean([w.embedding for w in rest], axis=0)
-        centre /= np.linalg.norm(centre)
-        turns = [*rest, c]
-        scale = turn_attenuation(
-            np.array([t.window_coherence for t in turns]), np.array([t.independent_windows for t in turns])
-        )
-        assert scale[-1] < 1.0 and abs(float(np.median(scale)) - 1.0) < 1e-9
-        raw_gaps.append(float(own.embedding @ centre) - float(c.embedding @ centre))
-        corrected_gaps.append(float(own.embedding @ centre) - float(c.embedding @ centre) / scale[-1])
-    assert np.mean(raw_gaps) > 0.02  # the cut is clearly below its own whole clip
-    assert abs(np.mean(corrected_gaps)) < 0.5 * np.mean(raw_gaps)

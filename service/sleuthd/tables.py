@@ -1,0 +1,73 @@
+"""Readable text for the CLI: a dialogue verdict as a per-turn table, a ranking as a list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sleuthd.v1 import sleuthd_pb2 as pb
+
+
+def _fmt(msg: Any, field: str, digits: int = 3) -> str:
+    return f"{getattr(msg, field):.{digits}f}" if msg.HasField(field) else "—"
+
+
+def verdict_table(v: pb.DialogueVerdict) -> str:
+    """Per-turn verdicts and per-speaker summary as aligned text."""
+    method = pb.Method.Name(v.method).removeprefix("METHOD_").lower()
+    rows = [("turn", "speaker", "status", "score", "thr", "pairwise", "centroid", "reference", "speech s")]
+    for t in v.turns:
+        rows.append(
+            (
+                t.turn_id,
+                t.speaker,
+                pb.TurnStatus.Name(t.status),
+                _fmt(t, "score"),
+                _fmt(t, "threshold"),
+                _fmt(t, "pairwise_mean_cosine"),
+                _fmt(t, "centroid_cosine_distance"),
+                _fmt(t, "reference_cosine"),
+                f"{t.speech_seconds:.2f}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    scale = next((t.score_scale for t in v.turns if t.score_scale), "")
+    flagged = "above" if scale in ("probability", "cosine_distance") else "below"
+    meaning = {
+        "probability": "probability that the turn does not belong to its speaker",
+        "cosine_similarity": "cosine similarity",
+        "cosine_distance": "cosine distance",
+    }.get(scale, scale or "-")
+    lines = [
+        f"dialogue {v.dialogue_id}: encoder {v.encoder}, method {method}; score = {meaning}, flagged {flagged} thr",
+        "(paper scores: pairwise and reference = cosine similarity, centroid = cosine distance)",
+    ]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.append("")
+    for s in v.speakers:
+        if not s.judged:
+            verdict = "NOT JUDGED (no scorable turn)"
+        elif s.consistent:
+            verdict = "consistent"
+        else:
+            verdict = f"INCONSISTENT: {', '.join(s.inconsistent_turn_ids)}"
+        lines.append(f"speaker {s.speaker}: {verdict} ({s.scored_turns} scored, {s.unscored_turns} unscored)")
+    for t in v.turns:
+        if t.status in (pb.INSUFFICIENT_AUDIO, pb.INSUFFICIENT_CONTEXT) or t.reason == pb.SPEAKER_CONFUSION:
+            lines.append(f"  {t.turn_id}: {t.detail}")
+        for seg in t.drift_segments:
+            lines.append(
+                f"  {t.turn_id}: voice changes between {seg.start_seconds:.1f} s and {seg.end_seconds:.1f} s "
+                f"(cosine distance {seg.score:.3f})"
+            )
+    return "\n".join(lines)
+
+
+def ranking_table(r: pb.RankCandidatesResponse) -> str:
+    scale = r.candidates[0].score_scale if r.candidates else ""
+    better = "higher" if r.candidates and r.candidates[0].higher_is_better else "lower"
+    lines = [
+        f"encoder {r.encoder}, method {pb.Method.Name(r.method).removeprefix('METHOD_').lower()}, "
+        f"score = {scale.replace('_', ' ')} ({better} is better), {r.usable_context} usable context clips"
+    ]
+    lines += [f"{c.rank:>3}. {c.candidate_id}  {c.score:.4f}" for c in r.candidates]
+    return "\n".join(lines)
