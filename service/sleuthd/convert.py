@@ -48,14 +48,6 @@ def method_to_pb(method: Method) -> int:
     return _METHOD_TO_PB[method]
 
 
-def method_from_name(name: str) -> int:
-    """CLI helper: "pairwise" -> METHOD_PAIRWISE."""
-    try:
-        return _METHOD_TO_PB[Method(name)]
-    except ValueError:
-        raise InvalidRequest(f"unknown method {name!r}; choose from {', '.join(m.value for m in Method)}") from None
-
-
 def pcm_spec_from_pb(p: pb.PcmAudio | pb.PcmFormat, field: str) -> PcmSpec:
     if p.encoding not in _PCM_FROM_PB:
         raise InvalidRequest(f"{field}.encoding is not set: use PCM_S16LE or PCM_F32LE")

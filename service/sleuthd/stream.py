@@ -37,10 +37,6 @@ class StreamSession:
         self._last_index = -1
         self._buffered = 0
 
-    @property
-    def buffered_bytes(self) -> int:
-        return self._buffered
-
     def release(self) -> None:
         """Free buffered audio; safe to call more than once (the servicer calls it in ``finally``)."""
         self._open.clear()
