@@ -37,7 +37,7 @@ CALIBRATION_VERSION = 3  # 2: cohort variants; 3: reference_z, context_robust_z,
 # Not tuned (fit_stats.decision_threshold_search records what tuning on the fit corpus would pick).
 DECISION_THRESHOLD = 0.5
 # The fitting settings below were chosen by `sleuthd-bench calibrate cv` on held-out voices of the fit corpus
-# (runs/calibration/cv.md; docs/auto.md): the best mean balanced accuracy among the settings that kept
+# (runs/calibration/cv.md; docs/research/auto-fitting.md): the best mean balanced accuracy among the settings that kept
 # consistent speakers unflagged in >= 99 % of dialogues at every test jitter. The penalty is per
 # training turn (it scales with n), on standardised features.
 L2_PENALTY = 3e-3

@@ -1,4 +1,6 @@
-"""Is `auto`'s logistic model too simple? A screen on the FIT corpus only (docs/auto.md, "Model capacity").
+"""Is `auto`'s logistic model too simple? A screen on the FIT corpus only.
+
+(docs/research/auto-fitting.md, "Model capacity")
 
 Each of the 6 speaker folds of `calibrate cv` (repeat 0) fits on dialogues of the other voices and is
 scored on benchmark-style dialogues of its held-out voices, as recorded and with every embedding
@@ -19,7 +21,7 @@ reaches at the threshold where its S1 first reaches that of the shipped model (m
 Needs scikit-learn (installed with the ``export`` extra, through resemblyzer -> librosa); it is a
 research script, not part of the service. About 30 minutes on 2 cores:
 
-    .venv/bin/python scripts/capacity_screen.py data/dev/large/corpus/synth/fit.csv
+    .venv/bin/python -m sleuthd_bench.capacity_screen data/dev/large/corpus/synth/fit.csv
 """
 
 from __future__ import annotations

@@ -477,7 +477,8 @@ def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
 
 LENGTH_PROFILES_HELP = (
     "draw the training dialogues by length profile: a third from whole clips, a third mixing whole clips and "
-    "1.2-3 s cuts, a third from cuts only (docs/auto.md, step 9); replaces a training share of cuts"
+    "1.2-3 s cuts, a third from cuts only (docs/research/auto-turn-lengths.md, step 9); "
+    "replaces a training share of cuts"
 )
 LOOK_ALIKE_HELP = (
     "every test cohort includes the target's second most similar same-gender speaker (the most similar is the "

@@ -62,7 +62,7 @@ class DevSetSpec:
 
 
 # small: 6 + 6 synthetic targets and 6 FSDD speakers, one dialogue each; builds and replays in CI.
-# large: 34 espeak x 6 = 204 fit, 21 flite/sox x 9 = 189 transfer, 6 FSDD x 30 = 180 dialogues.
+# large: 34 espeak x 6 = 204 fit, 19 flite/sox x 9 = 171 transfer, 6 FSDD x 30 = 180 dialogues.
 PRESETS: dict[str, DevSetSpec] = {
     "small": DevSetSpec(
         size="small",

@@ -30,7 +30,8 @@ SHORT_TURN_SECONDS = (1.2, 3.0)  # length of a cut, seconds of audio, uniform
 # In a corpus of mixed lengths, the share of clips replaced by a cut (each by a coin flip).
 MIXED_SHORT_SHARE = 0.5
 # The share of training clips `calibrate fit` replaces by a cut of themselves, so the models see how
-# much more a short genuine turn scatters (chosen by `calibrate cv --train-short-shares`; docs/auto.md).
+# much more a short genuine turn scatters (chosen by `calibrate cv --train-short-shares`;
+# docs/research/auto-turn-lengths.md).
 TRAIN_SHORT_SHARE = 0.0
 # A clip counts as audible from the first to the last sample above this share of its peak.
 AUDIBLE_SHARE = 0.01
