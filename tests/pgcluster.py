@@ -92,8 +92,9 @@ def start() -> PgCluster:
     """Start a fresh cluster, or raise PostgresUnavailable saying why it could not start."""
     bindir = find_bindir()
     run_as, uid, gid = _run_as()
-    # mkdtemp makes a 0700 folder; hand it to the server's user (its socket lives here too).
-    root = Path(tempfile.mkdtemp(prefix="sleuthd-pg-"))
+    # mkdtemp makes a 0700 folder; hand it to the server's user (its socket lives here too). /tmp rather than
+    # $TMPDIR: the postgres user must be able to reach it, and a socket path may not exceed 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="sleuthd-pg-", dir="/tmp" if Path("/tmp").is_dir() else None))
     os.chown(root, uid, gid)
     cluster = PgCluster(root, bindir, run_as)
     steps = [

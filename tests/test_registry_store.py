@@ -374,7 +374,7 @@ def _workers(location: str, *argvs: list[str]) -> list[list[str]]:
 
 
 def test_two_processes_register_at_once(location: str) -> None:
-    _open(location).close()  # the schema exists before the race starts
+    # both open a registry that does not exist yet: creating the file, WAL and tables races too
     a, b = _workers(location, ["loop", "pa", "12"], ["loop", "pb", "12"])
     assert len(a) == len(b) == 12
     store = _open(location)
@@ -418,6 +418,9 @@ def test_open_store_chooses_the_backend_from_the_option(tmp_path: Path) -> None:
         open_store(RegistryConfig(registry="mysql://db/voices"))
     with pytest.raises(ConfigError, match="does not exist; create it first"):
         open_store(RegistryConfig(registry=str(tmp_path / "missing" / "voices.db")))
+    (tmp_path / "notes.txt").write_text("not a database, just some text that is long enough to have a header\n" * 9)
+    with pytest.raises(ConfigError, match=r"notes\.txt is not a SQLite database"):
+        open_store(RegistryConfig(registry=str(tmp_path / "notes.txt")))
     store = open_store(RegistryConfig(registry=str(tmp_path)))  # a folder: the file goes inside
     assert store is not None and store.backend == "sqlite"
     store.register("x", clips_for(1))

@@ -47,11 +47,16 @@ class SqliteStore(SqlStore):
                 isolation_level=None,
                 check_same_thread=False,
             )
-            conn.execute(f"PRAGMA busy_timeout = {int(self.config.registry_busy_timeout_ms)}")
+        except sqlite3.Error as exc:  # no such folder, no permission
+            raise RegistryUnavailable(f"cannot open the voice registry {self.path}: {exc}") from exc
+        try:
             conn.execute(f"PRAGMA synchronous = {self.config.registry_sqlite_synchronous.upper()}")
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
-            raise RegistryUnavailable(f"cannot open the voice registry {self.path}: {exc}") from exc
+            conn.close()
+            if isinstance(exc, sqlite3.OperationalError):  # locked, I/O error
+                raise RegistryUnavailable(f"cannot open the voice registry {self.path}: {exc}") from exc
+            raise ConfigError(f"registry {self.path} is not a SQLite database ({exc}); name a new file") from exc
         return conn
 
     def _enter_wal(self) -> None:
