@@ -20,7 +20,8 @@ from pathlib import Path
 
 from sleuthd.config import ConfigError
 from sleuthd.registry.config import RegistryConfig
-from sleuthd.registry.sql import ConnectionPool, Cursor, SqlStore
+from sleuthd.registry.pool import ConnectionPool
+from sleuthd.registry.sql import Cursor, SqlStore
 from sleuthd.registry.store import RegistryUnavailable
 
 logger = logging.getLogger(__name__)
