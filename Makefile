@@ -3,14 +3,16 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 SLEUTHD := .venv/bin/sleuthd
 BENCH   := .venv/bin/sleuthd-bench
-APT_TOOLS := espeak-ng flite sox
+# postgresql: the registry tests start a throwaway PostgreSQL cluster (tests/pgcluster.py).
+APT_TOOLS := espeak-ng flite sox postgresql
 SILERO_VAD := silero-vad==6.2.3
 
 .PHONY: setup tools models demo test lint typecheck proto clean
 
-# Debian tools for synthetic speech (tests, demo, dev benchmark).
+# Debian tools for synthetic speech (tests, demo, dev benchmark) and the registry's PostgreSQL tests.
+# A package counts as present when its command is on PATH or dpkg has it installed (postgresql has no `postgresql` command).
 tools:
-	@missing=""; for t in $(APT_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	@missing=""; for t in $(APT_TOOLS); do command -v $$t >/dev/null || dpkg-query -W -f='$${Status}' $$t 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -22,7 +24,7 @@ tools:
 	test -x $(PY) || python3 -m venv .venv
 	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[export,dev]' -e './tools[baseline,load]'
+	$(PY) -m pip install -q -e '.[export,dev,postgres]' -e './tools[baseline,load]'
 	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it.
 	$(PY) -m pip install -q --no-deps $(SILERO_VAD)
 	touch $@
