@@ -185,7 +185,8 @@ class PromptBatcher(Generic[T, R]):
                 timer.cancel()
 
     async def close(self) -> None:
-        """Fail queued prompts with EngineFailure("shutting down") and stop; a running call is waited for."""
+        """Fail queued prompts with EngineFailure("shutting down") and stop; a running call finishes and
+        its prompts are answered."""
         self._closed = True
         for item in self._queue:
             if item.live:
@@ -193,18 +194,18 @@ class PromptBatcher(Generic[T, R]):
                 self._stats.failed += 1
         self._queue.clear()
         if self._task is not None:
-            self._task.cancel()
+            assert self._wakeup is not None
+            self._wakeup.set()
             await asyncio.wait([self._task])
 
     # ------------------------------------------------------------------ the loop
 
     async def _loop(self) -> None:
         try:
-            while True:
+            while not self._closed:
                 batch = await self._next_batch()
-                await self._execute(batch)
-        except asyncio.CancelledError:
-            raise
+                if batch:
+                    await self._execute(batch)
         except Exception as exc:
             # A bug here would leave every waiting caller hanging: fail them and refuse new prompts.
             logger.exception("the %s batcher stopped", self.name)
@@ -215,9 +216,10 @@ class PromptBatcher(Generic[T, R]):
             self._queue.clear()
 
     async def _next_batch(self) -> list[_Item[T, R]]:
+        """Wait until a batch should be cut, then cut it; empty when the batcher is closing."""
         assert self._wakeup is not None
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._closed:
             while self._queue and not self._queue[0].live:
                 self._queue.popleft()
             wait: float | None = None
@@ -232,6 +234,7 @@ class PromptBatcher(Generic[T, R]):
                     await self._wakeup.wait()
             except TimeoutError:
                 pass
+        return []
 
     def _plan(self) -> tuple[list[_Item[T, R]], bool]:
         """The head of the queue that fits one call, and whether it is full (a budget stopped it)."""
