@@ -81,6 +81,11 @@ class RemoteScorer:
         )
         self._wav: OrderedDict[str, str] = OrderedDict()
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a connection slot (the bounded queue)."""
+        return self._waiting
+
     async def check(self) -> None:
         """Ask the endpoint which models it serves; raise ConfigError unless it serves ``model_name``."""
         try:
