@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -215,3 +217,14 @@ def test_the_documented_commands_build_and_hash_a_tiny_judge(tmp_path: Path, cap
     assert lalm_cli.main(["judge-hash", str(out)]) == 0
     assert capsys.readouterr().out.strip() == weights_sha256(out)
     assert lalm_cli.main(["judge-hash", str(tmp_path)]) == 2  # no weights there: an error, not a hash
+
+
+def test_importing_the_judge_loads_no_torch_transformers_or_httpx() -> None:
+    code = (
+        "import sys\n"
+        "import sleuthd.lalm.judge, sleuthd.lalm.config, sleuthd.lalm.tiny\n"
+        "import sleuthd.lalm.remote, sleuthd.lalm.inprocess\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'httpx') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

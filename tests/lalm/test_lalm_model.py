@@ -13,7 +13,8 @@ from sleuthd.config import ConfigError
 from sleuthd.errors import InvalidRequest
 from sleuthd.lalm import prompts
 from sleuthd.lalm.calibration import weights_sha256
-from sleuthd.lalm.local import LocalModel, audio_tokens, detect_architecture
+from sleuthd.lalm.checkpoint import detect_architecture
+from sleuthd.lalm.local import LocalModel, audio_tokens
 from sleuthd.lalm.types import Clip
 
 from tests.lalm.lalm_support import ARCHS, tone
@@ -151,7 +152,7 @@ def test_repeated_clips_are_encoded_once_and_the_cache_changes_nothing(
         LocalModel(m.folder, arch, m.model, m.tokenizer, m.features, m.chat_template, m.device, m.dtype, n, "")
         for n in (16, 0)
     )
-    batch = _prompts(voices)
+    batch = _prompts(voices)[:3]
     calls: list[int] = []
     original = cached._audio_tower
     cached._audio_tower = lambda f, m: calls.append(len(f)) or original(f, m)  # type: ignore[method-assign]

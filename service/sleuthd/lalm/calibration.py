@@ -202,15 +202,16 @@ def fit_temperature(shares: Sequence[Sequence[float]], correct: Sequence[int]) -
     """
     if len(shares) != len(correct) or not shares:
         raise ValueError("shares and correct must be non-empty and of equal length")
-    logs = [np.log(np.clip(np.asarray(s, np.float64), 1e-12, 1.0)) for s in shares]
+    width = max(len(s) for s in shares)
+    logs = np.full((len(shares), width), -np.inf)  # rankings of fewer candidates padded with p = 0
+    for i, s in enumerate(shares):
+        logs[i, : len(s)] = np.log(np.clip(np.asarray(s, np.float64), 1e-12, 1.0))
+    picked = logs[np.arange(len(shares)), np.asarray(correct)]
 
     def nll(log_t: float) -> float:
-        t = math.exp(log_t)
-        total = 0.0
-        for lp, k in zip(logs, correct, strict=True):
-            z = lp / t
-            total -= z[k] - (z.max() + math.log(np.exp(z - z.max()).sum()))
-        return total
+        z = logs / math.exp(log_t)
+        top = z.max(axis=1)
+        return float(np.sum(top + np.log(np.exp(z - top[:, None]).sum(axis=1)) - picked / math.exp(log_t)))
 
     lo, hi = -4.0, 4.0
     g = (math.sqrt(5) - 1) / 2

@@ -52,9 +52,11 @@ class LocalScorer:
         encoder_cache_entries: int = 64,
         batching: PromptBatcherConfig | None = None,
         observer: JudgeObserver | None = None,
+        weights: str = "",
     ) -> LocalScorer:
-        """Load a model folder (blocking: call it from a thread at server start)."""
-        model = LocalModel.load(folder, device=device, dtype=dtype, encoder_cache_entries=encoder_cache_entries)
+        """Load a model folder (blocking: call it from a thread at server start); ``weights`` is the
+        folder's weights hash when the caller computed it already."""
+        model = LocalModel.load(folder, device, dtype, encoder_cache_entries, weights)
         return cls(model, batching, observer)
 
     async def score(self, prompt: Prompt, deadline: float | None = None) -> AnswerScores:

@@ -24,7 +24,7 @@ import numpy as np
 from sleuthd.errors import InvalidRequest
 from sleuthd.lalm import prompts
 from sleuthd.lalm.batcher import JudgeObserver, PromptBatcherConfig
-from sleuthd.lalm.calibration import JudgeCalibration, select
+from sleuthd.lalm.calibration import JudgeCalibration, select, weights_sha256
 from sleuthd.lalm.config import JudgeConfig
 from sleuthd.lalm.types import AnswerScores, Clip, JudgeInfo, JudgeProbability, JudgeRanking, RankedOption
 
@@ -228,6 +228,12 @@ class LalmJudge:
         await self.scorer.aclose()
 
 
+def _calibration(config: JudgeConfig, weights: str) -> JudgeCalibration | None:
+    if not config.judge_calibration:
+        return None
+    return select(Path(config.judge_calibration), weights, prompts.PROMPT_VERSION)
+
+
 def load_judge(config: JudgeConfig, observer: JudgeObserver | None = None) -> LalmJudge:
     """The judge ``config`` describes (blocking: loads weights; call it from a thread at server start).
 
@@ -238,8 +244,14 @@ def load_judge(config: JudgeConfig, observer: JudgeObserver | None = None) -> La
 
     scorer: PromptScorer
     if config.judge_model:
+        from sleuthd.lalm.checkpoint import detect_architecture
         from sleuthd.lalm.inprocess import LocalScorer
 
+        folder = Path(config.judge_model)
+        detect_architecture(folder)  # an unsupported folder is refused before anything is hashed or loaded
+        weights = weights_sha256(folder)
+        # The calibration is checked before the weights load: a wrong one fails in seconds, not minutes.
+        calibration = _calibration(config, weights)
         batching = PromptBatcherConfig(
             max_batch_tokens=config.judge_max_batch_tokens,
             max_batch_prompts=config.judge_max_batch_prompts,
@@ -247,16 +259,18 @@ def load_judge(config: JudgeConfig, observer: JudgeObserver | None = None) -> La
             max_queue_prompts=config.judge_max_queue_prompts,
         )
         scorer = LocalScorer.load(
-            Path(config.judge_model),
+            folder,
             config.judge_device,
             config.judge_dtype,
             config.judge_encoder_cache_entries,
             batching,
             observer,
+            weights,
         )
     elif config.judge_endpoint:
         from sleuthd.lalm.remote import RemoteScorer
 
+        calibration = _calibration(config, config.judge_weights_sha256)
         scorer = RemoteScorer(
             config.judge_endpoint,
             config.judge_model_name,
@@ -269,10 +283,7 @@ def load_judge(config: JudgeConfig, observer: JudgeObserver | None = None) -> La
         )
     else:
         raise ConfigError(NO_JUDGE)
-    calibration = None
-    if config.judge_calibration:
-        calibration = select(Path(config.judge_calibration), scorer.weights_sha256, prompts.PROMPT_VERSION)
-    else:
+    if calibration is None:
         logger.warning(
             "judge %s runs uncalibrated: its probabilities are the model's raw answer shares", scorer.model_name
         )

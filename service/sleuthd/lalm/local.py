@@ -16,7 +16,6 @@ otherwise cut it silently).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections import OrderedDict
@@ -30,33 +29,16 @@ import numpy as np
 from sleuthd.config import ConfigError
 from sleuthd.errors import EngineFailure, InvalidRequest
 from sleuthd.lalm.calibration import weights_sha256
+from sleuthd.lalm.checkpoint import chat_template, detect_architecture
 from sleuthd.lalm.prompts import Answer, Prompt
 from sleuthd.lalm.types import SAMPLE_RATE, AnswerScores, BatchTooLarge, Clip
 
 logger = logging.getLogger(__name__)
 
-# config.json model_type → the architecture name used in options, logs and GetServerInfo.
-ARCHITECTURES = {"qwen2_audio": "qwen2-audio", "qwen2_5_omni": "qwen2.5-omni", "qwen2_5_omni_thinker": "qwen2.5-omni"}
 # Distinct clips sent through the audio encoder in one call (bounds encoder activation memory).
 ENCODER_CHUNK = 8
 # Vocabulary rows per step when the log-normaliser is computed in float32 from half-precision weights.
 VOCAB_CHUNK = 32768
-
-
-def detect_architecture(folder: Path) -> str:
-    """The judge architecture of a model folder, from its config.json."""
-    path = Path(folder) / "config.json"
-    try:
-        model_type = json.loads(path.read_text()).get("model_type", "")
-    except FileNotFoundError:
-        raise ConfigError(f"{folder} is not a model folder: it has no config.json") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not JSON: {exc}") from exc
-    if model_type not in ARCHITECTURES:
-        raise ConfigError(
-            f"{folder}: model_type {model_type!r} is not a supported judge; supported: {', '.join(ARCHITECTURES)}"
-        )
-    return ARCHITECTURES[model_type]
 
 
 def audio_tokens(mel_frames: int) -> int:
@@ -130,9 +112,15 @@ class LocalModel:
 
     @classmethod
     def load(
-        cls, folder: Path, device: str = "auto", dtype: str = "auto", encoder_cache_entries: int = 64
+        cls,
+        folder: Path,
+        device: str = "auto",
+        dtype: str = "auto",
+        encoder_cache_entries: int = 64,
+        weights: str = "",
     ) -> LocalModel:
-        """Load a model folder; ``device`` auto|cpu|cuda, ``dtype`` auto|float32|bfloat16|float16."""
+        """Load a model folder; ``device`` auto|cpu|cuda, ``dtype`` auto|float32|bfloat16|float16;
+        ``weights``: the folder's :func:`weights_sha256` when the caller has it already."""
         folder = Path(folder)
         arch = detect_architecture(folder)
         try:
@@ -162,7 +150,7 @@ class LocalModel:
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         # Only the audio front end: the Omni processor also wants a video processor (torchvision) we never use.
         features = transformers.AutoFeatureExtractor.from_pretrained(folder)
-        template = _chat_template(folder, tokenizer)
+        template = chat_template(folder, tokenizer)
         logger.info("judge %s (%s) loaded on %s in %s", folder.name, arch, device, dtype)
         return cls(
             folder,
@@ -174,7 +162,7 @@ class LocalModel:
             torch.device(device),
             torch_dtype,
             encoder_cache_entries,
-            weights_sha256(folder),
+            weights or weights_sha256(folder),
         )
 
     # ------------------------------------------------------------------ preparing (any thread)
@@ -378,19 +366,3 @@ class LocalModel:
             torch.logsumexp(hidden @ w[i : i + VOCAB_CHUNK].float().T, dim=-1) for i in range(0, len(w), VOCAB_CHUNK)
         ]
         return torch.logsumexp(torch.stack(parts, dim=-1), dim=-1)
-
-
-def _chat_template(folder: Path, tokenizer: Any) -> str:
-    """The checkpoint's chat template: chat_template.jinja, chat_template.json, or the tokenizer's."""
-    jinja = folder / "chat_template.jinja"
-    if jinja.exists():
-        return jinja.read_text()
-    js = folder / "chat_template.json"
-    if js.exists():
-        return str(json.loads(js.read_text())["chat_template"])
-    if getattr(tokenizer, "chat_template", None):
-        return str(tokenizer.chat_template)
-    raise ConfigError(
-        f"{folder} has no chat template (chat_template.jinja/.json or in tokenizer_config.json): the judge needs "
-        "an instruction-tuned checkpoint (e.g. Qwen2-Audio-7B-Instruct, Qwen2.5-Omni-7B)"
-    )
