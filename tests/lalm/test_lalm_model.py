@@ -176,3 +176,17 @@ def test_a_clip_longer_than_the_window_is_refused_not_cut(models: dict[str, Any]
     omni = models["qwen2.5-omni"]
     prepared = omni.prepare(prompt)
     assert prepared.input_ids.count(omni.audio_token_id) == audio_tokens(30 * 100 + 50) + audio_tokens(200)
+
+
+def test_half_precision_weights_read_answers_in_float32(
+    tiny_dirs: dict[str, Path], models: dict[str, Any], voices: dict[str, list[np.ndarray]]
+) -> None:
+    """The GPU path (bfloat16 weights; the vocabulary normaliser computed in float32 chunks) on the CPU."""
+    half = LocalModel.load(tiny_dirs["qwen2-audio"], device="cpu", dtype="bfloat16", encoder_cache_entries=0)
+    assert half.model.lm_head.weight.dtype == torch.bfloat16
+    batch = _prompts(voices)[:2]
+    got = half.run([half.prepare(p) for p in batch])
+    want = models["qwen2-audio"].run([models["qwen2-audio"].prepare(p) for p in batch])
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.shares(), w.shares(), atol=0.03)
+        assert g.answer_mass == pytest.approx(w.answer_mass, rel=0.1)

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 # Distinct clips sent through the audio encoder in one call (bounds encoder activation memory).
 ENCODER_CHUNK = 8
 # Vocabulary rows per step when the log-normaliser is computed in float32 from half-precision weights.
-VOCAB_CHUNK = 32768
+VOCAB_CHUNK = 8192
 
 
 def audio_tokens(mel_frames: int) -> int:

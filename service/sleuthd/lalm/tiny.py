@@ -181,7 +181,7 @@ def _build_model(arch: str) -> Any:
     return transformers.Qwen2_5OmniForConditionalGeneration(config)
 
 
-def _voice(pitch_hz: float, seconds: float, seed: int) -> np.ndarray:
+def synthetic_voice(pitch_hz: float, seconds: float, seed: int) -> np.ndarray:
     """A crude voiced sound: a harmonic series at ``pitch_hz`` with a slow vibrato and some noise."""
     rng = np.random.default_rng(seed)
     t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
@@ -195,7 +195,7 @@ def _prime_answers(judge: LocalModel, head: Any, generator: Any) -> None:
     """Point the answer tokens' LM-head rows along the mean final hidden state of judge prompts."""
     import torch
 
-    low, high = (Clip.of(_voice(f, 1.5 + i / 4, i)) for i, f in enumerate((120.0, 210.0)))
+    low, high = (Clip.of(synthetic_voice(f, 1.5 + i / 4, i)) for i, f in enumerate((120.0, 210.0)))
     batch = [
         judge.prepare(prompts.detection(high, low)),
         judge.prepare(prompts.detection(low, low, [high])),
