@@ -262,11 +262,14 @@ class LocalModel:
         OpenAI-compatible server reports as ``top_logprobs``)."""
         torch = self._torch
         hidden = self.final_hidden(batch)
+        w = self._lm_head
         out = []
-        for b in range(len(batch)):
-            lp = torch.log_softmax(self._lm_head.float() @ hidden[b], dim=0)
-            values, ids = torch.topk(lp, k)
-            out.append([(int(i), float(v)) for i, v in zip(ids, values, strict=True)])
+        with torch.inference_mode():
+            for b in range(len(batch)):
+                # Float32 logits over the vocabulary, one chunk of half-precision rows at a time.
+                logits = torch.cat([w[i : i + VOCAB_CHUNK].float() @ hidden[b] for i in range(0, len(w), VOCAB_CHUNK)])
+                values, ids = torch.topk(torch.log_softmax(logits, dim=0), k)
+                out.append([(int(i), float(v)) for i, v in zip(ids, values, strict=True)])
         return out
 
     def final_hidden(self, batch: Sequence[Prepared]) -> Any:
