@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -103,6 +104,9 @@ class LocalModel:
                     f"{folder}: the feature extractor makes {features.nb_max_frames} mel frames per clip but the "
                     f"audio encoder takes exactly {expected}"
                 )
+        # HF tokenizers mutate their Rust backend's padding/truncation state per call: concurrent calls
+        # from the prepare threads can fail with "Already borrowed", so tokenising is serialised (it is fast).
+        self._tokenizing = threading.Lock()
         self._lm_head = model.lm_head.weight  # (vocab, hidden)
         self._answer_cache: dict[Answer, tuple[int, ...]] = {}
         self._encoded: OrderedDict[str, Any] = OrderedDict()  # clip key → (audio tokens, hidden) on device
@@ -173,7 +177,8 @@ class LocalModel:
         if ids is None:
             found = []
             for spelling in answer.spellings:
-                toks = self.tokenizer.encode(spelling, add_special_tokens=False)
+                with self._tokenizing:
+                    toks = self.tokenizer.encode(spelling, add_special_tokens=False)
                 if len(toks) == 1:
                     found.append(int(toks[0]))
             if not found:
@@ -198,7 +203,8 @@ class LocalModel:
                     f"audio input {i + 1} of the judge prompt is {clip.seconds:.1f} s; {self.name} hears at most "
                     f"{self.max_clip_seconds:.0f} s per clip and longer clips are not cut: send a shorter excerpt"
                 )
-        ids = self.tokenizer.encode(self.render(prompt), add_special_tokens=False)
+        with self._tokenizing:
+            ids = self.tokenizer.encode(self.render(prompt), add_special_tokens=False)
         order = [prompt.clips[p] for p in prompt.parts if isinstance(p, int)]
         if ids.count(self.audio_token_id) != len(order):
             raise EngineFailure(
