@@ -189,15 +189,16 @@ def register_request(
 # ---------------------------------------------------------------------------------------------- files
 
 
-def audio_file(path: Path) -> pb.Audio:
+def audio_file(path: Path, read: bool = True) -> pb.Audio:
+    """The file's bytes as encoded audio (``read`` False: only check that it exists; the audio is empty)."""
     if not path.is_file():
         raise DialogueFileError(f"audio file {path} does not exist")
-    return pb.Audio(encoded=path.read_bytes())
+    return pb.Audio(encoded=path.read_bytes()) if read else pb.Audio()
 
 
-def dialogue_request_from_dict(doc: Any, base: Path, where: str) -> pb.CheckDialogueRequest:
+def dialogue_request_from_dict(doc: Any, base: Path, where: str, read_audio: bool = True) -> pb.CheckDialogueRequest:
     """A dialogue object (the dialogue file format; audio paths relative to ``base``) as a request;
-    ``where`` names it in errors (DialogueFileError)."""
+    ``where`` names it in errors (DialogueFileError). ``read_audio`` False checks it without reading audio."""
     if not isinstance(doc, dict) or not isinstance(doc.get("turns"), list):
         raise DialogueFileError(f"{where}: expected an object with a 'turns' list")
     req = pb.CheckDialogueRequest(dialogue_id=str(doc.get("dialogue_id", "")))
@@ -207,12 +208,12 @@ def dialogue_request_from_dict(doc: Any, base: Path, where: str) -> pb.CheckDial
             raise DialogueFileError(f"{where}: turns[{n}] lacks {', '.join(missing)}")
         turn = req.turns.add(turn_id=str(t["turn_id"]), speaker=str(t["speaker"]), text=str(t.get("text", "")))
         if t.get("audio"):
-            turn.audio.CopyFrom(audio_file(base / t["audio"]))
+            turn.audio.CopyFrom(audio_file(base / t["audio"], read_audio))
     references, voices = doc.get("references") or {}, doc.get("voices") or {}
     if not isinstance(references, dict) or not isinstance(voices, dict):
         raise DialogueFileError(f"{where}: 'references' and 'voices' must map speakers to a path / a voice id")
     for speaker, ref in references.items():
-        req.references.add(speaker=speaker, audio=audio_file(base / ref))
+        req.references.add(speaker=speaker, audio=audio_file(base / ref, read_audio))
     for speaker, voice_id in voices.items():
         if speaker in references:
             raise DialogueFileError(f"{where}: speaker {speaker!r} has both a reference and a voice; give one")
