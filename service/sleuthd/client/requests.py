@@ -177,7 +177,9 @@ def register_request(
     keep_audio: bool | None = None,
     sample_rate: int | None = None,
 ) -> pb.RegisterVoiceRequest:
-    if isinstance(clips, str | bytes | os.PathLike) or hasattr(clips, "__array_interface__"):
+    if isinstance(clips, str | bytes | bytearray | memoryview | os.PathLike | pb.Audio) or hasattr(
+        clips, "__array_interface__"
+    ):
         clips = [clips]  # one clip given on its own
     req = pb.RegisterVoiceRequest(voice_id=voice_id, metadata=dict(metadata or {}), replace=replace)
     req.clips.extend(to_audio(c, sample_rate, f"clip #{k}") for k, c in enumerate(clips))
