@@ -1,4 +1,5 @@
-"""The console script end to end: `sleuthd serve --port 0` in a subprocess, `sleuthd check`/`rank` against it."""
+"""The console script end to end: `sleuthd serve --port 0 --registry FILE` in a subprocess, `sleuthd
+check`/`rank` against it: one dialogue or a batch, the JSON output, exit codes, candidate ids, voices."""
 
 from __future__ import annotations
 
@@ -10,15 +11,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
+from sleuthd.client import SleuthClient
 
-from .support import VOICE_A, VOICE_B, VOICE_F, Speech
+from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech
 
 SLEUTHD = [sys.executable, "-m", "sleuthd.cli"]
 
 
 @pytest.fixture(scope="module")
-def served(models_dir: Path) -> Iterator[str]:
+def served(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    registry = tmp_path_factory.mktemp("registry") / "voices.sqlite3"
     proc = subprocess.Popen(
         [
             *SLEUTHD,
@@ -31,6 +36,8 @@ def served(models_dir: Path) -> Iterator[str]:
             "0",
             "--models-dir",
             str(models_dir),
+            "--registry",
+            str(registry),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -45,15 +52,30 @@ def served(models_dir: Path) -> Iterator[str]:
     assert proc.wait(timeout=30) == 0
 
 
-def write_dialogue(tmp: Path, speech: Speech, altered_voice: str | None) -> Path:
+def dialogue_doc(speech: Speech, altered_voice: str | None, dialogue_id: str = "cli") -> dict[str, object]:
     turns = []
     for k in range(4):
         src = speech.clips[altered_voice][0] if (altered_voice and k == 2) else speech.clips[VOICE_A][k]
         turns.append({"turn_id": f"t{k}", "speaker": "Ann", "text": "...", "audio": str(src)})
-    path = tmp / "dialogue.json"
-    path.write_text(
-        json.dumps({"dialogue_id": "cli", "turns": turns, "references": {"Ann": str(speech.clips[VOICE_A][5])}})
-    )
+    return {"dialogue_id": dialogue_id, "turns": turns, "references": {"Ann": str(speech.clips[VOICE_A][5])}}
+
+
+def write_dialogue(tmp: Path, speech: Speech, altered_voice: str | None, name: str = "dialogue.json") -> Path:
+    path = tmp / name
+    path.write_text(json.dumps(dialogue_doc(speech, altered_voice, path.stem if name != "dialogue.json" else "cli")))
+    return path
+
+
+def too_short_dialogue(tmp: Path, speech: Speech, name: str = "short.json") -> Path:
+    """Two turns of 0.6 s each: less speech than GE2E needs, so nothing can be judged."""
+    samples, rate = sf.read(speech.clips[VOICE_A][0], dtype="float32")
+    turns = []
+    for k in range(2):
+        clip = tmp / f"short{k}.wav"
+        sf.write(clip, samples[rate * (1 + k) : rate * (1 + k) + int(0.6 * rate)], rate)
+        turns.append({"turn_id": f"s{k}", "speaker": "Ann", "audio": clip.name})
+    path = tmp / name
+    path.write_text(json.dumps({"dialogue_id": "short", "turns": turns}))
     return path
 
 
@@ -104,3 +126,108 @@ def test_unreachable_server_is_a_clear_error(tmp_path: Path, speech: Speech) -> 
     r = run("check", str(write_dialogue(tmp_path, speech, None)), "--target", "127.0.0.1:1", "--timeout", "5")
     assert r.returncode == 2 and "UNAVAILABLE" in r.stderr, r.stderr
     assert time.monotonic() - start < 60  # retries are bounded
+
+
+# ---------------------------------------------------------------------------------------------- issue 16 defects
+
+
+def test_check_json_prints_false_and_zero_fields(served: str, speech: Speech, tmp_path: Path) -> None:
+    r = run("check", str(write_dialogue(tmp_path, speech, VOICE_F)), "--target", served, "--json")
+    assert r.returncode == 3, r.stderr
+    verdict = json.loads(r.stdout)
+    (ann,) = verdict["speakers"]
+    assert ann["consistent"] is False and ann["judged"] is True and ann["unscored_turns"] == 0
+    clean = next(t for t in verdict["turns"] if t["turn_id"] == "t0")
+    assert clean["status"] == "CONSISTENT" and clean["drift_segments"] == []
+    assert clean["reason"] == "FLAG_REASON_UNSPECIFIED" and clean["closest_speaker"] == ""
+    assert "drift_score" not in clean  # never computed (no --detect-drift): absent, not 0
+
+
+def test_a_dialogue_with_nothing_to_judge_has_its_own_exit_code(served: str, speech: Speech, tmp_path: Path) -> None:
+    r = run("check", str(too_short_dialogue(tmp_path, speech)), "--target", served)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "speaker Ann: NOT JUDGED (no scorable turn)" in r.stdout
+    assert r.stdout.count("INSUFFICIENT_AUDIO") == 2
+
+
+def test_check_detect_drift(served: str, speech: Speech, tmp_path: Path) -> None:
+    """--detect-drift asks for the search; a turn long enough to search gets a drift score, the others a note."""
+    long = tmp_path / "long.wav"
+    parts = [sf.read(speech.clips[VOICE_A][k], dtype="float32")[0] for k in (0, 1)]
+    sf.write(long, np.concatenate(parts), 16_000)
+    doc = dialogue_doc(speech, None)
+    doc["turns"][0]["audio"] = str(long)  # type: ignore[index]
+    path = tmp_path / "drift.json"
+    path.write_text(json.dumps(doc))
+    r = run("check", str(path), "--target", served, "--detect-drift", "--json")
+    assert r.returncode == 0, r.stderr
+    turns = json.loads(r.stdout)["turns"]
+    assert "drift_score" in turns[0] and turns[0]["drift_segments"] == []  # one voice throughout
+    assert all("drift: too little speech" in t["detail"] and "drift_score" not in t for t in turns[1:])
+
+
+def test_rank_ids_stay_unique_across_folders_and_auto_shows_fit_probability(
+    served: str, speech: Speech, tmp_path: Path
+) -> None:
+    for folder, voice in (("c1", VOICE_A), ("c2", VOICE_B)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "t05.wav").write_bytes(speech.clips[voice][4].read_bytes())
+    c1, c2 = (str(tmp_path / c / "t05.wav") for c in ("c1", "c2"))
+    context = [str(p) for p in speech.clips[VOICE_A][:3]]
+    args = ["rank", "--target", served, "--context", *context, "--candidate", c2, "--candidate", c1]
+    as_json = run(*args, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    ranked = json.loads(as_json.stdout)["candidates"]
+    assert [c["candidate_id"] for c in ranked] == ["c1/t05.wav", "c2/t05.wav"]
+    table = run(*args, "--method", "auto")
+    assert table.returncode == 0, table.stderr
+    header, first = table.stdout.splitlines()[1:3]
+    assert header.split() == ["rank", "candidate", "score", "fit", "p", "speech", "s"]
+    fit = float(first.split()[3])
+    assert first.split()[1] == "c1/t05.wav" and 0.5 < fit <= 1.0
+    twice = str(tmp_path / "c2" / ".." / "c1" / "t05.wav")
+    same = run("rank", "--target", served, "--context", *context, "--candidate", c1, "--candidate", twice)
+    assert same.returncode == 2 and "is given twice" in same.stderr
+
+
+# ---------------------------------------------------------------------------------------------- batches and voices
+
+
+def test_batch_of_files_and_json_lines(served: str, speech: Speech, tmp_path: Path) -> None:
+    clean = write_dialogue(tmp_path, speech, None, "clean.json")
+    bad = write_dialogue(tmp_path, speech, VOICE_F, "bad.json")
+    lines = tmp_path / "more.jsonl"
+    short = json.loads(too_short_dialogue(tmp_path, speech).read_text())
+    lines.write_text(json.dumps(dialogue_doc(speech, None, "line-1")) + "\n\n" + json.dumps(short) + "\n")
+
+    r = run("check", str(clean), str(bad), str(lines), "--target", served)
+    assert r.returncode == 3, r.stderr  # something is inconsistent
+    rows = {line.split()[0]: line.split()[2] for line in r.stdout.splitlines()[1:5]}
+    assert rows == {str(clean): "consistent", str(bad): "INCONSISTENT", f"{lines}:1": "consistent",
+                    f"{lines}:3": "NOT"}  # fmt: skip
+    assert "4 dialogues: 2 consistent, 1 inconsistent, 1 not judged" in r.stdout
+    assert "checked 4/4 dialogues: 1 inconsistent, 1 not judged, 0 failed" in r.stderr
+
+    assert run("check", str(clean), str(lines), "--target", served, "--quiet").returncode == 4
+    ok = run("check", str(clean), str(clean), "--target", served, "--json")
+    assert ok.returncode == 0 and "checked 2/2 dialogues" in ok.stderr, ok.stderr
+    assert [json.loads(line)["result"] for line in ok.stdout.splitlines()] == ["consistent", "consistent"]
+
+    lines.write_text(json.dumps(dialogue_doc(speech, None)) + "\n{not json\n")
+    broken = run("check", str(clean), str(lines), "--target", served)
+    assert broken.returncode == 2 and f"{lines}:2 is not valid JSON" in broken.stderr and broken.stdout == ""
+
+
+def test_check_against_a_registered_voice(served: str, speech: Speech, tmp_path: Path) -> None:
+    with SleuthClient(served, timeout=60) as c:
+        c.register_voice("ann-cli", speech.clips[VOICE_A][5:7], replace=True)
+    doc = dialogue_doc(speech, VOICE_C)
+    doc["references"] = {}
+    path = tmp_path / "by-voice.json"
+    path.write_text(json.dumps(doc))
+    r = run("check", str(path), "--target", served, "--voice", "Ann=ann-cli", "--method", "reference")
+    assert r.returncode == 3 and "speaker Ann: INCONSISTENT: t2" in r.stdout, r.stdout + r.stderr
+    doc["voices"] = {"Ann": "ghost"}
+    path.write_text(json.dumps(doc))
+    r = run("check", str(path), "--target", served)
+    assert r.returncode == 2 and "NOT_FOUND: no voice 'ghost' is registered" in r.stderr

@@ -20,7 +20,7 @@ from sleuthd.config import ConfigError, EngineConfig, ServerConfig, add_cli_args
 
 logger = logging.getLogger("sleuthd")
 
-EXIT_OK, EXIT_ERROR, EXIT_INCONSISTENT = 0, 2, 3
+EXIT_OK, EXIT_ERROR, EXIT_INCONSISTENT, EXIT_UNJUDGED = 0, 2, 3, 4  # as in sleuthd.check_batch
 
 
 def _error(message: str) -> int:
@@ -54,48 +54,114 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- check, rank
 
 
-async def _check(args: argparse.Namespace) -> int:
+def _json(message: Any) -> str:
+    """Every field, false and zero included (only fields the server did not compute are left out)."""
     from google.protobuf.json_format import MessageToDict
 
-    from sleuthd import client, tables
+    d = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return json.dumps(d, indent=2)
 
-    req = client.dialogue_request_from_file(args.file)
-    if args.method or args.thresholds or args.threshold is not None:
-        o = req.options
-        override = client.make_options(args.method, args.thresholds, args.threshold, o.encoder)
-        if not args.method:
-            override.method = o.method
-        if not args.thresholds:
-            override.threshold_set = o.threshold_set
-        req.options.CopyFrom(override)
-    async with client.channel(args.target) as ch:
-        verdict = await client.stub(ch).CheckDialogue(req, timeout=args.timeout)
-    if args.json:
-        print(json.dumps(MessageToDict(verdict, preserving_proto_field_name=True), indent=2))
+
+def _voice_args(pairs: Sequence[str]) -> dict[str, str]:
+    from sleuthd.client import DialogueFileError
+
+    voices = {}
+    for pair in pairs:
+        speaker, sep, voice_id = pair.partition("=")
+        if not sep or not speaker or not voice_id:
+            raise DialogueFileError(f"--voice {pair!r}: expected SPEAKER=VOICE_ID")
+        voices[speaker] = voice_id
+    return voices
+
+
+async def _check(args: argparse.Namespace) -> int:
+    from sleuthd import check_batch, client, tables
+    from sleuthd.v1 import sleuthd_pb2 as pb
+
+    sources = check_batch.read_sources(args.files)
+    flags = client.make_options(args.method, args.thresholds, args.threshold)
+    voices = _voice_args(args.voice)
+
+    def customize(req: pb.CheckDialogueRequest) -> None:
+        """The command line's options and voices win over the dialogue file's."""
+        if args.method:
+            req.options.method = flags.method
+        if args.thresholds:
+            req.options.threshold_set = flags.threshold_set
+        if args.threshold is not None:
+            req.options.threshold = args.threshold
+        if args.detect_drift:
+            req.options.detect_drift = True
+        if voices:
+            kept = [r for r in req.references if r.speaker not in voices]
+            del req.references[:]
+            req.references.extend(kept)
+            req.references.extend(pb.SpeakerReference(speaker=s, voice_id=v) for s, v in voices.items())
+
+    single = len(sources) == 1
+    progress = None if single or args.quiet else check_batch.Progress(len(sources))
+    outcomes = await check_batch.check_all(sources, args.target, customize, args.timeout, args.concurrency, progress)
+    if single:
+        (outcome,) = outcomes
+        if outcome.verdict is None:
+            return _error(f"{outcome.code}: {outcome.error}")
+        print(_json(outcome.verdict) if args.json else tables.verdict_table(outcome.verdict))
+    elif args.json:  # JSON Lines, one object per dialogue in input order
+        for o in outcomes:
+            body: dict[str, Any] = {"source": o.source.label, "dialogue_id": o.dialogue_id, "result": o.kind}
+            if o.verdict is not None:
+                body["verdict"] = json.loads(_json(o.verdict))
+            else:
+                body["error"] = {"code": o.code, "message": o.error}
+            print(json.dumps(body))
     else:
-        print(tables.verdict_table(verdict))
-    return EXIT_OK if all(s.consistent or not s.judged for s in verdict.speakers) else EXIT_INCONSISTENT
+        print(tables.summary_table(check_batch.summary_rows(outcomes)))
+    for o in outcomes:
+        if o.code and not single:
+            print(f"error: {o.source.label}: {o.code}: {o.error}", file=sys.stderr)
+    return check_batch.exit_code(outcomes)
+
+
+def candidate_ids(paths: Sequence[Path]) -> list[str]:
+    """Each candidate's id: its file name, with as many parent folders as it takes to tell it apart from
+    the other candidates (``c1/t05.wav``, ``c2/t05.wav``)."""
+    from sleuthd.client import DialogueFileError
+
+    parts = [p.resolve().parts for p in paths]
+    seen: dict[tuple[str, ...], Path] = {}
+    for p, full in zip(paths, parts, strict=True):
+        if full in seen:
+            raise DialogueFileError(f"candidate {p} is given twice (also as {seen[full]})")
+        seen[full] = p
+    depth = [1] * len(paths)
+    while True:
+        ids = ["/".join(full[-d:]) for full, d in zip(parts, depth, strict=True)]
+        clashes = [i for i, x in enumerate(ids) if ids.count(x) > 1]
+        if not clashes:
+            return ids
+        for i in clashes:
+            depth[i] += 1
 
 
 async def _rank(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
     from sleuthd import client, tables
     from sleuthd.v1 import sleuthd_pb2 as pb
 
-    req = pb.RankCandidatesRequest(speaker=args.speaker, options=client.make_options(args.method))
+    opts = client.make_options(args.method, detect_drift=False)
+    req = pb.RankCandidatesRequest(speaker=args.speaker, options=opts)
     for p in args.context:
         req.context.append(client.audio_file(p))
-    for p in args.candidate:
-        req.candidates.add(candidate_id=p.name, audio=client.audio_file(p))
+    for cid, p in zip(candidate_ids(args.candidate), args.candidate, strict=True):
+        req.candidates.add(candidate_id=cid, audio=client.audio_file(p))
+    if args.reference and args.reference_voice:
+        raise client.DialogueFileError("give either --reference or --reference-voice, not both")
     if args.reference:
         req.reference.CopyFrom(client.audio_file(args.reference))
+    elif args.reference_voice:
+        req.reference_voice_id = args.reference_voice
     async with client.channel(args.target) as ch:
         resp = await client.stub(ch).RankCandidates(req, timeout=args.timeout)
-    if args.json:
-        print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True), indent=2))
-    else:
-        print(tables.ranking_table(resp))
+    print(_json(resp) if args.json else tables.ranking_table(resp))
     return EXIT_OK
 
 
@@ -151,14 +217,30 @@ def build_parser() -> argparse.ArgumentParser:
     def client_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--target", default="127.0.0.1:50051", help="server host:port (default: 127.0.0.1:50051)")
         sp.add_argument("--method", choices=["pairwise", "centroid", "reference", "auto"], help="default: the server's")
-        sp.add_argument("--json", action="store_true", help="print the raw response as JSON")
+        sp.add_argument("--json", action="store_true", help="print the response as JSON, every field")
         sp.add_argument("--timeout", type=float, default=120.0, help="RPC deadline, seconds (default: 120)")
 
-    c = sub.add_parser("check", help="check a dialogue JSON file (exit 3 if a speaker is inconsistent)")
-    c.add_argument("file", type=Path)
+    c = sub.add_parser(
+        "check",
+        help="check dialogue JSON files or JSON Lines of dialogues (exit 3 if a speaker is inconsistent)",
+        epilog="exit status: 0 every dialogue judged and consistent; 3 a speaker of some dialogue is inconsistent; "
+        "4 nothing inconsistent but some dialogue had no speaker that could be judged (too little speech); "
+        "2 bad input or a failed request",
+    )
+    c.add_argument(
+        "files", type=Path, nargs="+", metavar="FILE",
+        help="a dialogue JSON file, or a .jsonl file of dialogue objects (audio paths relative to the file)",
+    )  # fmt: skip
     client_args(c)
     c.add_argument("--thresholds", choices=["default", "paper"], help="threshold set (default: encoder's)")
     c.add_argument("--threshold", type=float, help="explicit threshold on the method's scale")
+    c.add_argument("--detect-drift", action="store_true", help="also look for voice changes inside each turn")
+    c.add_argument(
+        "--voice", action="append", default=[], metavar="SPEAKER=VOICE_ID",
+        help="judge SPEAKER against a voice registered on the server (repeat; overrides the file's reference)",
+    )  # fmt: skip
+    c.add_argument("--concurrency", type=int, default=4, help="dialogues checked at once (default: 4)")
+    c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     c.set_defaults(func=lambda a: _run_client(_check, a))
 
     r = sub.add_parser("rank", help="rank candidate clips for one speaker's slot")
@@ -166,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--context", type=Path, nargs="*", default=[], help="the speaker's other turns")
     r.add_argument("--candidate", type=Path, action="append", required=True, help="a candidate clip (repeat)")
     r.add_argument("--reference", type=Path, help="reference clip of the speaker")
+    r.add_argument("--reference-voice", metavar="VOICE_ID", help="a voice registered on the server as the reference")
     client_args(r)
     r.set_defaults(func=lambda a: _run_client(_rank, a))
 

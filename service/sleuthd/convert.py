@@ -77,15 +77,25 @@ def options_from_pb(msg: pb.CheckOptions) -> domain.CheckOptions:
     )
 
 
-def references_from_pb(refs: Iterable[pb.SpeakerReference]) -> dict[str, domain.AudioInput]:
-    references: dict[str, domain.AudioInput] = {}
+def references_from_pb(refs: Iterable[pb.SpeakerReference]) -> dict[str, domain.Reference]:
+    references: dict[str, domain.Reference] = {}
     for i, r in enumerate(refs):
         if not r.speaker:
             raise InvalidRequest(f"references[{i}].speaker is empty")
         if r.speaker in references:
             raise InvalidRequest(f"two references for speaker {r.speaker!r}; send at most one per speaker")
-        references[r.speaker] = audio_from_pb(r.audio, f"references[{i}].audio")
+        if r.WhichOneof("source") == "voice_id":
+            references[r.speaker] = domain.VoiceRef(r.voice_id)
+        else:
+            references[r.speaker] = audio_from_pb(r.audio, f"references[{i}].audio")
     return references
+
+
+def rank_reference_from_pb(msg: pb.RankCandidatesRequest) -> domain.Reference | None:
+    kind = msg.WhichOneof("reference_source")
+    if kind == "reference_voice_id":
+        return domain.VoiceRef(msg.reference_voice_id)
+    return audio_from_pb(msg.reference, "reference") if kind == "reference" else None
 
 
 def dialogue_from_pb(msg: pb.CheckDialogueRequest) -> domain.DialogueRequest:
@@ -168,7 +178,7 @@ def rank_from_pb(msg: pb.RankCandidatesRequest) -> domain.RankRequest:
             domain.CandidateInput(c.candidate_id, audio_from_pb(c.audio, f"candidates[{i}].audio"))
             for i, c in enumerate(msg.candidates)
         ),
-        reference=audio_from_pb(msg.reference, "reference") if msg.HasField("reference") else None,
+        reference=rank_reference_from_pb(msg),
         options=options_from_pb(msg.options),
     )
 

@@ -39,6 +39,17 @@ class AudioInput:
     pcm: PcmSpec | None = None  # None: an encoded file (WAV/FLAC/OGG/MP3)
 
 
+@dataclass(frozen=True)
+class VoiceRef:
+    """A voice enrolled in the server's registry, named in place of reference audio."""
+
+    voice_id: str
+
+
+# A speaker's reference: a clip sent with the request, or a registered voice.
+Reference = AudioInput | VoiceRef
+
+
 class ThresholdSet(Enum):
     DEFAULT = "default"  # the encoder manifest's thresholds
     PAPER = "paper"  # the SpeakerSleuth paper's fixed thresholds
@@ -65,7 +76,7 @@ class DialogueTurn:
 class DialogueRequest:
     dialogue_id: str
     turns: tuple[DialogueTurn, ...]
-    references: dict[str, AudioInput] = field(default_factory=dict)
+    references: dict[str, Reference] = field(default_factory=dict)
     options: CheckOptions = field(default_factory=CheckOptions)
 
 
@@ -164,7 +175,7 @@ class RankRequest:
     speaker: str
     context: tuple[AudioInput, ...]
     candidates: tuple[CandidateInput, ...]
-    reference: AudioInput | None = None
+    reference: Reference | None = None
     options: CheckOptions = field(default_factory=CheckOptions)
 
 

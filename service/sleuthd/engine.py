@@ -10,28 +10,47 @@ The request path, stage by stage:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 
 from sleuthd.clips import ClipEmbedding
 from sleuthd.config import EngineConfig
 from sleuthd.dialogue import DialogueState, require_references, validate_dialogue
-from sleuthd.domain import AudioInput, CheckOptions, DialogueRequest, DialogueResult, RankRequest, RankResult
+from sleuthd.domain import (
+    AudioInput,
+    CheckOptions,
+    DialogueRequest,
+    DialogueResult,
+    RankRequest,
+    RankResult,
+    Reference,
+    VoiceRef,
+)
 from sleuthd.drift import drift_window
 from sleuthd.embedder import ClipEmbedder, Placements
 from sleuthd.encoder import WindowEncoder
-from sleuthd.errors import InvalidRequest
-from sleuthd.loading import LoadedModels, load_models
+from sleuthd.errors import InvalidRequest, Unsupported
+from sleuthd.loading import LoadedModels, load_models, open_registry
 from sleuthd.observe import EngineObserver, NullObserver
 from sleuthd.options import EncoderEntry, ResolvedOptions, resolve
 from sleuthd.ranking import check_evidence, rank_candidates, validate_rank
+from sleuthd.registry.store import AsyncVoiceStore, VoiceStore
+from sleuthd.registry.voices import VoiceRegistry
 from sleuthd.scoring import Method
 
 logger = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, models: LoadedModels, config: EngineConfig, observer: EngineObserver | None = None) -> None:
+    def __init__(
+        self,
+        models: LoadedModels,
+        config: EngineConfig,
+        observer: EngineObserver | None = None,
+        registry: VoiceStore | None = None,
+    ) -> None:
+        """``registry``: the voice store (sleuthd.loading.open_registry); the engine closes it in :meth:`aclose`."""
         self.models = models
         self.config = config
         self.observer: EngineObserver = observer or NullObserver()
@@ -39,18 +58,46 @@ class Engine:
         self.embedder = ClipEmbedder(
             models.vad, models.prep_pool, self.observer, config.max_clip_seconds, config.embedding_cache_entries
         )
+        self.registry = (
+            None
+            if registry is None
+            else VoiceRegistry(AsyncVoiceStore(registry), models.encoders, self.embedder, config.default_encoder)
+        )
 
     @classmethod
     def load(cls, config: EngineConfig, observer: EngineObserver | None = None) -> Engine:
-        """Load every encoder manifest under ``config.models_dir`` and the VAD, and warm them up."""
-        return cls(load_models(config, observer), config, observer)
+        """Open the voice registry (when ``--registry`` names one), then load every encoder manifest under
+        ``config.models_dir`` and the VAD, and warm them up."""
+        store = open_registry(config.voice_registry)  # first: a bad location fails before the models load
+        try:
+            return cls(load_models(config, observer), config, observer, store)
+        except BaseException:
+            if store is not None:
+                store.close()
+            raise
 
     @property
     def encoders(self) -> dict[str, WindowEncoder]:
         return self.models.encoders
 
+    @property
+    def voices(self) -> VoiceRegistry:
+        """The voice registry; Unsupported (FAILED_PRECONDITION) with the fix when the server has none."""
+        if self.registry is None:
+            raise Unsupported(
+                "this server has no voice registry: start it with --registry FILE (SQLite) or --registry "
+                "postgresql://..., or send reference audio instead of a voice id"
+            )
+        return self.registry
+
     async def aclose(self) -> None:
         await self.models.aclose()
+        await self.close_registry()
+
+    async def close_registry(self) -> None:
+        """Wait for registry calls in flight, then close the store (after the server has drained)."""
+        if self.registry is not None:
+            await self.registry.store.close()
 
     def resolve(self, options: CheckOptions) -> ResolvedOptions:
         return resolve(options, self.entries, self.config.default_encoder)
@@ -76,19 +123,32 @@ class Engine:
     # ------------------------------------------------------------------ StreamDialogue
 
     async def open_dialogue(
-        self, dialogue_id: str, references: dict[str, AudioInput], opts: ResolvedOptions, deadline: float | None
+        self, dialogue_id: str, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
     ) -> DialogueState:
         """An empty dialogue judged under ``opts``, with its speakers' references embedded."""
-        speakers = list(references)
-        clips = await self.embedder.embed_audio(
-            opts.encoder, [(references[s], f"reference of speaker {s!r}") for s in speakers], deadline
+        embedded = await self.reference_embeddings(references, opts, deadline)
+        return DialogueState(dialogue_id, opts, embedded, self.observer)
+
+    async def reference_embeddings(
+        self, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
+    ) -> dict[str, np.ndarray]:
+        """Each speaker's reference under ``opts.encoder``: a registered voice is looked up first (its
+        embedding for exactly this encoder's weights; a read, so an unknown id fails before any audio is
+        embedded), then the clips are embedded together."""
+        embedded = {
+            s: await self.voices.embedding(r.voice_id, opts.encoder, deadline)
+            for s, r in references.items()
+            if isinstance(r, VoiceRef)
+        }
+        clips = [(s, r) for s, r in references.items() if isinstance(r, AudioInput)]
+        embedded_clips = await self.embedder.embed_audio(
+            opts.encoder, [(a, f"reference of speaker {s!r}") for s, a in clips], deadline
         )
-        embedded: dict[str, np.ndarray] = {}
-        for s, clip in zip(speakers, clips, strict=True):
+        for (s, _), clip in zip(clips, embedded_clips, strict=True):
             if clip.embedding is None:
                 raise InvalidRequest(f"reference of speaker {s!r} is unusable: {clip.detail}")
             embedded[s] = clip.embedding
-        return DialogueState(dialogue_id, opts, embedded, self.observer)
+        return {s: embedded[s] for s in references}
 
     async def embed_turn(
         self, opts: ResolvedOptions, audio: AudioInput, label: str, deadline: float | None
@@ -112,22 +172,26 @@ class Engine:
         check_evidence(opts.method, len(request.context), request.reference is not None)
         audios = [(c.audio, f"candidate {c.candidate_id!r}") for c in request.candidates]
         audios += [(a, f"context clip #{n}") for n, a in enumerate(request.context)]
-        if request.reference is not None:
+        reference: np.ndarray | None = None
+        if isinstance(request.reference, VoiceRef):
+            reference = await self.voices.embedding(request.reference.voice_id, opts.encoder, deadline)
+        elif request.reference is not None:
             audios.append((request.reference, "reference"))
         clips = await self.embedder.embed_audio(opts.encoder, audios, deadline)
         n_cand, n_ctx = len(request.candidates), len(request.context)
         for c, clip in zip(request.candidates, clips[:n_cand], strict=True):
             if not clip.usable:
                 raise InvalidRequest(f"candidate {c.candidate_id!r} cannot be scored: {clip.detail}")
-        if request.reference is not None and not clips[-1].usable:
-            raise InvalidRequest(f"reference is unusable: {clips[-1].detail}")
+        if isinstance(request.reference, AudioInput):
+            if clips[-1].embedding is None:
+                raise InvalidRequest(f"reference is unusable: {clips[-1].detail}")
+            reference = clips[-1].embedding
         context = [c for c in clips[n_cand : n_cand + n_ctx] if c.usable]
         if opts.method in (Method.PAIRWISE, Method.CENTROID) and not context:
             raise InvalidRequest(
                 f"none of the {n_ctx} context clips has enough speech "
                 f"(at least {manifest.min_speech_seconds:.2f} s each) for method {opts.method.value}"
             )
-        reference = clips[-1].embedding if request.reference is not None else None
         if opts.method is Method.AUTO and not context and reference is None:
             raise InvalidRequest(
                 f"none of the {n_ctx} context clips has enough speech and there is no reference: method auto has "

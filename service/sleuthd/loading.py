@@ -1,4 +1,5 @@
-"""Loading what the engine serves: encoder runners behind the micro-batcher, the VAD, the worker pools.
+"""Loading what the engine serves: encoder runners behind the micro-batcher, the VAD, the worker pools,
+and the voice registry's store.
 
 The composition root shared by the server's engine and the public in-process API (sleuthd.api), so both
 embed through exactly the same objects.
@@ -12,10 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sleuthd.batcher import MicroBatcher
-from sleuthd.config import EngineConfig
+from sleuthd.config import EngineConfig, RegistryConfig
 from sleuthd.encoder import OnnxEncoder, PerClipEncoder, WindowEncoder
 from sleuthd.manifest import ManifestError, find_encoders, load_encoder_manifest, vad_model_path
 from sleuthd.observe import BatchObserver
+from sleuthd.registry.store import VoiceStore, open_store
 from sleuthd.vad import EnergyVad, SileroVad, Vad
 
 logger = logging.getLogger(__name__)
@@ -77,3 +79,16 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         model_pool.shutdown(wait=False)
         raise
     return LoadedModels(encoders, vad, prep_pool, model_pool)
+
+
+def open_registry(config: RegistryConfig) -> VoiceStore | None:
+    """The voice store ``--registry`` names (None when it names none), its tables created on first use.
+
+    Raises ConfigError for a location that cannot work (no such folder, not a SQLite file, an unknown
+    scheme, PostgreSQL without the postgres extra) and RegistryUnavailable (an EngineFailure) when the
+    database does not answer: both end ``sleuthd serve`` with one line.
+    """
+    store = open_store(config)
+    if store is not None:
+        logger.info("voice registry: %s, %d voices", store.backend, store.count())
+    return store

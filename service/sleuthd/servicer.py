@@ -10,7 +10,7 @@ from typing import NoReturn, TypeVar
 
 import grpc
 
-from sleuthd import __version__, convert
+from sleuthd import __version__, convert, voice_convert
 from sleuthd.engine import Engine
 from sleuthd.errors import (
     DeadlineExceeded,
@@ -152,15 +152,53 @@ class SleuthServicer(pb_grpc.SleuthServicer):
                 )
                 for name, enc in sorted(self.engine.encoders.items())
             ]
+            registry = self.engine.registry
             return pb.GetServerInfoResponse(
                 version=__version__,
                 encoders=encoders,
                 default_encoder=self.engine.config.default_encoder,
                 max_message_bytes=self.max_message_bytes,
                 paper_thresholds=PAPER_THRESHOLDS,
+                registry=voice_convert.registry_info_to_pb(registry) if registry is not None else None,
             )
 
         return await self._unary(context, "GetServerInfo", 0, work)
+
+    # ------------------------------------------------------------------ voice registry
+
+    async def RegisterVoice(self, request: pb.RegisterVoiceRequest, context: grpc.aio.ServicerContext) -> pb.Voice:
+        async def work() -> pb.Voice:
+            voices = self.engine.voices
+            registration = voice_convert.registration_from_pb(request)
+            return voice_convert.voice_to_pb(await voices.register(registration, self._deadline(context)), voices)
+
+        return await self._unary(context, "RegisterVoice", request.ByteSize(), work)
+
+    async def GetVoice(self, request: pb.GetVoiceRequest, context: grpc.aio.ServicerContext) -> pb.Voice:
+        async def work() -> pb.Voice:
+            voices = self.engine.voices
+            return voice_convert.voice_to_pb(await voices.get(request.voice_id), voices)
+
+        return await self._unary(context, "GetVoice", request.ByteSize(), work)
+
+    async def ListVoices(
+        self, request: pb.ListVoicesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListVoicesResponse:
+        async def work() -> pb.ListVoicesResponse:
+            voices = self.engine.voices
+            listing = await voices.list(request.page_size, request.page_token)
+            return voice_convert.listing_to_pb(listing, voices)
+
+        return await self._unary(context, "ListVoices", request.ByteSize(), work)
+
+    async def DeleteVoice(
+        self, request: pb.DeleteVoiceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteVoiceResponse:
+        async def work() -> pb.DeleteVoiceResponse:
+            await self.engine.voices.delete(request.voice_id)
+            return pb.DeleteVoiceResponse()
+
+        return await self._unary(context, "DeleteVoice", request.ByteSize(), work)
 
     # ------------------------------------------------------------------ streaming
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sleuthd.dialogue import DialogueState, check_id, require_references
-from sleuthd.domain import AudioInput, CheckOptions, DialogueResult, PcmSpec, TurnUpdate
+from sleuthd.domain import AudioInput, CheckOptions, DialogueResult, PcmSpec, Reference, TurnUpdate
 from sleuthd.engine import Engine
 from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
 
@@ -48,7 +48,7 @@ class StreamSession:
         return self._state
 
     async def open(
-        self, dialogue_id: str, references: dict[str, AudioInput], options: CheckOptions, deadline: float | None = None
+        self, dialogue_id: str, references: dict[str, Reference], options: CheckOptions, deadline: float | None = None
     ) -> None:
         if self._state is not None:
             raise OutOfSequence("the stream is already open; send `open` once, first")

@@ -1,7 +1,9 @@
-"""Readable text for the CLI: a dialogue verdict as a per-turn table, a ranking as a list."""
+"""Readable text for the CLI: a dialogue verdict as a per-turn table, a ranking as a list, a batch of
+dialogues as a summary."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sleuthd.v1 import sleuthd_pb2 as pb
@@ -9,6 +11,11 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 
 def _fmt(msg: Any, field: str, digits: int = 3) -> str:
     return f"{getattr(msg, field):.{digits}f}" if msg.HasField(field) else "—"
+
+
+def _align(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 def verdict_table(v: pb.DialogueVerdict) -> str:
@@ -29,7 +36,6 @@ def verdict_table(v: pb.DialogueVerdict) -> str:
                 f"{t.speech_seconds:.2f}",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     scale = next((t.score_scale for t in v.turns if t.score_scale), "")
     flagged = "above" if scale in ("probability", "cosine_distance") else "below"
     meaning = {
@@ -41,7 +47,7 @@ def verdict_table(v: pb.DialogueVerdict) -> str:
         f"dialogue {v.dialogue_id}: encoder {v.encoder}, method {method}; score = {meaning}, flagged {flagged} thr",
         "(paper scores: pairwise and reference = cosine similarity, centroid = cosine distance)",
     ]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines += _align(rows)
     lines.append("")
     for s in v.speakers:
         if not s.judged:
@@ -69,5 +75,19 @@ def ranking_table(r: pb.RankCandidatesResponse) -> str:
         f"encoder {r.encoder}, method {pb.Method.Name(r.method).removeprefix('METHOD_').lower()}, "
         f"score = {scale.replace('_', ' ')} ({better} is better), {r.usable_context} usable context clips"
     ]
-    lines += [f"{c.rank:>3}. {c.candidate_id}  {c.score:.4f}" for c in r.candidates]
+    calibrated = any(c.HasField("fit_probability") for c in r.candidates)
+    rows = [("rank", "candidate", "score", *(("fit p",) if calibrated else ()), "speech s")]
+    for c in r.candidates:
+        fit = (_fmt(c, "fit_probability"),) if calibrated else ()
+        rows.append((f"{c.rank}.", c.candidate_id, f"{c.score:.4f}", *fit, f"{c.speech_seconds:.2f}"))
+    lines += _align(rows)
+    if calibrated:
+        lines.append("(fit p = probability that the candidate belongs to the speaker if it filled the slot)")
     return "\n".join(lines)
+
+
+def summary_table(rows: Sequence[Sequence[str]]) -> str:
+    """A batch of checked dialogues: the header row, one row per dialogue, then the totals by verdict."""
+    verdicts = [r[2].lower() for r in rows[1:]]
+    totals = ", ".join(f"{verdicts.count(k)} {k}" for k in dict.fromkeys(verdicts))
+    return "\n".join([*_align(rows), "", f"{len(verdicts)} dialogues: {totals}"])

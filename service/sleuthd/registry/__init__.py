@@ -2,10 +2,12 @@
 
 ``open_store(RegistryConfig(registry=...))`` returns a :class:`VoiceStore` (SQLite for a file path,
 PostgreSQL for a ``postgresql://`` URL, None when the option is empty); an asyncio server wraps it in
-:class:`AsyncVoiceStore`. See docs/registry.md.
+:class:`AsyncVoiceStore`. ``RegistryConfig`` lives in :mod:`sleuthd.config` with every other option
+(re-exported here); the engine's side, enrolment and voice ids as references, is
+:mod:`sleuthd.registry.voices`. See docs/registry.md.
 """
 
-from sleuthd.registry.config import RegistryConfig
+from sleuthd.config import RegistryConfig
 from sleuthd.registry.model import ClipInput, Embedding, StoredClip, Voice, VoicePage
 from sleuthd.registry.store import AsyncVoiceStore, RegistryUnavailable, VoiceStore, open_store
 

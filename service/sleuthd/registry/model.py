@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 import numpy as np
 
 from sleuthd.audio import PcmEncoding, PcmSpec
+from sleuthd.config import RegistryConfig
 from sleuthd.errors import InvalidRequest, LimitExceeded
-from sleuthd.registry.config import RegistryConfig
 
 VOICE_ID_MAX = 128
 _VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
@@ -116,8 +116,12 @@ def from_micros(us: int) -> datetime:
 
 def check_voice_id(voice_id: str) -> str:
     if not isinstance(voice_id, str) or not _VOICE_ID.fullmatch(voice_id):
+        # Echo a bounded prefix: a huge id in the error would overflow gRPC's metadata limit.
+        shown = repr(voice_id) if not isinstance(voice_id, str) or len(voice_id) <= 80 else (
+            f"{voice_id[:64]!r}… ({len(voice_id)} characters)"
+        )
         raise InvalidRequest(
-            f"voice id {voice_id!r} is not valid: use 1–{VOICE_ID_MAX} characters of letters, digits and _ . : @ -, "
+            f"voice id {shown} is not valid: use 1–{VOICE_ID_MAX} characters of letters, digits and _ . : @ -, "
             "starting with a letter or digit"
         )
     return voice_id

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from sleuthd.config import RegistryConfig
 from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName, Unsupported
 from sleuthd.registry import model as m
-from sleuthd.registry.config import RegistryConfig
 from sleuthd.registry.store import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, RegistryUnavailable
 
 logger = logging.getLogger(__name__)

@@ -18,8 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sleuthd.config import ConfigError
-from sleuthd.registry.config import RegistryConfig
+from sleuthd.config import ConfigError, RegistryConfig
 from sleuthd.registry.pool import ConnectionPool
 from sleuthd.registry.sql import Cursor, SqlStore
 from sleuthd.registry.store import RegistryUnavailable

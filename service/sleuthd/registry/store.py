@@ -16,9 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from sleuthd.config import ConfigError
+from sleuthd.config import ConfigError, RegistryConfig
 from sleuthd.errors import EngineFailure
-from sleuthd.registry.config import RegistryConfig
 from sleuthd.registry.model import ClipInput, Embedding, Voice, VoicePage
 
 logger = logging.getLogger(__name__)

@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -107,12 +110,14 @@ class Turn(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., text: _Optional[str] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ...) -> None: ...
 
 class SpeakerReference(_message.Message):
-    __slots__ = ("speaker", "audio")
+    __slots__ = ("speaker", "audio", "voice_id")
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
+    VOICE_ID_FIELD_NUMBER: _ClassVar[int]
     speaker: str
     audio: Audio
-    def __init__(self, speaker: _Optional[str] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ...) -> None: ...
+    voice_id: str
+    def __init__(self, speaker: _Optional[str] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ..., voice_id: _Optional[str] = ...) -> None: ...
 
 class CheckDialogueRequest(_message.Message):
     __slots__ = ("dialogue_id", "turns", "references", "options")
@@ -217,18 +222,20 @@ class Candidate(_message.Message):
     def __init__(self, candidate_id: _Optional[str] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ...) -> None: ...
 
 class RankCandidatesRequest(_message.Message):
-    __slots__ = ("speaker", "context", "reference", "candidates", "options")
+    __slots__ = ("speaker", "context", "reference", "reference_voice_id", "candidates", "options")
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_VOICE_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     speaker: str
     context: _containers.RepeatedCompositeFieldContainer[Audio]
     reference: Audio
+    reference_voice_id: str
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
     options: CheckOptions
-    def __init__(self, speaker: _Optional[str] = ..., context: _Optional[_Iterable[_Union[Audio, _Mapping]]] = ..., reference: _Optional[_Union[Audio, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
+    def __init__(self, speaker: _Optional[str] = ..., context: _Optional[_Iterable[_Union[Audio, _Mapping]]] = ..., reference: _Optional[_Union[Audio, _Mapping]] = ..., reference_voice_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
 
 class RankedCandidate(_message.Message):
     __slots__ = ("candidate_id", "rank", "score", "score_scale", "higher_is_better", "speech_seconds", "fit_probability")
@@ -364,7 +371,7 @@ class EncoderInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., min_speech_seconds: _Optional[float] = ..., default_thresholds: _Optional[_Mapping[str, float]] = ..., default_method: _Optional[str] = ..., execution_provider: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("version", "encoders", "default_encoder", "max_message_bytes", "paper_thresholds")
+    __slots__ = ("version", "encoders", "default_encoder", "max_message_bytes", "paper_thresholds", "registry")
     class PaperThresholdsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -377,9 +384,143 @@ class GetServerInfoResponse(_message.Message):
     DEFAULT_ENCODER_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAPER_THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
+    REGISTRY_FIELD_NUMBER: _ClassVar[int]
     version: str
     encoders: _containers.RepeatedCompositeFieldContainer[EncoderInfo]
     default_encoder: str
     max_message_bytes: int
     paper_thresholds: _containers.ScalarMap[str, float]
-    def __init__(self, version: _Optional[str] = ..., encoders: _Optional[_Iterable[_Union[EncoderInfo, _Mapping]]] = ..., default_encoder: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., paper_thresholds: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    registry: VoiceRegistryInfo
+    def __init__(self, version: _Optional[str] = ..., encoders: _Optional[_Iterable[_Union[EncoderInfo, _Mapping]]] = ..., default_encoder: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., paper_thresholds: _Optional[_Mapping[str, float]] = ..., registry: _Optional[_Union[VoiceRegistryInfo, _Mapping]] = ...) -> None: ...
+
+class RegisterVoiceRequest(_message.Message):
+    __slots__ = ("voice_id", "clips", "metadata", "replace", "keep_audio")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VOICE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIPS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    KEEP_AUDIO_FIELD_NUMBER: _ClassVar[int]
+    voice_id: str
+    clips: _containers.RepeatedCompositeFieldContainer[Audio]
+    metadata: _containers.ScalarMap[str, str]
+    replace: bool
+    keep_audio: bool
+    def __init__(self, voice_id: _Optional[str] = ..., clips: _Optional[_Iterable[_Union[Audio, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., replace: _Optional[bool] = ..., keep_audio: _Optional[bool] = ...) -> None: ...
+
+class VoiceClip(_message.Message):
+    __slots__ = ("sha256", "size_bytes", "audio_seconds", "speech_seconds")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SPEECH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size_bytes: int
+    audio_seconds: float
+    speech_seconds: float
+    def __init__(self, sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ...) -> None: ...
+
+class VoiceEmbedding(_message.Message):
+    __slots__ = ("encoder", "weights_sha256", "dimension", "created_at", "loaded")
+    ENCODER_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    encoder: str
+    weights_sha256: str
+    dimension: int
+    created_at: _timestamp_pb2.Timestamp
+    loaded: bool
+    def __init__(self, encoder: _Optional[str] = ..., weights_sha256: _Optional[str] = ..., dimension: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., loaded: _Optional[bool] = ...) -> None: ...
+
+class Voice(_message.Message):
+    __slots__ = ("voice_id", "metadata", "created_at", "updated_at", "revision", "speech_seconds", "audio_kept", "clips", "embeddings")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VOICE_ID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SPEECH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_KEPT_FIELD_NUMBER: _ClassVar[int]
+    CLIPS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    voice_id: str
+    metadata: _containers.ScalarMap[str, str]
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    revision: int
+    speech_seconds: float
+    audio_kept: bool
+    clips: _containers.RepeatedCompositeFieldContainer[VoiceClip]
+    embeddings: _containers.RepeatedCompositeFieldContainer[VoiceEmbedding]
+    def __init__(self, voice_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., speech_seconds: _Optional[float] = ..., audio_kept: _Optional[bool] = ..., clips: _Optional[_Iterable[_Union[VoiceClip, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[VoiceEmbedding, _Mapping]]] = ...) -> None: ...
+
+class GetVoiceRequest(_message.Message):
+    __slots__ = ("voice_id",)
+    VOICE_ID_FIELD_NUMBER: _ClassVar[int]
+    voice_id: str
+    def __init__(self, voice_id: _Optional[str] = ...) -> None: ...
+
+class ListVoicesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListVoicesResponse(_message.Message):
+    __slots__ = ("voices", "next_page_token", "total_size")
+    VOICES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    voices: _containers.RepeatedCompositeFieldContainer[Voice]
+    next_page_token: str
+    total_size: int
+    def __init__(self, voices: _Optional[_Iterable[_Union[Voice, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total_size: _Optional[int] = ...) -> None: ...
+
+class DeleteVoiceRequest(_message.Message):
+    __slots__ = ("voice_id",)
+    VOICE_ID_FIELD_NUMBER: _ClassVar[int]
+    voice_id: str
+    def __init__(self, voice_id: _Optional[str] = ...) -> None: ...
+
+class DeleteVoiceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class VoiceRegistryInfo(_message.Message):
+    __slots__ = ("backend", "keep_audio", "max_voices", "max_clips_per_voice", "max_clip_bytes", "max_voice_bytes", "max_clip_seconds", "max_metadata_entries", "max_metadata_bytes")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    KEEP_AUDIO_FIELD_NUMBER: _ClassVar[int]
+    MAX_VOICES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIPS_PER_VOICE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_VOICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_METADATA_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_METADATA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    keep_audio: bool
+    max_voices: int
+    max_clips_per_voice: int
+    max_clip_bytes: int
+    max_voice_bytes: int
+    max_clip_seconds: float
+    max_metadata_entries: int
+    max_metadata_bytes: int
+    def __init__(self, backend: _Optional[str] = ..., keep_audio: _Optional[bool] = ..., max_voices: _Optional[int] = ..., max_clips_per_voice: _Optional[int] = ..., max_clip_bytes: _Optional[int] = ..., max_voice_bytes: _Optional[int] = ..., max_clip_seconds: _Optional[float] = ..., max_metadata_entries: _Optional[int] = ..., max_metadata_bytes: _Optional[int] = ...) -> None: ...

@@ -54,6 +54,26 @@ class SleuthStub:
                 request_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.GetServerInfoResponse.FromString,
                 _registered_method=True)
+        self.RegisterVoice = channel.unary_unary(
+                '/sleuthd.v1.Sleuth/RegisterVoice',
+                request_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.RegisterVoiceRequest.SerializeToString,
+                response_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.Voice.FromString,
+                _registered_method=True)
+        self.GetVoice = channel.unary_unary(
+                '/sleuthd.v1.Sleuth/GetVoice',
+                request_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.GetVoiceRequest.SerializeToString,
+                response_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.Voice.FromString,
+                _registered_method=True)
+        self.ListVoices = channel.unary_unary(
+                '/sleuthd.v1.Sleuth/ListVoices',
+                request_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.ListVoicesRequest.SerializeToString,
+                response_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.ListVoicesResponse.FromString,
+                _registered_method=True)
+        self.DeleteVoice = channel.unary_unary(
+                '/sleuthd.v1.Sleuth/DeleteVoice',
+                request_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.DeleteVoiceRequest.SerializeToString,
+                response_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.DeleteVoiceResponse.FromString,
+                _registered_method=True)
 
 
 class SleuthServicer:
@@ -94,6 +114,42 @@ class SleuthServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterVoice(self, request, context):
+        """The voice registry: enrol a voice once, then name it by id wherever reference audio is accepted
+        (SpeakerReference.voice_id, RankCandidatesRequest.reference_voice_id). Only on a server started
+        with --registry; elsewhere every voice RPC gets FAILED_PRECONDITION. Status codes common to the
+        four: NOT_FOUND (no voice with that id), INVALID_ARGUMENT (malformed id, metadata or page token,
+        unusable audio: the message names the clip), UNAVAILABLE (the registry's database cannot be reached).
+
+        RegisterVoice: ALREADY_EXISTS when the id is taken and replace is false; RESOURCE_EXHAUSTED when a
+        bound of VoiceRegistryInfo is exceeded (the message names it). A retried call whose first attempt
+        landed answers ALREADY_EXISTS with the voice in place.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVoice(self, request, context):
+        """The voice's clips (hashes, lengths) and embeddings, without audio.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListVoices(self, request, context):
+        """Every registered voice, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteVoice(self, request, context):
+        """Removes the voice, its clips and its embeddings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SleuthServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,6 +172,26 @@ def add_SleuthServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.GetServerInfoRequest.FromString,
                     response_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.GetServerInfoResponse.SerializeToString,
+            ),
+            'RegisterVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterVoice,
+                    request_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.RegisterVoiceRequest.FromString,
+                    response_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.Voice.SerializeToString,
+            ),
+            'GetVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVoice,
+                    request_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.GetVoiceRequest.FromString,
+                    response_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.Voice.SerializeToString,
+            ),
+            'ListVoices': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListVoices,
+                    request_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.ListVoicesRequest.FromString,
+                    response_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.ListVoicesResponse.SerializeToString,
+            ),
+            'DeleteVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteVoice,
+                    request_deserializer=sleuthd_dot_v1_dot_sleuthd__pb2.DeleteVoiceRequest.FromString,
+                    response_serializer=sleuthd_dot_v1_dot_sleuthd__pb2.DeleteVoiceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +302,114 @@ class Sleuth:
             '/sleuthd.v1.Sleuth/GetServerInfo',
             sleuthd_dot_v1_dot_sleuthd__pb2.GetServerInfoRequest.SerializeToString,
             sleuthd_dot_v1_dot_sleuthd__pb2.GetServerInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sleuthd.v1.Sleuth/RegisterVoice',
+            sleuthd_dot_v1_dot_sleuthd__pb2.RegisterVoiceRequest.SerializeToString,
+            sleuthd_dot_v1_dot_sleuthd__pb2.Voice.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sleuthd.v1.Sleuth/GetVoice',
+            sleuthd_dot_v1_dot_sleuthd__pb2.GetVoiceRequest.SerializeToString,
+            sleuthd_dot_v1_dot_sleuthd__pb2.Voice.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListVoices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sleuthd.v1.Sleuth/ListVoices',
+            sleuthd_dot_v1_dot_sleuthd__pb2.ListVoicesRequest.SerializeToString,
+            sleuthd_dot_v1_dot_sleuthd__pb2.ListVoicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sleuthd.v1.Sleuth/DeleteVoice',
+            sleuthd_dot_v1_dot_sleuthd__pb2.DeleteVoiceRequest.SerializeToString,
+            sleuthd_dot_v1_dot_sleuthd__pb2.DeleteVoiceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,192 @@
+"""`sleuthd check` over many dialogues: dialogue files and JSON Lines of dialogues, checked concurrently
+through one channel, with progress on stderr, a summary table and one exit code for the whole batch.
+
+Every input is read and checked (JSON, turns, audio files exist) before the first request is sent, so a
+typo in file 900 does not surface after 899 checks; audio is read only when its dialogue is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+
+from sleuthd import client
+from sleuthd.v1 import sleuthd_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+# Exit codes of `sleuthd check` (one dialogue or many).
+EXIT_OK = 0  # every dialogue was judged and no judged speaker is inconsistent
+EXIT_ERROR = 2  # bad input or a failed request (the message says what to fix)
+EXIT_INCONSISTENT = 3  # at least one speaker of at least one dialogue is inconsistent
+EXIT_UNJUDGED = 4  # nothing inconsistent, but some dialogue had no speaker that could be judged
+
+CONSISTENT, INCONSISTENT, UNJUDGED, FAILED, NOT_SENT = "consistent", "inconsistent", "not judged", "error", "not sent"
+
+
+@dataclass(frozen=True)
+class DialogueSource:
+    """One dialogue to check: a dialogue file, or one line of a JSON Lines file."""
+
+    label: str  # the file, or FILE:LINE
+    doc: Any
+    base: Path  # audio paths are relative to this folder
+    default_id: str  # the dialogue id when the dialogue names none
+
+    def request(self, read_audio: bool = True) -> pb.CheckDialogueRequest:
+        req = client.dialogue_request_from_dict(self.doc, self.base, self.label, read_audio)
+        req.dialogue_id = req.dialogue_id or self.default_id
+        return req
+
+
+def read_sources(paths: Sequence[Path]) -> list[DialogueSource]:
+    """Every dialogue of ``paths`` (``*.jsonl``: one dialogue object per line), each checked without
+    reading its audio. Raises DialogueFileError naming the file (and line) of the first problem."""
+    sources: list[DialogueSource] = []
+    for path in paths:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise client.DialogueFileError(f"cannot read dialogue file {path}: {exc}") from exc
+        if path.suffix == ".jsonl":
+            lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+            if not lines:
+                raise client.DialogueFileError(f"{path} has no dialogues (one JSON object per line expected)")
+            for n, line in lines:
+                where = f"{path}:{n}"
+                sources.append(DialogueSource(where, _json(line, where), path.parent, f"{path.stem}:{n}"))
+        else:
+            sources.append(DialogueSource(str(path), _json(text, str(path)), path.parent, path.stem))
+    for source in sources:
+        source.request(read_audio=False)
+    return sources
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise client.DialogueFileError(f"{where} is not valid JSON: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Outcome:
+    source: DialogueSource
+    dialogue_id: str
+    verdict: pb.DialogueVerdict | None = None
+    code: str = ""  # the gRPC status code name when the request failed
+    error: str = ""
+
+    @property
+    def kind(self) -> str:
+        if self.verdict is None:
+            return FAILED if self.code else NOT_SENT
+        judged = [s for s in self.verdict.speakers if s.judged]
+        if not judged:
+            return UNJUDGED
+        return INCONSISTENT if any(not s.consistent for s in judged) else CONSISTENT
+
+
+def exit_code(outcomes: Sequence[Outcome]) -> int:
+    """3 when anything is inconsistent (a definite finding, reported even when other dialogues failed),
+    else 2 when a dialogue failed or was not sent, else 4 when a dialogue could not be judged, else 0."""
+    kinds = {o.kind for o in outcomes}
+    if INCONSISTENT in kinds:
+        return EXIT_INCONSISTENT
+    if kinds & {FAILED, NOT_SENT}:
+        return EXIT_ERROR
+    return EXIT_UNJUDGED if UNJUDGED in kinds else EXIT_OK
+
+
+class Progress:
+    """Plain progress lines on stderr: one line rewritten in place on a terminal, else a line every 5 %."""
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.every = max(1, total // 20)
+        self.done = 0
+        self.counts: Counter[str] = Counter()
+
+    def update(self, outcome: Outcome) -> None:
+        self.done += 1
+        self.counts[outcome.kind] += 1
+        c = self.counts
+        line = (
+            f"checked {self.done}/{self.total} dialogues: {c[INCONSISTENT]} inconsistent, {c[UNJUDGED]} not judged, "
+            f"{c[FAILED] + c[NOT_SENT]} failed"
+        )
+        last = self.done == self.total
+        if self.tty:
+            self.stream.write("\r" + line + ("\n" if last else ""))
+        elif last or self.done % self.every == 0:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+async def check_all(
+    sources: Sequence[DialogueSource],
+    target: str,
+    customize: Callable[[pb.CheckDialogueRequest], None],
+    timeout: float,
+    concurrency: int = 4,
+    progress: Progress | None = None,
+) -> list[Outcome]:
+    """Check every dialogue, at most ``concurrency`` at a time; results in input order. A request that
+    fails is recorded and the others go on; once one fails with UNAVAILABLE (after the channel's own
+    retries) the server is taken to be gone and the rest are not sent."""
+    outcomes: list[Outcome | None] = [None] * len(sources)
+    gate = asyncio.Semaphore(max(1, concurrency))
+    server_gone = asyncio.Event()
+
+    async def one(i: int, source: DialogueSource, stub: Any) -> None:
+        async with gate:
+            req = source.request()
+            customize(req)
+            if server_gone.is_set():
+                outcome = Outcome(source, req.dialogue_id, error="not sent: the server was unavailable")
+            else:
+                try:
+                    outcome = Outcome(source, req.dialogue_id, await stub.CheckDialogue(req, timeout=timeout))
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() is grpc.StatusCode.UNAVAILABLE:
+                        server_gone.set()
+                    outcome = Outcome(source, req.dialogue_id, code=exc.code().name, error=exc.details() or "")
+            outcomes[i] = outcome
+            if progress is not None:
+                progress.update(outcome)
+
+    async with client.channel(target) as ch:
+        stub = client.stub(ch)
+        await asyncio.gather(*(one(i, s, stub) for i, s in enumerate(sources)))
+    return [o for o in outcomes if o is not None]
+
+
+def summary_rows(outcomes: Sequence[Outcome]) -> list[tuple[str, ...]]:
+    """One row per dialogue: where it came from, its id, the verdict, judged speakers, flagged turns."""
+    rows: list[tuple[str, ...]] = [("dialogue", "id", "verdict", "judged", "flagged turns / error")]
+    for o in outcomes:
+        if o.verdict is None:
+            detail = f"{o.code}: {o.error}" if o.code else o.error
+            rows.append((o.source.label, o.dialogue_id, o.kind.upper(), "-", _short(detail)))
+            continue
+        speakers = o.verdict.speakers
+        flagged = [t for s in speakers for t in s.inconsistent_turn_ids]
+        kind = o.kind if o.kind == CONSISTENT else o.kind.upper()
+        judged = f"{sum(s.judged for s in speakers)}/{len(speakers)} speakers"
+        rows.append((o.source.label, o.dialogue_id, kind, judged, ", ".join(flagged) or "-"))
+    return rows
+
+
+def _short(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,90 @@
+"""The sleuthd client library: check dialogues, rank candidates and manage registered voices on a server.
+
+    from sleuthd.client import SleuthClient
+
+    sleuth = SleuthClient("127.0.0.1:50051")
+    verdict = sleuth.check([("Maya", "t1.wav"), ("Tom", "t2.wav"), ("Maya", "t3.wav")])
+    print(verdict.consistent, verdict.inconsistent_turns)
+
+:class:`SleuthClient` blocks, :class:`AsyncSleuthClient` is its asyncio twin; both return frozen
+dataclasses (:class:`Verdict`, :class:`Ranking`, :class:`VoiceInfo`). Audio is a file path, an encoded
+file's bytes or NumPy samples with their sample rate. Lower level, for tools that build protobufs
+themselves: :func:`channel`, :func:`stub`, :func:`make_options`, :func:`audio_file`,
+:func:`dialogue_request_from_file`.
+
+Imports only grpc, protobuf and the generated stubs (NumPy only once samples are passed as an array), so a
+pipeline that talks to a server never loads the engine, ONNX Runtime or audio libraries.
+"""
+
+from sleuthd.client.channels import (
+    RETRY_POLICY,
+    SERVICE_NAME,
+    channel,
+    channel_credentials,
+    channel_options,
+    stub,
+    sync_channel,
+    token_metadata,
+)
+from sleuthd.client.clients import AsyncSleuthClient, SleuthClient
+from sleuthd.client.requests import (
+    METHODS,
+    THRESHOLD_SETS,
+    DialogueFileError,
+    Turn,
+    audio_file,
+    dialogue_request,
+    dialogue_request_from_dict,
+    dialogue_request_from_file,
+    make_options,
+    rank_request,
+    register_request,
+    to_audio,
+)
+from sleuthd.client.results import (
+    DriftSegment,
+    RankedCandidate,
+    Ranking,
+    SpeakerVerdict,
+    TurnVerdict,
+    Verdict,
+    VoiceClip,
+    VoiceEmbedding,
+    VoiceInfo,
+    VoicePage,
+)
+
+__all__ = [
+    "METHODS",
+    "RETRY_POLICY",
+    "SERVICE_NAME",
+    "THRESHOLD_SETS",
+    "AsyncSleuthClient",
+    "DialogueFileError",
+    "DriftSegment",
+    "RankedCandidate",
+    "Ranking",
+    "SleuthClient",
+    "SpeakerVerdict",
+    "Turn",
+    "TurnVerdict",
+    "Verdict",
+    "VoiceClip",
+    "VoiceEmbedding",
+    "VoiceInfo",
+    "VoicePage",
+    "audio_file",
+    "channel",
+    "channel_credentials",
+    "channel_options",
+    "dialogue_request",
+    "dialogue_request_from_dict",
+    "dialogue_request_from_file",
+    "make_options",
+    "rank_request",
+    "register_request",
+    "stub",
+    "sync_channel",
+    "to_audio",
+    "token_metadata",
+]

@@ -1,0 +1,295 @@
+"""Synchronous and asyncio clients with typed results.
+
+Both take the same arguments and return the same dataclasses; failures raise ``grpc.RpcError`` (the
+asyncio client: ``grpc.aio.AioRpcError``) with the server's status code and a message that says what to
+fix. Calls are retried on UNAVAILABLE only, by the channel's service config. ``timeout`` is each call's
+deadline in seconds (the client's default, or per call).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sleuthd.client import channels
+from sleuthd.client.requests import (
+    AudioLike,
+    Turn,
+    dialogue_request,
+    dialogue_request_from_file,
+    make_options,
+    rank_request,
+    register_request,
+)
+from sleuthd.client.results import Ranking, Verdict, VoiceInfo, VoicePage
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+TurnLike = Turn | tuple[str, AudioLike]
+
+
+class _Base:
+    def __init__(
+        self,
+        target: str,
+        timeout: float | None,
+        credentials: grpc.ChannelCredentials | None,
+        token: str | None,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._metadata = channels.token_metadata(credentials, token, target)
+
+    def _call(self, timeout: float | None) -> dict[str, Any]:
+        return {"timeout": self.timeout if timeout is None else timeout, "metadata": self._metadata or None}
+
+    @staticmethod
+    def _check(
+        turns: Iterable[TurnLike],
+        references: Mapping[str, AudioLike] | None,
+        voices: Mapping[str, str] | None,
+        dialogue_id: str,
+        method: str | None,
+        thresholds: str | None,
+        threshold: float | None,
+        encoder: str,
+        detect_drift: bool,
+        sample_rate: int | None,
+    ) -> pb.CheckDialogueRequest:
+        options = make_options(method, thresholds, threshold, encoder, detect_drift)
+        return dialogue_request(
+            turns, references=references, voices=voices, dialogue_id=dialogue_id, options=options,
+            sample_rate=sample_rate,
+        )  # fmt: skip
+
+
+class SleuthClient(_Base):
+    """A blocking client::
+
+        sleuth = SleuthClient("127.0.0.1:50051")
+        verdict = sleuth.check([("Maya", "t1.wav"), ("Tom", "t2.wav"), ("Maya", "t3.wav")])
+        print(verdict.consistent, verdict.inconsistent_turns)
+
+    ``credentials``: TLS (``grpc.ssl_channel_credentials(...)``); ``token``: sent as a bearer token.
+    """
+
+    def __init__(
+        self,
+        target: str = channels.DEFAULT_TARGET,
+        *,
+        timeout: float | None = 120.0,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        max_message_bytes: int = channels.DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        super().__init__(target, timeout, credentials, token)
+        self.channel = channels.sync_channel(target, max_message_bytes, credentials=credentials, token=token)
+        self.stub = pb_grpc.SleuthStub(self.channel)
+
+    def check(
+        self,
+        turns: Iterable[TurnLike],
+        *,
+        references: Mapping[str, AudioLike] | None = None,
+        voices: Mapping[str, str] | None = None,
+        dialogue_id: str = "",
+        method: str | None = None,
+        thresholds: str | None = None,
+        threshold: float | None = None,
+        encoder: str = "",
+        detect_drift: bool = False,
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> Verdict:
+        """Check a dialogue: turns as ``(speaker, audio)`` or :class:`Turn`; ``references`` maps speakers to
+        reference audio, ``voices`` to registered voice ids; ``sample_rate`` (Hz) for NumPy samples."""
+        req = self._check(
+            turns, references, voices, dialogue_id, method, thresholds, threshold, encoder, detect_drift, sample_rate
+        )
+        return Verdict.from_pb(self.stub.CheckDialogue(req, **self._call(timeout)))
+
+    def check_file(self, path: str | os.PathLike[str], *, timeout: float | None = None) -> Verdict:
+        """Check a dialogue JSON file (the format of ``sleuthd check``)."""
+        return Verdict.from_pb(self.stub.CheckDialogue(dialogue_request_from_file(Path(path)), **self._call(timeout)))
+
+    def rank(
+        self,
+        candidates: Mapping[str, AudioLike] | Sequence[AudioLike],
+        *,
+        context: Sequence[AudioLike] = (),
+        reference: AudioLike = None,
+        reference_voice: str = "",
+        speaker: str = "speaker",
+        method: str | None = None,
+        encoder: str = "",
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> Ranking:
+        """Order candidates for one slot of a speaker, best first."""
+        req = rank_request(
+            candidates, context=context, reference=reference, reference_voice=reference_voice, speaker=speaker,
+            options=make_options(method, encoder=encoder), sample_rate=sample_rate,
+        )  # fmt: skip
+        return Ranking.from_pb(self.stub.RankCandidates(req, **self._call(timeout)))
+
+    def register_voice(
+        self,
+        voice_id: str,
+        clips: AudioLike | Sequence[AudioLike],
+        *,
+        metadata: Mapping[str, str] | None = None,
+        replace: bool = False,
+        keep_audio: bool | None = None,
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> VoiceInfo:
+        """Enrol a voice from one clip or several; then name it in ``check(voices=...)``/``rank(reference_voice=)``."""
+        req = register_request(
+            voice_id, clips, metadata=metadata, replace=replace, keep_audio=keep_audio, sample_rate=sample_rate
+        )
+        return VoiceInfo.from_pb(self.stub.RegisterVoice(req, **self._call(timeout)))
+
+    def get_voice(self, voice_id: str, *, timeout: float | None = None) -> VoiceInfo:
+        return VoiceInfo.from_pb(self.stub.GetVoice(pb.GetVoiceRequest(voice_id=voice_id), **self._call(timeout)))
+
+    def list_voices(self, *, page_size: int = 0, page_token: str = "", timeout: float | None = None) -> VoicePage:
+        req = pb.ListVoicesRequest(page_size=page_size, page_token=page_token)
+        return VoicePage.from_pb(self.stub.ListVoices(req, **self._call(timeout)))
+
+    def voices(self, *, page_size: int = 0) -> Iterator[VoiceInfo]:
+        """Every registered voice, page after page."""
+        token = ""
+        while True:
+            page = self.list_voices(page_size=page_size, page_token=token)
+            yield from page.voices
+            token = page.next_page_token
+            if not token:
+                return
+
+    def delete_voice(self, voice_id: str, *, timeout: float | None = None) -> None:
+        self.stub.DeleteVoice(pb.DeleteVoiceRequest(voice_id=voice_id), **self._call(timeout))
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> SleuthClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncSleuthClient(_Base):
+    """The asyncio client: the same methods as :class:`SleuthClient`, awaited::
+
+        async with AsyncSleuthClient("127.0.0.1:50051") as sleuth:
+            verdict = await sleuth.check([("Maya", "t1.wav"), ("Maya", "t2.wav")], voices={"Maya": "maya-v2"})
+    """
+
+    def __init__(
+        self,
+        target: str = channels.DEFAULT_TARGET,
+        *,
+        timeout: float | None = 120.0,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        max_message_bytes: int = channels.DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        super().__init__(target, timeout, credentials, token)
+        self.channel = channels.channel(target, max_message_bytes, credentials=credentials, token=token)
+        self.stub = pb_grpc.SleuthStub(self.channel)
+
+    async def check(
+        self,
+        turns: Iterable[TurnLike],
+        *,
+        references: Mapping[str, AudioLike] | None = None,
+        voices: Mapping[str, str] | None = None,
+        dialogue_id: str = "",
+        method: str | None = None,
+        thresholds: str | None = None,
+        threshold: float | None = None,
+        encoder: str = "",
+        detect_drift: bool = False,
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> Verdict:
+        req = self._check(
+            turns, references, voices, dialogue_id, method, thresholds, threshold, encoder, detect_drift, sample_rate
+        )
+        return Verdict.from_pb(await self.stub.CheckDialogue(req, **self._call(timeout)))
+
+    async def check_file(self, path: str | os.PathLike[str], *, timeout: float | None = None) -> Verdict:
+        req = dialogue_request_from_file(Path(path))
+        return Verdict.from_pb(await self.stub.CheckDialogue(req, **self._call(timeout)))
+
+    async def rank(
+        self,
+        candidates: Mapping[str, AudioLike] | Sequence[AudioLike],
+        *,
+        context: Sequence[AudioLike] = (),
+        reference: AudioLike = None,
+        reference_voice: str = "",
+        speaker: str = "speaker",
+        method: str | None = None,
+        encoder: str = "",
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> Ranking:
+        req = rank_request(
+            candidates, context=context, reference=reference, reference_voice=reference_voice, speaker=speaker,
+            options=make_options(method, encoder=encoder), sample_rate=sample_rate,
+        )  # fmt: skip
+        return Ranking.from_pb(await self.stub.RankCandidates(req, **self._call(timeout)))
+
+    async def register_voice(
+        self,
+        voice_id: str,
+        clips: AudioLike | Sequence[AudioLike],
+        *,
+        metadata: Mapping[str, str] | None = None,
+        replace: bool = False,
+        keep_audio: bool | None = None,
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> VoiceInfo:
+        req = register_request(
+            voice_id, clips, metadata=metadata, replace=replace, keep_audio=keep_audio, sample_rate=sample_rate
+        )
+        return VoiceInfo.from_pb(await self.stub.RegisterVoice(req, **self._call(timeout)))
+
+    async def get_voice(self, voice_id: str, *, timeout: float | None = None) -> VoiceInfo:
+        msg = await self.stub.GetVoice(pb.GetVoiceRequest(voice_id=voice_id), **self._call(timeout))
+        return VoiceInfo.from_pb(msg)
+
+    async def list_voices(
+        self, *, page_size: int = 0, page_token: str = "", timeout: float | None = None
+    ) -> VoicePage:
+        req = pb.ListVoicesRequest(page_size=page_size, page_token=page_token)
+        return VoicePage.from_pb(await self.stub.ListVoices(req, **self._call(timeout)))
+
+    async def voices(self, *, page_size: int = 0) -> AsyncIterator[VoiceInfo]:
+        token = ""
+        while True:
+            page = await self.list_voices(page_size=page_size, page_token=token)
+            for voice in page.voices:
+                yield voice
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def delete_voice(self, voice_id: str, *, timeout: float | None = None) -> None:
+        await self.stub.DeleteVoice(pb.DeleteVoiceRequest(voice_id=voice_id), **self._call(timeout))
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncSleuthClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,249 @@
+"""What the server answers, as frozen dataclasses: a dialogue's verdict, a ranking, a registered voice.
+
+Every number keeps the scale the proto documents (proto/sleuthd/v1/sleuthd.proto); a value the server
+did not compute is None, never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sleuthd.v1 import sleuthd_pb2 as pb
+
+
+def _opt(msg: Any, name: str) -> float | None:
+    return float(getattr(msg, name)) if msg.HasField(name) else None
+
+
+def _name(enum: Any, value: int, prefix: str = "") -> str:
+    return str(enum.Name(value)).removeprefix(prefix).lower()
+
+
+@dataclass(frozen=True)
+class DriftSegment:
+    start_seconds: float  # from the start of the turn's decoded audio
+    end_seconds: float
+    score: float  # cosine distance between the voice before and after; larger = stronger change
+
+
+@dataclass(frozen=True)
+class TurnVerdict:
+    turn_id: str
+    speaker: str
+    status: str  # "consistent", "inconsistent", "insufficient_audio" or "insufficient_context"
+    score: float | None  # the method's score on score_scale; None when not scored
+    score_scale: str  # "cosine_similarity", "cosine_distance" or "probability"
+    threshold: float | None  # on score_scale
+    inconsistency_probability: float | None  # P(the turn does not belong to its speaker), 0..1
+    pairwise_mean_cosine: float | None  # the three paper scores (cosine similarity / distance)
+    centroid_cosine_distance: float | None
+    reference_cosine: float | None
+    audio_seconds: float
+    speech_seconds: float  # after silence trimming
+    detail: str  # why a turn was not scored, or why it was flagged
+    reason: str  # "" , "score_threshold" or "speaker_confusion" (why it was flagged)
+    closest_speaker: str
+    closest_speaker_margin: float | None  # cosine: own speaker minus the closest other speaker
+    drift_score: float | None  # only when drift detection was asked for
+    drift_segments: tuple[DriftSegment, ...]
+
+    @property
+    def inconsistent(self) -> bool:
+        return self.status == "inconsistent"
+
+    @property
+    def scored(self) -> bool:
+        return self.score is not None
+
+    @classmethod
+    def from_pb(cls, t: pb.TurnVerdict) -> TurnVerdict:
+        return cls(
+            turn_id=t.turn_id,
+            speaker=t.speaker,
+            status=_name(pb.TurnStatus, t.status),
+            score=_opt(t, "score"),
+            score_scale=t.score_scale,
+            threshold=_opt(t, "threshold"),
+            inconsistency_probability=_opt(t, "inconsistency_probability"),
+            pairwise_mean_cosine=_opt(t, "pairwise_mean_cosine"),
+            centroid_cosine_distance=_opt(t, "centroid_cosine_distance"),
+            reference_cosine=_opt(t, "reference_cosine"),
+            audio_seconds=t.audio_seconds,
+            speech_seconds=t.speech_seconds,
+            detail=t.detail,
+            reason="" if t.reason == pb.FLAG_REASON_UNSPECIFIED else _name(pb.FlagReason, t.reason),
+            closest_speaker=t.closest_speaker,
+            closest_speaker_margin=_opt(t, "closest_speaker_margin"),
+            drift_score=_opt(t, "drift_score"),
+            drift_segments=tuple(DriftSegment(s.start_seconds, s.end_seconds, s.score) for s in t.drift_segments),
+        )
+
+
+@dataclass(frozen=True)
+class SpeakerVerdict:
+    speaker: str
+    consistent: bool  # no turn flagged; only meaningful when judged
+    judged: bool  # False: none of the speaker's turns could be scored
+    inconsistent_turns: tuple[str, ...]  # flagged turn ids, dialogue order
+    scored_turns: int
+    unscored_turns: int
+
+    @classmethod
+    def from_pb(cls, s: pb.SpeakerVerdict) -> SpeakerVerdict:
+        return cls(
+            s.speaker, s.consistent, s.judged, tuple(s.inconsistent_turn_ids), s.scored_turns, s.unscored_turns
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A dialogue's verdict. ``consistent``: something was judged and no judged speaker was flagged;
+    ``judged`` False means nothing could be scored (too little speech), which is not a pass."""
+
+    dialogue_id: str
+    turns: tuple[TurnVerdict, ...]  # one per turn with audio, dialogue order
+    speakers: tuple[SpeakerVerdict, ...]  # order of first appearance
+    encoder: str
+    method: str  # "pairwise", "centroid", "reference" or "auto"
+    threshold_set: str  # "default" or "paper"
+
+    @property
+    def judged(self) -> bool:
+        return any(s.judged for s in self.speakers)
+
+    @property
+    def consistent(self) -> bool:
+        return self.judged and all(s.consistent for s in self.speakers if s.judged)
+
+    @property
+    def inconsistent_turns(self) -> tuple[str, ...]:
+        """Flagged turn ids, in dialogue order (localization)."""
+        return tuple(t.turn_id for t in self.turns if t.inconsistent)
+
+    @property
+    def probabilities(self) -> Mapping[str, float]:
+        """Turn id -> probability that the turn does not belong to its speaker (turns that have one)."""
+        return {t.turn_id: t.inconsistency_probability for t in self.turns if t.inconsistency_probability is not None}
+
+    def turn(self, turn_id: str) -> TurnVerdict:
+        for t in self.turns:
+            if t.turn_id == turn_id:
+                return t
+        raise KeyError(f"no verdict for turn {turn_id!r} (turns without audio have none)")
+
+    def speaker(self, name: str) -> SpeakerVerdict:
+        for s in self.speakers:
+            if s.speaker == name:
+                return s
+        raise KeyError(f"no verdict for speaker {name!r}")
+
+    @classmethod
+    def from_pb(cls, v: pb.DialogueVerdict) -> Verdict:
+        return cls(
+            dialogue_id=v.dialogue_id,
+            turns=tuple(TurnVerdict.from_pb(t) for t in v.turns),
+            speakers=tuple(SpeakerVerdict.from_pb(s) for s in v.speakers),
+            encoder=v.encoder,
+            method=_name(pb.Method, v.method, "METHOD_"),
+            threshold_set=_name(pb.ThresholdSet, v.threshold_set, "THRESHOLD_SET_"),
+        )
+
+
+@dataclass(frozen=True)
+class RankedCandidate:
+    candidate_id: str
+    rank: int  # 1 = best fit
+    score: float  # on score_scale
+    score_scale: str
+    higher_is_better: bool
+    speech_seconds: float
+    fit_probability: float | None  # P(the candidate belongs to the speaker), 0..1, when calibrated
+
+
+@dataclass(frozen=True)
+class Ranking:
+    candidates: tuple[RankedCandidate, ...]  # best first
+    encoder: str
+    method: str
+    usable_context: int  # context clips with enough speech
+
+    @property
+    def best(self) -> RankedCandidate:
+        return self.candidates[0]
+
+    @classmethod
+    def from_pb(cls, r: pb.RankCandidatesResponse) -> Ranking:
+        ranked = tuple(
+            RankedCandidate(
+                c.candidate_id, c.rank, c.score, c.score_scale, c.higher_is_better, c.speech_seconds,
+                _opt(c, "fit_probability"),
+            )
+            for c in r.candidates
+        )  # fmt: skip
+        return cls(ranked, r.encoder, _name(pb.Method, r.method, "METHOD_"), r.usable_context)
+
+
+@dataclass(frozen=True)
+class VoiceClip:
+    sha256: str  # of the bytes as sent
+    size_bytes: int
+    audio_seconds: float
+    speech_seconds: float
+
+
+@dataclass(frozen=True)
+class VoiceEmbedding:
+    encoder: str
+    weights_sha256: str  # the encoder model file's SHA-256
+    dimension: int
+    created_at: datetime | None
+    loaded: bool  # the server has these weights loaded
+
+
+@dataclass(frozen=True)
+class VoiceInfo:
+    """A voice registered on the server (without its audio)."""
+
+    voice_id: str
+    metadata: Mapping[str, str]
+    created_at: datetime  # UTC
+    updated_at: datetime
+    revision: int  # 1 when registered, +1 per replacement
+    speech_seconds: float
+    audio_kept: bool
+    clips: tuple[VoiceClip, ...]
+    embeddings: tuple[VoiceEmbedding, ...]
+
+    @classmethod
+    def from_pb(cls, v: pb.Voice) -> VoiceInfo:
+        return cls(
+            voice_id=v.voice_id,
+            metadata=dict(v.metadata),
+            created_at=v.created_at.ToDatetime(tzinfo=UTC),
+            updated_at=v.updated_at.ToDatetime(tzinfo=UTC),
+            revision=v.revision,
+            speech_seconds=v.speech_seconds,
+            audio_kept=v.audio_kept,
+            clips=tuple(VoiceClip(c.sha256, c.size_bytes, c.audio_seconds, c.speech_seconds) for c in v.clips),
+            embeddings=tuple(
+                VoiceEmbedding(
+                    e.encoder, e.weights_sha256, e.dimension,
+                    e.created_at.ToDatetime(tzinfo=UTC) if e.HasField("created_at") else None, e.loaded,
+                )
+                for e in v.embeddings
+            ),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VoicePage:
+    voices: tuple[VoiceInfo, ...]  # voice id order
+    next_page_token: str  # "" on the last page
+    total: int  # voices registered, all pages
+
+    @classmethod
+    def from_pb(cls, r: pb.ListVoicesResponse) -> VoicePage:
+        return cls(tuple(VoiceInfo.from_pb(v) for v in r.voices), r.next_page_token, r.total_size)

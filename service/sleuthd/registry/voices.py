@@ -1,0 +1,201 @@
+"""The engine's side of the voice registry: enrol a voice with every loaded encoder, and turn a voice id
+into the embedding a request is judged against. Never imports grpc.
+
+A voice's embedding under an encoder is the L2-normalised mean of the windows of all its clips, made by
+the same clip path as a reference sent with a request (decode, resample, loudness, VAD, windows,
+micro-batcher), so a voice enrolled from one clip judges exactly as that clip sent as reference audio.
+Embeddings are stored per encoder *weights* (the model file's SHA-256) and only ever used with the same
+weights: a voice enrolled before an encoder was re-exported is re-embedded from its stored clips on first
+use, or refused with the way to re-enrol it when its clips were not kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sleuthd.clips import ClipEmbedding, pool
+from sleuthd.config import RegistryConfig
+from sleuthd.domain import AudioInput
+from sleuthd.embedder import ClipEmbedder
+from sleuthd.encoder import WindowEncoder
+from sleuthd.errors import DeadlineExceeded, Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
+from sleuthd.registry.model import ClipInput, Embedding, Voice, VoicePage, check_metadata, check_voice_id
+from sleuthd.registry.store import AsyncVoiceStore
+from sleuthd.single_flight import SingleFlight
+
+logger = logging.getLogger(__name__)
+
+# A voice replaced while it was being re-embedded is read again, at most this many times.
+_REEMBED_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A RegisterVoice request in engine terms."""
+
+    voice_id: str
+    clips: tuple[AudioInput, ...]
+    metadata: Mapping[str, str]
+    replace: bool = False
+    keep_audio: bool | None = None  # None: the registry's --registry-keep-audio
+
+
+@dataclass(frozen=True)
+class VoiceListing:
+    page: VoicePage
+    total: int  # voices registered, all pages together
+
+
+class VoiceRegistry:
+    """Registered voices for one engine: its encoders and clip embedder over one store."""
+
+    def __init__(
+        self,
+        store: AsyncVoiceStore,
+        encoders: Mapping[str, WindowEncoder],
+        embedder: ClipEmbedder,
+        default_encoder: str,
+    ) -> None:
+        self.store = store
+        self.encoders = encoders
+        self.embedder = embedder
+        self.default_encoder = default_encoder
+        # Concurrent first uses of one voice under new weights share one re-embedding.
+        self._reembedding: SingleFlight[tuple[str, str], np.ndarray] = SingleFlight()
+
+    @property
+    def config(self) -> RegistryConfig:
+        return self.store.store.config
+
+    @property
+    def backend(self) -> str:
+        return self.store.store.backend
+
+    # ------------------------------------------------------------------ registration
+
+    async def register(self, request: Registration, deadline: float | None = None) -> Voice:
+        """Embed the clips with every loaded encoder, then store the voice with all its embeddings in one
+        transaction, so a voice never lands without them."""
+        check_voice_id(request.voice_id)
+        check_metadata(request.metadata, self.config)
+        self._check_sizes(request.clips)
+        if not request.replace:
+            # Fail fast before the encoders run; the store checks again inside its write transaction.
+            try:
+                await self.store.get(request.voice_id)
+            except UnknownName:
+                pass
+            else:
+                raise Duplicate(
+                    f"voice {request.voice_id!r} is already registered; set replace to overwrite it or delete it first"
+                )
+        names = sorted(self.encoders)
+        per_encoder = await asyncio.gather(
+            *(self._embed_clips(self.encoders[n], request.clips, deadline) for n in names)
+        )
+        embeddings = [
+            Embedding(name, self.encoders[name].manifest.sha256, vector)
+            for name, (vector, _) in zip(names, per_encoder, strict=True)
+        ]
+        # Lengths as the default encoder's path measured them (its loudness target feeds the VAD).
+        _, measured = per_encoder[names.index(self.default_encoder)]
+        clips = [
+            ClipInput(a.data, a.pcm, c.audio_seconds, c.speech_seconds)
+            for a, c in zip(request.clips, measured, strict=True)
+        ]
+        return await self.store.register(
+            request.voice_id,
+            clips,
+            metadata=request.metadata,
+            embeddings=embeddings,
+            replace=request.replace,
+            keep_audio=request.keep_audio,
+        )
+
+    def _check_sizes(self, clips: Sequence[AudioInput]) -> None:
+        """The bounds that need no decoding, before any work (the store checks every bound again)."""
+        config = self.config
+        if not clips:
+            raise InvalidRequest("a voice needs at least one clip: send its audio in clips")
+        if len(clips) > config.registry_max_clips_per_voice:
+            raise LimitExceeded(
+                f"{len(clips)} clips sent; a voice may have at most {config.registry_max_clips_per_voice} "
+                "(registry_max_clips_per_voice)"
+            )
+        for k, clip in enumerate(clips):
+            if len(clip.data) > config.max_clip_bytes:
+                raise LimitExceeded(
+                    f"clip #{k} is {len(clip.data) / 2**20:.1f} MiB; the limit is {config.registry_max_clip_mb:g} MiB "
+                    "per clip (registry_max_clip_mb)"
+                )
+
+    async def _embed_clips(
+        self, encoder: WindowEncoder, clips: Sequence[AudioInput], deadline: float | None
+    ) -> tuple[np.ndarray, list[ClipEmbedding]]:
+        """The voice's embedding under ``encoder`` (windows of all clips pooled) and each clip's figures."""
+        name = encoder.manifest.name
+        embedded = await self.embedder.embed_audio(encoder, [(c, f"clip #{k}") for k, c in enumerate(clips)], deadline)
+        for k, clip in enumerate(embedded):
+            if clip.window_embeddings is None:
+                raise InvalidRequest(f"clip #{k} cannot be enrolled with encoder {name}: {clip.detail}")
+        windows = np.concatenate([c.window_embeddings for c in embedded if c.window_embeddings is not None])
+        return pool(windows), embedded
+
+    # ------------------------------------------------------------------ voice ids as references
+
+    async def embedding(self, voice_id: str, encoder: WindowEncoder, deadline: float | None = None) -> np.ndarray:
+        """The voice's embedding under exactly ``encoder``'s weights: stored, or made now from the voice's
+        stored clips. UnknownName when no such voice; Unsupported (with how to re-enrol) when it has no
+        embedding for these weights and its clips were not kept."""
+        name, sha = encoder.manifest.name, encoder.manifest.sha256
+        found = await self.store.embedding(voice_id, name, sha)
+        if found is not None:
+            return np.asarray(found.vector, dtype=np.float32)
+        loop = asyncio.get_running_loop()
+        timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
+        try:
+            vector, _ = await self._reembedding.run((voice_id, sha), lambda: self._reembed(voice_id, encoder), timeout)
+        except TimeoutError as exc:
+            if isinstance(exc, DeadlineExceeded):
+                raise
+            raise DeadlineExceeded(f"the deadline passed while voice {voice_id!r} was re-embedded") from exc
+        return vector
+
+    async def _reembed(self, voice_id: str, encoder: WindowEncoder) -> np.ndarray:
+        name, sha = encoder.manifest.name, encoder.manifest.sha256
+        for _ in range(_REEMBED_ATTEMPTS):
+            voice = await self.store.get(voice_id, with_audio=True)
+            if not voice.audio_kept or any(c.data is None for c in voice.clips):
+                # Its message says what it was enrolled under and how to register it again.
+                return (await self.store.require_embedding(voice_id, name, sha)).vector
+            audios = [AudioInput(c.data or b"", c.pcm) for c in voice.clips]
+            vector, _ = await self._embed_clips(encoder, audios, None)
+            try:
+                await self.store.put_embedding(voice_id, Embedding(name, sha, vector), revision=voice.revision)
+            except OutOfSequence:
+                continue  # replaced meanwhile: embed its new clips
+            logger.info("voice %s re-embedded from its stored clips for %s weights %s", voice_id, name, sha[:12])
+            return vector
+        raise OutOfSequence(f"voice {voice_id!r} kept being replaced while it was re-embedded; retry the request")
+
+    # ------------------------------------------------------------------ reads and deletion
+
+    async def get(self, voice_id: str) -> Voice:
+        return await self.store.get(voice_id)
+
+    async def list(self, page_size: int = 0, page_token: str = "") -> VoiceListing:
+        page = await self.store.list_voices(page_size=page_size, page_token=page_token)
+        return VoiceListing(page, await self.store.count())
+
+    async def delete(self, voice_id: str) -> None:
+        await self.store.delete(voice_id)
+
+    def loaded(self, encoder: str, weights_sha256: str) -> bool:
+        """Whether this engine embeds with exactly these weights."""
+        enc = self.encoders.get(encoder)
+        return enc is not None and enc.manifest.sha256 == weights_sha256
