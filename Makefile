@@ -3,18 +3,21 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 SLEUTHD := .venv/bin/sleuthd
 BENCH   := .venv/bin/sleuthd-bench
-APT_TOOLS := espeak-ng flite sox
+APT_TOOLS := espeak-ng flite sox lame
+# Debian packages that are not a command of their own: sox's MP3 writer (tests encode MP3 with sox and lame).
+APT_LIBS := libsox-fmt-mp3
 SILERO_VAD := silero-vad==6.2.3
 
 .PHONY: setup tools models demo test lint typecheck proto clean
 
-# Debian tools for synthetic speech (tests, demo, dev benchmark).
+# Debian tools for synthetic speech (tests, demo, dev benchmark) and for MP3s written by common encoders.
 tools:
 	@missing=""; for t in $(APT_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	for p in $(APT_LIBS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_TOOLS) >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_TOOLS) $(APT_LIBS) >/dev/null; \
 	fi
 
 # The virtual environment; rebuilt when pyproject.toml changes.
