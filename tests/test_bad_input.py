@@ -69,7 +69,7 @@ BAD_AUDIO: dict[str, tuple[Callable[[Speech], pb.Audio], str]] = {
     "empty": (lambda s: enc(b""), "audio is empty"),
     "non-audio bytes": (
         lambda s: enc(b"<html>this is not audio</html>" * 20),
-        "not accepted: the bytes look like text",
+        "its format is not accepted (the bytes look like text",
     ),
     "AIFF file": (lambda s: enc(encode_wav(np.zeros(16000, np.float32), 16000, "AIFF")), "look like AIFF"),
     "8-channel FLAC bomb": (lambda s: enc(_flac_bomb()), "decoded samples per clip: downmix it to mono"),

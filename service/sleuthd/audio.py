@@ -201,8 +201,8 @@ def _sniffed(data: bytes) -> Container:
     container = sniff(data)
     if container is None:
         raise AudioError(
-            f"audio format not accepted: the bytes look like {looks_like(data)}; send {ACCEPTED}, "
-            "or raw PCM with its encoding, sample rate and channel count"
+            f"audio could not be decoded: its format is not accepted (the bytes look like {looks_like(data)}); "
+            f"send {ACCEPTED}, or raw PCM with its encoding, sample rate and channel count"
         )
     return container
 
