@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-from sleuthd.audio import AudioError, decode_encoded
+from sleuthd.audio import AudioError, decode_encoded, probe
 
 from .support import VOICE_A, Speech, encode_wav
 
@@ -68,6 +68,9 @@ def test_mp3_from_common_encoders_decodes(mp3s: dict[str, bytes], source: tuple[
     reference, _ = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     assert wave.samples.shape == (len(reference),)  # every sample the decoder gives, no more, no less
     assert np.allclose(wave.samples, reference[:, 0], atol=1e-6)
+    # The header's count (an estimate for MP3) bounds what decodes: what a request budget sums.
+    head = probe(data, None, max_seconds=60)
+    assert head.container == "MP3" and not head.exact and len(wave.samples) <= head.frames
 
 
 def _other_format(fmt: str, subtype: str | None = None) -> bytes:
@@ -145,6 +148,8 @@ def test_decoding_never_reads_the_working_directory(
     for name, data in _every_accepted_format(speech).items():
         wave = decode_encoded(data, max_seconds=60)
         assert wave.seconds > 1.0, name
+        head = probe(data, None, max_seconds=60)
+        assert head.exact == (not name.startswith("MP3")) and len(wave.samples) <= head.frames, name
 
 
 def _corrupt(data: bytes, seed: int) -> bytes:

@@ -89,8 +89,8 @@ class AudioProbe:
     container: str  # "WAV", "FLAC", "OGG/Vorbis", "OGG/Opus", "MP3", "PCM s16le", "PCM f32le"
     sample_rate_hz: int
     channels: int
-    frames: int  # samples per channel the header announces
-    exact: bool  # False for MP3, whose frame count libsndfile estimates (Xing/LAME tag or bitrate)
+    frames: int  # samples per channel the header announces; decoding never gives more (libsndfile stops there)
+    exact: bool  # False for MP3: libsndfile estimates the count (Xing/LAME tag or bitrate); fewer may decode
 
     @property
     def seconds(self) -> float:
@@ -98,14 +98,8 @@ class AudioProbe:
 
     @property
     def samples(self) -> int:
-        """Decoded samples (frames × channels): the unit of the per-clip and per-request bounds."""
+        """Decoded samples (frames × channels), an upper bound: the unit of the per-clip and per-request bounds."""
         return self.frames * self.channels
-
-    @property
-    def max_frames(self) -> int:
-        """The most frames decoding accepts: the header's count, or for an estimate 25 % (at least
-        1 s) more; a file that decodes to more is refused rather than trusted."""
-        return self.frames if self.exact else self.frames + max(self.frames // 4, self.sample_rate_hz)
 
 
 def clip_sample_limit(max_seconds: float) -> int:
@@ -228,7 +222,7 @@ def probe_encoded(data: bytes, max_seconds: float, max_samples: int | None = Non
     if container is Container.WAV:
         _check_riff_length(data)
     try:
-        with open_sound(data) as f:
+        with open_sound(data, container) as f:
             head = _header(f, container)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise _undecodable(exc) from exc
@@ -263,8 +257,8 @@ def probe(data: bytes, pcm: PcmSpec | None, max_seconds: float, max_samples: int
 def check_request_budget(clips: Sequence[tuple[str, AudioProbe]], max_samples: int) -> None:
     """Refuse a request whose clips (label, probe) would decode to more than ``max_samples`` in all.
 
-    Raises :class:`LimitExceeded` naming the largest clips. MP3 counts are estimates; decoding refuses
-    an MP3 that runs over its estimate by more than :attr:`AudioProbe.max_frames` allows."""
+    Raises :class:`LimitExceeded` naming the largest clips. Each probe's count is an upper bound on
+    what its clip decodes to, so the request cannot decode to more than it was admitted for."""
     total = sum(p.samples for _, p in clips)
     if total <= max_samples:
         return
@@ -282,27 +276,31 @@ def check_request_budget(clips: Sequence[tuple[str, AudioProbe]], max_samples: i
 def _read_mono(f: sf.SoundFile, head: AudioProbe, max_seconds: float, max_samples: int) -> np.ndarray:
     """Decode block by block into one mono buffer, refusing as soon as the clip runs past its bounds."""
     rate, channels = head.sample_rate_hz, head.channels
-    cap = min(head.max_frames, int(max_seconds * rate), max_samples // channels)
+    cap = min(head.frames, int(max_seconds * rate), max_samples // channels)
     floats = f.subtype in _FLOAT_SUBTYPES
     mono = np.empty(cap, np.float32)  # pages are committed only as they are written
+    block = np.empty((min(BLOCK_FRAMES, cap), channels), np.float32) if channels > 1 else None
     pos = 0
-    while True:
-        block = f.read(BLOCK_FRAMES, dtype="float32", always_2d=True)
-        n = len(block)
+    while pos < cap:
+        want = min(BLOCK_FRAMES, cap - pos)
+        # Mono decodes straight into the clip's buffer; more channels into one reused block, downmixed.
+        got = f.read(want, dtype="float32", out=mono[pos : pos + want] if block is None else block[:want])
+        n = len(got)
         if n == 0:
             break
-        if pos + n > cap:
-            _check_duration(pos + n, rate, max_seconds)
-            _check_samples(pos + n, channels, rate, max_samples)
-            raise AudioError(
-                f"this {head.container} file decodes to more than the {head.max_frames:,} frames its header "
-                "allows for: it is damaged; re-encode it (for MP3, with a Xing/LAME header) or send WAV or FLAC"
-            )
         if floats:
-            _check_float_range(block, head.container)
-        mono[pos : pos + n] = block[:, 0] if channels == 1 else block.mean(axis=1, dtype=np.float32)
+            _check_float_range(got, head.container)
+        if block is not None:
+            np.mean(got, axis=1, dtype=np.float32, out=mono[pos : pos + n])
         pos += n
-    return mono[:pos] if pos == len(mono) else mono[:pos].copy()
+    if pos == cap and len(f.read(1, dtype="float32", always_2d=True)):  # more than the bound allows
+        _check_duration(cap + 1, rate, max_seconds)
+        _check_samples(cap + 1, channels, rate, max_samples)
+        raise AudioError(
+            f"this {head.container} file decodes to more than the {head.frames:,} frames its header announces: "
+            "it is damaged; re-encode it or send WAV or FLAC"
+        )
+    return mono[:pos]  # an MP3 shorter than its estimate: the unused tail was never written, so never resident
 
 
 def decode_encoded(data: bytes, max_seconds: float, max_samples: int | None = None) -> Waveform:
@@ -315,7 +313,7 @@ def decode_encoded(data: bytes, max_seconds: float, max_samples: int | None = No
     if container is Container.WAV:
         _check_riff_length(data)
     try:
-        with open_sound(data) as f:
+        with open_sound(data, container) as f:
             head = _header(f, container)
             _check_header(head, max_seconds, limit)
             samples = _read_mono(f, head, max_seconds, limit)

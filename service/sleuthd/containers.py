@@ -5,13 +5,14 @@ else is refused from its first bytes, before libsndfile sees it: its rarely used
 surface for hostile input (the SDS reader printf()s to stdout on corrupt packets), and for bytes it
 cannot place by a magic number (MP3 among them) it goes looking for a Mac resource fork next to the
 file it was given. For in-memory audio that is the server's working directory (``._``, ``.AppleDouble/``),
-where an empty ``._`` made every MP3 fail. So libsndfile gets each file as a path to an anonymous
-in-memory file (memfd): the resource-fork lookups then land inside ``/proc/self/fd/``, where nothing can
-be created.
+where an empty ``._`` made every MP3 fail. WAV, FLAC and OGG are placed by their magic numbers before that
+lookup, so they are read straight from memory; an MP3 is handed over as the path of an anonymous in-memory
+file (memfd), so the lookups land inside ``/proc/self/fd/``, where nothing can be created.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import tempfile
@@ -201,10 +202,16 @@ def _memfd(data: bytes) -> int | None:
 
 
 @contextmanager
-def open_sound(data: bytes) -> Iterator[sf.SoundFile]:
-    """Open an encoded file held in memory with libsndfile, never touching the working directory.
+def open_sound(data: bytes, container: Container) -> Iterator[sf.SoundFile]:
+    """Open an encoded file held in memory (sniffed as ``container``) with libsndfile, never touching
+    the working directory.
 
     Raises what soundfile raises for bytes it cannot read (LibsndfileError, RuntimeError)."""
+    if container is not Container.MP3:
+        # Placed by its magic number: no resource-fork lookup, and io.BytesIO shares the bytes (no copy).
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            yield f
+        return
     fd = _memfd(data)
     if fd is not None:
         try:
