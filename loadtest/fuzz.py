@@ -597,6 +597,7 @@ def _start_server(models_dir: Path, log: Path) -> tuple[subprocess.Popen[str], s
     cmd = [sys.executable, "-m", "sleuthd.cli", "--log-level", "warning", "serve", "--host", "127.0.0.1",
            "--port", "0", "--metrics-port", "-1", "--models-dir", str(models_dir)]  # fmt: skip
     # stderr goes to a file, never an undrained pipe: libmpg123 writes a line per corrupt MP3 frame.
+    log.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], 180)
@@ -660,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="deadline of each call, seconds")
     parser.add_argument("--target", default="", help="HOST:PORT of a running server; default: start one")
     parser.add_argument("--models-dir", type=Path, default=REPO / "models")
-    parser.add_argument("--server-log", type=Path, default=Path("fuzz-server.log"))
+    parser.add_argument("--server-log", type=Path, default=REPO / "data" / "fuzz-server.log", help="server stderr")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     return asyncio.run(_long_run(args))

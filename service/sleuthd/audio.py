@@ -45,7 +45,8 @@ FLOAT_PEAK_LIMIT = 2.0
 # 48 kHz stereo. A longer limit scales it; :func:`clip_sample_limit`.
 CLIP_SAMPLES_PER_SECOND = 2 * MAX_SAMPLE_RATE
 # Default per-request bound for :func:`check_request_budget`: 64 Mi decoded samples (about 11 min of
-# 48 kHz stereo, or 70 min of 16 kHz mono); about as much as a 64 MiB request of 16-bit WAV carries.
+# 48 kHz stereo, or 70 min of 16 kHz mono): twice what a 64 MiB request of 16-bit WAV carries, as
+# FLAC holds speech in about half the bytes.
 DEFAULT_REQUEST_SAMPLES = 64 * 1024 * 1024
 BLOCK_FRAMES = 65_536
 # Subtypes that decode to floats which may lie outside [-1, 1] (integer PCM cannot).
