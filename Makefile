@@ -3,20 +3,20 @@ SHELL := /bin/bash
 PY      := .venv/bin/python
 SLEUTHD := .venv/bin/sleuthd
 BENCH   := .venv/bin/sleuthd-bench
-# postgresql: the registry tests start a throwaway PostgreSQL cluster (tests/pgcluster.py).
-APT_TOOLS := espeak-ng flite sox postgresql
+# postgresql: the registry tests start a throwaway PostgreSQL cluster (tests/pgcluster.py); lame and sox's
+# MP3 writer: tests encode MP3 the way common encoders do.
+APT_TOOLS := espeak-ng flite sox lame
+# Debian packages that are not a command of their own: dpkg must have them installed.
+APT_LIBS := postgresql libsox-fmt-mp3
 SILERO_VAD := silero-vad==6.2.3
 
 .PHONY: setup tools models demo test lint typecheck proto clean
 
-# Debian tools for synthetic speech (tests, demo, dev benchmark) and the registry's PostgreSQL tests.
-# A package counts as present when its command is on PATH or dpkg has it installed (postgresql has no `postgresql` command).
-tools:
-	@missing=""; for t in $(APT_TOOLS); do command -v $$t >/dev/null || dpkg-query -W -f='$${Status}' $$t 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$t"; done; \
-	if [ -n "$$missing" ]; then \
+# Debian tools for synthetic speech (tests, demo, dev benchmark), MP3 encoders and the registry's PostgreSQL tests.
+	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_TOOLS) >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_TOOLS) $(APT_LIBS) >/dev/null; \
 	fi
 
 # The virtual environment; rebuilt when pyproject.toml changes.

@@ -3,6 +3,7 @@ keeps answering valid requests. All through the real in-process server."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import grpc
@@ -35,6 +36,28 @@ async def assert_still_serving(stub: pb_grpc.SleuthStub, speech: Speech) -> None
     assert [t.status for t in v.turns] == [pb.CONSISTENT] * 3
 
 
+def _speech_f32(speech: Speech) -> np.ndarray:
+    import soundfile as sf
+
+    samples, rate = sf.read(speech.clips[VOICE_A][2], dtype="float32")
+    assert rate == 16000
+    return np.asarray(samples, np.float32)
+
+
+@functools.cache
+def _flac_bomb() -> bytes:
+    """300 s of 8-channel 48 kHz silence: about 115 KiB of FLAC, 439 MiB decoded."""
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", 48000, 8, format="FLAC", subtype="PCM_16") as f:
+        for _ in range(300):
+            f.write(np.zeros((48000, 8), np.int16))
+    return buf.getvalue()
+
+
 def _flac_bytes(speech: Speech) -> bytes:
     import soundfile as sf
 
@@ -44,7 +67,20 @@ def _flac_bytes(speech: Speech) -> bytes:
 
 BAD_AUDIO: dict[str, tuple[Callable[[Speech], pb.Audio], str]] = {
     "empty": (lambda s: enc(b""), "audio is empty"),
-    "non-audio bytes": (lambda s: enc(b"<html>this is not audio</html>" * 20), "could not be decoded"),
+    "non-audio bytes": (
+        lambda s: enc(b"<html>this is not audio</html>" * 20),
+        "its format is not accepted (the bytes look like text",
+    ),
+    "AIFF file": (lambda s: enc(encode_wav(np.zeros(16000, np.float32), 16000, "AIFF")), "look like AIFF"),
+    "8-channel FLAC bomb": (lambda s: enc(_flac_bomb()), "decoded samples per clip: downmix it to mono"),
+    "int16 values as PCM_F32LE": (
+        lambda s: pcm((_speech_f32(s) * 32767).astype("<f4").tobytes(), pb.PCM_F32LE, 16000),
+        "looks like int16 values sent as PCM_F32LE",
+    ),
+    "float WAV out of range": (
+        lambda s: enc(encode_wav(_speech_f32(s) * 3e38, 16000, "WAV", "FLOAT")),
+        "WAV file's samples reach",
+    ),
     "truncated FLAC": (lambda s: enc(_flac_bytes(s)[: len(_flac_bytes(s)) // 2]), "could not be decoded"),
     "truncated WAV": (lambda s: enc(s.wav_bytes(VOICE_A, 2)[:20000]), "truncated"),
     "NaN PCM": (
@@ -96,6 +132,15 @@ async def test_silence_is_insufficient_audio(stub: pb_grpc.SleuthStub, speech: S
     v = await stub.CheckDialogue(dialogue_with(speech, enc(silence)), timeout=60)
     bad = next(t for t in v.turns if t.turn_id == "bad-turn")
     assert bad.status == pb.INSUFFICIENT_AUDIO and bad.speech_seconds == 0.0
+
+
+async def test_near_zero_float_pcm_is_insufficient_audio(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    # Speech scaled by 1e-40 (denormals): loudness normalisation overflowed and the turn got a score.
+    tiny = pcm((_speech_f32(speech) * np.float32(1e-40)).astype("<f4").tobytes(), pb.PCM_F32LE, 16000)
+    v = await stub.CheckDialogue(dialogue_with(speech, tiny), timeout=60)
+    bad = next(t for t in v.turns if t.turn_id == "bad-turn")
+    assert bad.status == pb.INSUFFICIENT_AUDIO and bad.speech_seconds == 0.0
+    assert not bad.HasField("score")
 
 
 async def test_single_usable_turn_is_insufficient_context(stub: pb_grpc.SleuthStub, speech: Speech) -> None:

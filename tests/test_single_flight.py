@@ -135,3 +135,22 @@ async def test_a_deadline_still_ends_a_shared_request(stub: pb_grpc.SleuthStub, 
         await stub.CheckDialogue(req, timeout=0.05)
     assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert len((await patient).turns) == 5
+
+
+async def test_joining_a_flight_just_abandoned_starts_a_new_one() -> None:
+    # The last waiter of a flight went away (its request failed on another clip), so the flight was
+    # cancelled; a request for the same clip arriving before the cancellation landed used to join it
+    # and receive a CancelledError that was not its own. The servicer read that as the client having
+    # cancelled and never answered: the client waited for its deadline (found by tests/test_fuzz.py).
+    flights: SingleFlight[str, str] = SingleFlight()
+    first, second = Work("first"), Work("second")
+    a = asyncio.ensure_future(flights.run("clip", first))
+    await asyncio.sleep(0)  # a starts the flight
+    a.cancel()
+    await asyncio.sleep(0)  # a leaves: nobody waits, the flight is cancelled (not yet landed)
+    b = asyncio.ensure_future(flights.run("clip", second))
+    await asyncio.sleep(0)
+    second.release.set()
+    assert await asyncio.wait_for(b, 5) == ("second", False)
+    assert first.cancelled and second.starts == 1
+    assert a.cancelled()

@@ -45,6 +45,8 @@ class SingleFlight(Generic[K, T]):
         Raises what the computation raises, and TimeoutError when ``timeout`` seconds pass first
         (the computation goes on for the other callers, if any)."""
         flight = self._flights.get(key)
+        if flight is not None and flight.task.cancelled():
+            flight = None  # abandoned by its last waiter and cancelled: never hand its CancelledError on
         joined = flight is not None
         if flight is None:
             flight = _Flight(asyncio.ensure_future(start()))
@@ -57,6 +59,10 @@ class SingleFlight(Generic[K, T]):
             flight.waiters -= 1
             if flight.waiters == 0 and not flight.task.done():
                 flight.task.cancel()  # nobody wants it any more
+                # Forget it now, not when the cancellation lands: a caller arriving in between must
+                # start afresh rather than join a computation that can only end in CancelledError.
+                if self._flights.get(key) is flight:
+                    del self._flights[key]
 
     def _land(self, key: K, flight: _Flight[T], _task: asyncio.Future[T]) -> None:
         if self._flights.get(key) is flight:
