@@ -13,6 +13,9 @@ SILERO_VAD := silero-vad==6.2.3
 .PHONY: setup tools models demo test lint typecheck proto clean
 
 # Debian tools for synthetic speech (tests, demo, dev benchmark), MP3 encoders and the registry's PostgreSQL tests.
+tools:
+	@missing=""; for t in $(APT_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	for p in $(APT_LIBS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
