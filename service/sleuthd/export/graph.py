@@ -140,9 +140,7 @@ def trim_and_wrap(g: GraphBuilder, x: str) -> str:
     """
     nonzero = g.op("Cast", [g.op("Greater", [g.op("Abs", [x]), g.const(np.array(0.0, np.float32))])], to=1)
     first = g.op("ArgMax", [nonzero], axis=1, keepdims=1)  # first nonzero sample; 0 for an all-zero row
-    reversed_ = g.op(
-        "Slice", [nonzero, g.ints([-1]), g.ints([np.iinfo(np.int64).min]), g.ints([1]), g.ints([-1])]
-    )
+    reversed_ = g.op("Slice", [nonzero, g.ints([-1]), g.ints([np.iinfo(np.int64).min]), g.ints([1]), g.ints([-1])])
     n = g.dim(x, 1)
     last = g.op("Sub", [g.op("Sub", [n, g.ints([1])]), g.op("ArgMax", [reversed_], axis=1, keepdims=1)])
     length = g.op("Add", [g.op("Sub", [last, first]), g.ints([1])])  # (batch, 1), >= 1

