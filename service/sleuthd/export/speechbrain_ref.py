@@ -9,10 +9,12 @@ every attribute access fails, so any real use of torchaudio still raises instead
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +32,48 @@ class _AbsentTorchaudio(types.ModuleType):
         raise ImportError(f"torchaudio is not installed; speechbrain tried to use torchaudio.{name}")
 
 
-def import_speechbrain() -> types.ModuleType:
-    """``speechbrain.inference.classifiers``, with the torchaudio stand-in if torchaudio cannot load."""
+@contextlib.contextmanager
+def _torchaudio_stand_in() -> Iterator[None]:
+    """While speechbrain modules are imported: a ``torchaudio`` that fails on use if the real one cannot
+    load. It is taken out of ``sys.modules`` afterwards so other libraries (transformers) still see
+    torchaudio as absent; speechbrain's modules keep their reference to it."""
     try:
         importlib.import_module("torchaudio")
     except (ImportError, OSError) as exc:
         logger.info("torchaudio unavailable (%s); importing speechbrain with a stand-in that fails on use", exc)
-        for name in [m for m in sys.modules if m == "torchaudio" or m.startswith("torchaudio.")]:
-            del sys.modules[name]
-        sys.modules["torchaudio"] = _AbsentTorchaudio("torchaudio")
+    else:
+        yield
+        return
+    for name in [m for m in sys.modules if m == "torchaudio" or m.startswith("torchaudio.")]:
+        del sys.modules[name]
+    sys.modules["torchaudio"] = _AbsentTorchaudio("torchaudio")
     try:
-        return importlib.import_module("speechbrain.inference.classifiers")
+        yield
+    finally:
+        if isinstance(sys.modules.get("torchaudio"), _AbsentTorchaudio):
+            del sys.modules["torchaudio"]
+
+
+def import_speechbrain() -> types.ModuleType:
+    """``speechbrain.inference.classifiers``, imported with the torchaudio stand-in where needed."""
+    try:
+        with _torchaudio_stand_in():
+            return importlib.import_module("speechbrain.inference.classifiers")
     except ImportError as exc:
         raise RuntimeError(
-            "the ECAPA parity check needs speechbrain: `pip install --no-deps speechbrain==1.1.2 hyperpyyaml` "
-            f"(make setup does this): {exc}"
+            "the ECAPA parity check needs speechbrain: `pip install --no-deps speechbrain==1.1.2` plus the export "
+            f"extra (make setup does this): {exc}"
         ) from exc
+
+
+def load_hparams(text: str, overrides: dict[str, str]) -> dict[str, Any]:
+    """hyperpyyaml's loader (it imports the speechbrain classes the YAML names)."""
+    from hyperpyyaml import load_hyperpyyaml
+
+    import_speechbrain()
+    with _torchaudio_stand_in():
+        hparams: dict[str, Any] = load_hyperpyyaml(text, overrides)
+    return hparams
 
 
 class SpeechBrainReference:
@@ -53,13 +81,12 @@ class SpeechBrainReference:
 
     def __init__(self, folder: Path) -> None:
         import torch
-        from hyperpyyaml import load_hyperpyyaml
 
         classifiers = import_speechbrain()
         text = (folder / "hyperparams.yaml").read_text()
         # A downloaded folder's pretrained_path names the hub repository; point it at the folder instead.
         overrides = {"pretrained_path": str(folder)} if "pretrained_path:" in text else {}
-        hparams = load_hyperpyyaml(text, overrides)
+        hparams = load_hparams(text, overrides)
         modules = {k: hparams[k] for k in ("compute_features", "mean_var_norm", "embedding_model")}
         state = torch.load(folder / "embedding_model.ckpt", map_location="cpu", weights_only=True)
         modules["embedding_model"].load_state_dict(state)
