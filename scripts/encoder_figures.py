@@ -72,6 +72,27 @@ def separation(emb: np.ndarray, speakers: np.ndarray) -> dict[str, float]:
     }
 
 
+def padding_figures(enc: OnnxEncoder, args: argparse.Namespace) -> None:
+    """Short turns in one padded window: the graph's refill against plain zero padding, each compared with
+    the whole-turn embedding. Zero padding is emulated with 1e-12 (below the log floor, but not exactly
+    zero, so the graph does not refill it)."""
+    run = onnx_runner(enc.manifest.path, enc.manifest.input_name)
+    n, ctx = enc.manifest.window.window_samples, enc.manifest.window.context_samples
+    turns = []
+    for takes in (2, 3, 4, 5):
+        turns += fsdd_turns(args.fsdd, takes, args.per_speaker // 4, seed=100 + takes)[0]
+    turns = [t[: n - 2 * ctx] for t in turns]
+    whole = np.stack([run(t[None])[0] for t in turns])
+    print(f"\n## CAM++ short turns ({len(turns)}, {np.mean([len(t) for t in turns]) / 16000:.1f} s mean) in one window")
+    for label, fill in (("refilled (served)", 0.0), ("zero padding", 1e-12)):
+        windows = np.full((len(turns), n), fill, np.float32)
+        for i, t in enumerate(turns):
+            windows[i, ctx : ctx + len(t)] = t
+        emb = np.concatenate([run(windows[i : i + 8]) for i in range(0, len(windows), 8)])
+        agree = np.sum(emb * whole, axis=1)
+        print(f"{label:>18}: cosine to whole-turn embedding {agree.mean():.3f} mean, {agree.min():.3f} min")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fsdd", type=Path, default=Path("/work/shared/data/fsdd"))
@@ -81,12 +102,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--seconds", type=float, default=3.0, help="timing budget per encoder and batch size")
     ap.add_argument("--windows", action="store_true", help="also compare CAM++ window lengths (5-take turns)")
+    ap.add_argument("--padding", action="store_true", help="also compare refilled vs zero padding (CAM++)")
+    ap.add_argument("--no-separation", action="store_true", help="skip the separation table")
     args = ap.parse_args()
 
     encoders = {n: OnnxEncoder(load_encoder_manifest(args.models / n), device="cpu") for n in args.encoders}
     print("## separation on FSDD real speech (6 male speakers; turns of joined digit takes)")
     print(f"{'turns':>22} {'encoder':>20} {'same':>13} {'different':>13} {'d-prime':>8} {'EER %':>6}")
-    for takes in (3, 5, 10):
+    for takes in () if args.no_separation else (3, 5, 10):
         turns, speakers = fsdd_turns(args.fsdd, takes, args.per_speaker, seed=takes)
         label = f"{takes} takes, {np.mean([len(t) for t in turns]) / 16000:.1f} s mean"
         results = {}
@@ -125,6 +148,9 @@ def main() -> None:
                 f"{frames / 100:7.1f}s {1 / rate:5.2f}s {np.mean([len(c) for c in cuts]):12.2f} {r['eer']:6.2f}"
                 f" {r['d_prime']:8.2f} {agree.mean():7.4f} (min {agree.min():.3f})"
             )
+
+    if args.padding and "campplus" in encoders:
+        padding_figures(encoders["campplus"], args)
 
     print("\n## raw ONNX Runtime speed on this CPU (OnnxEncoder.embed, random windows)")
     rng = np.random.default_rng(0)
