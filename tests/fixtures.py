@@ -31,7 +31,7 @@ from tests.support import (
 
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
-    for name in ("ge2e", "silero_vad"):
+    for name in ("ge2e", "campplus", "silero_vad"):
         if not (MODELS_DIR / name / "manifest.json").exists():
             pytest.fail(f"models/{name}/manifest.json is missing: run `make models` first")
     return MODELS_DIR

@@ -124,7 +124,10 @@ async def test_ranking_puts_true_speaker_first(stub: pb_grpc.SleuthStub, speech:
 async def test_server_info(stub: pb_grpc.SleuthStub) -> None:
     info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
     assert info.default_encoder == "ge2e"
-    (ge2e,) = info.encoders
+    by_name = {e.name: e for e in info.encoders}
+    assert set(by_name) == {"ge2e", "campplus"}  # what `make models` exports
+    ge2e = by_name["ge2e"]
+    assert by_name["campplus"].embedding_size == 192
     assert ge2e.embedding_size == 256 and ge2e.execution_provider == "CPUExecutionProvider"
     assert set(ge2e.default_thresholds) == {"pairwise", "centroid", "reference"}
     assert dict(info.paper_thresholds) == {"pairwise": 0.4, "centroid": 0.3, "reference": 0.4}

@@ -187,10 +187,17 @@ def cmd_models_export(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _error(f"{exc}; exporting needs the export extra: pip install 'sleuthd[export]'")
 
-    names = ["vad", "ge2e"] if args.name == "all" else [args.name]
+    names = ["vad", "ge2e", "campplus"] if args.name == "all" else [args.name]
     for name in names:
         if name == "vad":
             path = model_export.export_vad_model(args.models_dir)
+        elif name == "campplus":
+            path = model_export.export_campplus_model(args.models_dir, args.parity_clips)
+        elif name in ("ecapa", "wavlm-sv"):
+            if args.checkpoint is None:
+                return _error(f"`sleuthd models export {name}` needs --checkpoint DIR (the model folder)")
+            export = model_export.export_ecapa_model if name == "ecapa" else model_export.export_wavlm_model
+            path = export(args.models_dir, args.checkpoint, args.parity_clips)
         else:
             path = model_export.export_ge2e_model(args.models_dir, args.parity_clips)
         m = json.loads(path.read_text())
@@ -255,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="build model files")
     msub = m.add_subparsers(dest="models_command", required=True)
     e = msub.add_parser("export", help="export a model to ONNX and write its manifest")
-    e.add_argument("name", choices=["ge2e", "vad", "all"])
+    e.add_argument("name", choices=["ge2e", "campplus", "ecapa", "wavlm-sv", "vad", "all"])
+    e.add_argument("--checkpoint", type=Path, help="ecapa / wavlm-sv: the checkpoint folder to export")
     e.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
     e.add_argument(
         "--parity-clips",

