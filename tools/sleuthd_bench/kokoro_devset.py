@@ -53,7 +53,7 @@ class KokoroDevSetSpec:
 
 
 # large: 26 fit voices (19 F, 7 M) x 6 = 156 dialogues, 16 transfer voices (12 F, 4 M) x 9 = 144;
-# 672 clips, about 45 min of audio, about 25 min to synthesize on 2 cores.
+# 672 clips, 60 min of audio: about 15 min to synthesize on 2 free cores (70 min on 2 busy shared ones).
 PRESETS: dict[str, KokoroDevSetSpec] = {
     "small": KokoroDevSetSpec("small", clips_per_voice=8, fit_dialogues=1, transfer_dialogues=1),
     "large": KokoroDevSetSpec("large", clips_per_voice=16, fit_dialogues=6, transfer_dialogues=9),
