@@ -38,6 +38,7 @@ def cmd_synth_kokoro(args: argparse.Namespace) -> int:
     """Exit 0 on success, 2 on a missing extra, a bad corpus or a failed synthesis."""
     from sleuthd.audio import AudioError
     from sleuthd.engine import Engine, EngineConfig
+    from sleuthd.errors import InvalidRequest
     from sleuthd.manifest import ManifestError as ModelManifestError
 
     from sleuthd_bench.corpus import CorpusError
@@ -50,7 +51,7 @@ def cmd_synth_kokoro(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         engine = Engine.load(EngineConfig(models_dir=args.models_dir, default_encoder=args.encoder, device=args.device))
-    except (ModelManifestError, OSError) as exc:
+    except (ModelManifestError, InvalidRequest, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:

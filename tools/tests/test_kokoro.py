@@ -314,3 +314,14 @@ def test_engine_refuses_bad_requests(kokoro_engine: kokoro.KokoroEngine) -> None
     half = blend("h", "fit", {"jf_alpha": 50, "jf_nezumi": 50})
     alpha, nezu = (kokoro_engine.style(blend(n, "fit", {n: 100})) for n in ("jf_alpha", "jf_nezumi"))
     np.testing.assert_allclose(kokoro_engine.style(half), 0.5 * alpha + 0.5 * nezu, rtol=1e-6, atol=1e-7)
+
+
+def test_cli_registers_synth_kokoro(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sleuthd_bench import cli, kokoro_cli
+
+    args = cli.build_parser().parse_args(["synth-kokoro", "--size", "large", "--workers", "1"])
+    assert args.func is kokoro_cli.cmd_synth_kokoro and (args.size, args.workers, args.threads) == ("large", 1, 1)
+    # a models folder without manifests is refused before anything is synthesized
+    code = cli.main(["synth-kokoro", "--out", str(tmp_path / "out"), "--models-dir", str(tmp_path), "--quiet"])
+    assert code == 2 and "error:" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
