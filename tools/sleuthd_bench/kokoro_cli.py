@@ -42,8 +42,8 @@ def cmd_synth_kokoro(args: argparse.Namespace) -> int:
     from sleuthd.manifest import ManifestError as ModelManifestError
 
     from sleuthd_bench.corpus import CorpusError
-    from sleuthd_bench.kokoro import KokoroError
     from sleuthd_bench.kokoro_devset import PRESETS, build_kokoro_devset
+    from sleuthd_bench.kokoro_voices import KokoroError
     from sleuthd_bench.make import MakeError
     from sleuthd_bench.synth import SynthesisError
 

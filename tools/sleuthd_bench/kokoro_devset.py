@@ -1,12 +1,13 @@
 """The Kokoro dev set (``sleuthd-bench synth-kokoro``): neural-TTS voices in a fit and a transfer split.
 
-Voices, splits and synthesis are in :mod:`sleuthd_bench.kokoro`. Per split this writes two manifests
-that share every dialogue (turns, reference, altered turn, S2) and differ only in S3:
+Voices and splits are in :mod:`sleuthd_bench.kokoro_voices`, synthesis in :mod:`sleuthd_bench.kokoro`.
+Per split this writes two manifests that share every dialogue (turns, reference, altered turn, S2)
+and differ only in S3:
 
 * ``<split>.jsonl`` (source ``kokoro-<split>``): S3 is the most similar same-gender voice by centroid
   cosine, the rule of ``sleuthd-bench make``;
 * ``<split>-near.jsonl`` (source ``kokoro-<split>-near``): S3 is the same-gender voice nearest to the
-  target in blend weights (:func:`kokoro.near_intruder`; a 90/10 blend is 0.1 from its main pack),
+  target in blend weights (:func:`kokoro_voices.near_intruder`; a 90/10 blend is 0.1 from its main pack),
   the intruder a TTS system produces when it picks a neighbouring voice.
 
 S2 is an opposite-gender voice of the same split. Every line's ``meta`` records the split and the
@@ -29,7 +30,7 @@ from typing import Any
 
 from sleuthd.engine import Engine
 
-from sleuthd_bench import kokoro
+from sleuthd_bench import kokoro, kokoro_voices
 from sleuthd_bench.corpus import embed_clips, read_corpus
 from sleuthd_bench.make import MakeOptions, SpeakerPool, plan_dialogues, speaker_pools
 from sleuthd_bench.manifest import ManifestLine, relative_path, write_manifest
@@ -43,7 +44,7 @@ _COSINE_DIGITS = 4
 
 @dataclass(frozen=True)
 class KokoroDevSetSpec:
-    """One size of the Kokoro dev set: the voice design (:data:`kokoro.DESIGNS`), takes per voice and
+    """One size of the Kokoro dev set: the voice design (:data:`kokoro_voices.DESIGNS`), takes per voice and
     dialogues per target voice in each split."""
 
     size: str
@@ -70,7 +71,7 @@ def _cosine(a: SpeakerPool, b: SpeakerPool) -> float:
 
 
 def annotate(
-    lines: Sequence[ManifestLine], voices: Mapping[str, kokoro.KokoroVoice], speeds: Mapping[str, float]
+    lines: Sequence[ManifestLine], voices: Mapping[str, kokoro_voices.KokoroVoice], speeds: Mapping[str, float]
 ) -> list[ManifestLine]:
     """Add to each line's meta the split, the weights of target, S2 and S3, their weight distances to
     the target and the speed of every turn (``speeds``: manifest-relative path -> speed)."""
@@ -83,9 +84,9 @@ def annotate(
             split=target.split,
             target_weights=target.fractions,
             s2_weights=s2.fractions,
-            s2_weight_distance=round(kokoro.weight_distance(target, s2), 2),
+            s2_weight_distance=round(kokoro_voices.weight_distance(target, s2), 2),
             s3_weights=s3.fractions,
-            s3_weight_distance=round(kokoro.weight_distance(target, s3), 2),
+            s3_weight_distance=round(kokoro_voices.weight_distance(target, s3), 2),
             turn_speeds=[speeds[p] for p in line.target_turns],
         )
         out.append(replace(line, meta=meta))
@@ -95,12 +96,12 @@ def annotate(
 def near_lines(
     lines: Sequence[ManifestLine],
     pools: Mapping[str, SpeakerPool],
-    voices: Mapping[str, kokoro.KokoroVoice],
+    voices: Mapping[str, kokoro_voices.KokoroVoice],
     manifest_dir: Path,
     seed: int,
-    max_distance: float = kokoro.NEAR_MAX_DISTANCE,
+    max_distance: float = kokoro_voices.NEAR_MAX_DISTANCE,
 ) -> list[ManifestLine]:
-    """The same dialogues with S3 replaced by the near-blend intruder (:func:`kokoro.near_intruder`
+    """The same dialogues with S3 replaced by the near-blend intruder (:func:`kokoro_voices.near_intruder`
     among the voices of ``pools``), a clip of it drawn with ``Random(f"{seed}:{dialogue_id}:near")``.
 
     Source and dialogue id get the suffix ``-near``; meta records ``s3_policy = "near_blend"``.
@@ -109,7 +110,7 @@ def near_lines(
     out = []
     for line in lines:
         target = voices[line.target_speaker]
-        intruder = kokoro.near_intruder(target, candidates, max_distance)
+        intruder = kokoro_voices.near_intruder(target, candidates, max_distance)
         clip = random.Random(f"{seed}:{line.dialogue_id}:near").choice(pools[intruder.name].clips)
         source = f"{line.source}-near"
         meta = dict(line.meta)
@@ -119,7 +120,7 @@ def near_lines(
             s3_policy=S3_NEAR_BLEND,
             s3_centroid_cosine=_cosine(pools[target.name], pools[intruder.name]),
             s3_weights=intruder.fractions,
-            s3_weight_distance=round(kokoro.weight_distance(target, intruder), 2),
+            s3_weight_distance=round(kokoro_voices.weight_distance(target, intruder), 2),
         )
         if clip.text:
             meta["s3_text"] = clip.text
@@ -181,7 +182,7 @@ async def build_kokoro_devset(
     distances and cosines per rule, how often the two rules pick the same intruder).
     """
     out_dir = Path(out_dir)
-    voices = kokoro.design_voices(kokoro.DESIGNS[spec.size], seed)
+    voices = kokoro_voices.design_voices(kokoro_voices.DESIGNS[spec.size], seed)
     by_name = {v.name: v for v in voices}
     clips_per_voice = max(spec.clips_per_voice, turns + 3)  # turns + reference + spare clips
     with Progress(0, "synthesizing (Kokoro)", enabled=show_progress) as bar:

@@ -14,9 +14,10 @@ import soundfile as sf
 from sleuthd.domain import AudioInput
 from sleuthd.engine import Engine
 from sleuthd_bench import kokoro
+from sleuthd_bench import kokoro_voices as kv
 from sleuthd_bench.corpus import CorpusClip
-from sleuthd_bench.kokoro import KokoroError, KokoroVoice, blend, weight_distance
 from sleuthd_bench.kokoro_devset import annotate, near_lines, source_name
+from sleuthd_bench.kokoro_voices import KokoroError, KokoroVoice, blend, weight_distance
 from sleuthd_bench.make import MakeOptions, SpeakerPool, plan_dialogues
 
 needs_kokoro = pytest.mark.skipif(
@@ -26,7 +27,7 @@ needs_kokoro = pytest.mark.skipif(
 
 
 def _voices(size: str = "large", seed: int = 0) -> list[KokoroVoice]:
-    return kokoro.design_voices(kokoro.DESIGNS[size], seed)
+    return kv.design_voices(kv.DESIGNS[size], seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -34,7 +35,7 @@ def _voices(size: str = "large", seed: int = 0) -> list[KokoroVoice]:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", sorted(kokoro.DESIGNS))
+@pytest.mark.parametrize("size", sorted(kv.DESIGNS))
 def test_blend_weights_and_genders(size: str) -> None:
     voices = _voices(size)
     assert len({v.name for v in voices}) == len(voices)
@@ -42,22 +43,22 @@ def test_blend_weights_and_genders(size: str) -> None:
         percents = dict(v.weights)
         assert sum(percents.values()) == 100 and 1 <= len(percents) <= 2
         assert abs(sum(v.fractions.values()) - 1.0) < 1e-9
-        assert kokoro.read_weights(v.weights_text()) == pytest.approx(v.fractions)
-        kumo = percents.get(kokoro.MALE_PACK, 0)
-        assert (v.gender, kumo >= kokoro.MIN_MALE_PERCENT, kumo == 0) in {("M", True, False), ("F", False, True)}
-    for split in kokoro.SPLITS:
+        assert kv.read_weights(v.weights_text()) == pytest.approx(v.fractions)
+        kumo = percents.get(kv.MALE_PACK, 0)
+        assert (v.gender, kumo >= kv.MIN_MALE_PERCENT, kumo == 0) in {("M", True, False), ("F", False, True)}
+    for split in kv.SPLITS:
         genders = [v.gender for v in voices if v.split == split]
         assert genders.count("M") >= 2 and genders.count("F") >= 4, (split, genders)
     # every pack is used somewhere, and blends (not only pure packs) are in both splits
-    assert {p for v in voices for p in v.base_pair} == set(kokoro.PACKS)
-    assert all(any(len(v.weights) == 2 for v in voices if v.split == s) for s in kokoro.SPLITS)
+    assert {p for v in voices for p in v.base_pair} == set(kv.PACKS)
+    assert all(any(len(v.weights) == 2 for v in voices if v.split == s) for s in kv.SPLITS)
 
 
 def test_blend_weights_are_seeded() -> None:
     assert _voices(seed=0) == _voices(seed=0)
     other = _voices(seed=1)
     assert [v.weights for v in other] != [v.weights for v in _voices(seed=0)]
-    kokoro.check_splits(other)  # the rules hold for any seed's jitter, not just the default
+    kv.check_splits(other)  # the rules hold for any seed's jitter, not just the default
 
 
 def test_voice_validation() -> None:
@@ -81,7 +82,7 @@ def test_weight_distance() -> None:
     assert weight_distance(alpha, nezu) == 1
 
 
-@pytest.mark.parametrize("size", sorted(kokoro.DESIGNS))
+@pytest.mark.parametrize("size", sorted(kv.DESIGNS))
 def test_transfer_voices_unseen_by_fit(size: str) -> None:
     voices = _voices(size)
     fit = [v for v in voices if v.split == "fit"]
@@ -89,20 +90,20 @@ def test_transfer_voices_unseen_by_fit(size: str) -> None:
     assert fit and transfer
     assert not {v.base_pair for v in fit} & {v.base_pair for v in transfer}
     assert not {v.weights for v in fit} & {v.weights for v in transfer}
-    assert min(weight_distance(t, f) for t in transfer for f in fit) >= kokoro.MIN_UNSEEN_DISTANCE
+    assert min(weight_distance(t, f) for t in transfer for f in fit) >= kv.MIN_UNSEEN_DISTANCE
     # the check itself refuses a transfer voice on a fit pair, and one too close to a fit voice
     with pytest.raises(KokoroError, match="share base packs"):
-        kokoro.check_splits([*voices, blend("t1", "transfer", {"jf_alpha": 40, "jf_gongitsune": 60})])
+        kv.check_splits([*voices, blend("t1", "transfer", {"jf_alpha": 40, "jf_gongitsune": 60})])
     with pytest.raises(KokoroError, match="from fit voice"):
-        kokoro.check_splits([*voices, blend("t2", "transfer", {"jf_alpha": 95, "jf_nezumi": 5})])
+        kv.check_splits([*voices, blend("t2", "transfer", {"jf_alpha": 95, "jf_nezumi": 5})])
 
 
-@pytest.mark.parametrize("size", sorted(kokoro.DESIGNS))
+@pytest.mark.parametrize("size", sorted(kv.DESIGNS))
 def test_every_voice_has_a_near_intruder(size: str) -> None:
     voices = _voices(size)
     for v in voices:
         same_split = [u for u in voices if u.split == v.split]
-        near = kokoro.near_intruder(v, same_split, kokoro.NEAR_MAX_DISTANCE)
+        near = kv.near_intruder(v, same_split, kv.NEAR_MAX_DISTANCE)
         assert near.gender == v.gender and near.split == v.split and near.name != v.name
         assert weight_distance(v, near) == min(
             weight_distance(v, u) for u in same_split if u.name != v.name and u.gender == v.gender
@@ -115,12 +116,12 @@ def test_near_intruder_rule() -> None:
     tie_f = blend("a", "fit", {"jf_alpha": 60, "jf_gongitsune": 40})  # also 0.1 away: the first name wins
     far_f = blend("c", "fit", {"jf_alpha": 100})
     male = blend("m", "fit", {"jm_kumo": 80, "jf_alpha": 20})
-    assert kokoro.near_intruder(target, [target, near_f, far_f, male], 0.25) is near_f
-    assert kokoro.near_intruder(target, [near_f, tie_f], 0.25) is tie_f
+    assert kv.near_intruder(target, [target, near_f, far_f, male], 0.25) is near_f
+    assert kv.near_intruder(target, [near_f, tie_f], 0.25) is tie_f
     with pytest.raises(KokoroError, match=r"within 0\.2 "):
-        kokoro.near_intruder(target, [target, far_f, male], 0.2)
+        kv.near_intruder(target, [target, far_f, male], 0.2)
     with pytest.raises(KokoroError, match="none"):
-        kokoro.near_intruder(male, [target, male], 0.25)
+        kv.near_intruder(male, [target, male], 0.25)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def _pools(voices: list[KokoroVoice], tmp: Path, clips: int = 8) -> dict[str, Sp
     rng = np.random.default_rng(0)
     pools = {}
     for v in voices:
-        vec = np.array([v.fractions.get(p, 0.0) for p in kokoro.PACKS]) + rng.normal(0, 0.02, len(kokoro.PACKS))
+        vec = np.array([v.fractions.get(p, 0.0) for p in kv.PACKS]) + rng.normal(0, 0.02, len(kv.PACKS))
         paths = [
             CorpusClip(tmp / "corpus" / v.name / f"{i:02d}.wav", v.name, v.gender, f"{v.name} {i}")
             for i in range(clips)
@@ -158,7 +159,7 @@ def _pools(voices: list[KokoroVoice], tmp: Path, clips: int = 8) -> dict[str, Sp
     return pools
 
 
-@pytest.mark.parametrize("split", kokoro.SPLITS)
+@pytest.mark.parametrize("split", kv.SPLITS)
 def test_manifests_record_weights_and_both_s3_rules(split: str, tmp_path: Path) -> None:
     voices = [v for v in _voices() if v.split == split]
     by_name = {v.name: v for v in voices}
@@ -186,8 +187,8 @@ def test_manifests_record_weights_and_both_s3_rules(split: str, tmp_path: Path) 
             assert {m["s2_speaker"], m["s3_speaker"]} <= set(by_name), "S2 and S3 come from the same split"
         assert meta["s3_policy"] == "most_similar_same_gender" and near_meta["s3_policy"] == "near_blend"
         # the near rule: the same-gender voice nearest in weights, within the near distance
-        assert near_meta["s3_speaker"] == kokoro.near_intruder(target, voices, kokoro.NEAR_MAX_DISTANCE).name
-        assert near_meta["s3_weight_distance"] <= kokoro.NEAR_MAX_DISTANCE
+        assert near_meta["s3_speaker"] == kv.near_intruder(target, voices, kv.NEAR_MAX_DISTANCE).name
+        assert near_meta["s3_weight_distance"] <= kv.NEAR_MAX_DISTANCE
         assert nr.s3_audio.startswith(f"corpus/{near_meta['s3_speaker']}/")
         # everything but S3 is shared, so the two manifests compare the S3 rules on the same dialogues
         assert nr.source == f"{most.source}-near" and nr.dialogue_id == most.dialogue_id.replace(
@@ -232,7 +233,7 @@ def _median_f0(audio: np.ndarray, rate: int) -> float:
 
 # The least male voice the designs allow (kumo at its minimum weight with the highest-pitched female
 # pack) and that female pack on its own.
-MALE_EDGE = blend("kokoro-kumo72-tebu28", "transfer", {"jm_kumo": kokoro.MIN_MALE_PERCENT, "jf_tebukuro": 28})
+MALE_EDGE = blend("kokoro-kumo72-tebu28", "transfer", {"jm_kumo": kv.MIN_MALE_PERCENT, "jf_tebukuro": 28})
 FEMALE = blend("kokoro-tebu", "fit", {"jf_tebukuro": 100})
 
 
@@ -263,7 +264,7 @@ def test_synthesis_writes_16k_clips_with_their_weights(kokoro_corpus: kokoro.Cor
     for voice in (FEMALE, MALE_EDGE):
         row = rows[voice.name]
         assert (row["gender"], row["split"]) == (voice.gender, voice.split)
-        assert kokoro.read_weights(row["weights"]) == voice.fractions
+        assert kv.read_weights(row["weights"]) == voice.fractions
         info = sf.info(str(out / row["path"]))
         assert (info.samplerate, info.channels, info.subtype) == (16_000, 1, "PCM_16")
         assert 1.0 < info.duration < 5.0
