@@ -36,8 +36,8 @@ def add_parser(sub: Any, engine_args: Callable[[argparse.ArgumentParser], None])
 
 def cmd_synth_kokoro(args: argparse.Namespace) -> int:
     """Exit 0 on success, 2 on a missing extra, a bad corpus or a failed synthesis."""
+    from sleuthd.api import SpeakerEncoder
     from sleuthd.audio import AudioError
-    from sleuthd.engine import Engine, EngineConfig
     from sleuthd.errors import InvalidRequest
     from sleuthd.manifest import ManifestError as ModelManifestError
 
@@ -50,7 +50,7 @@ def cmd_synth_kokoro(args: argparse.Namespace) -> int:
     out = args.out or Path("data") / "dev" / f"kokoro-{args.size}"
     started = time.monotonic()
     try:
-        engine = Engine.load(EngineConfig(models_dir=args.models_dir, default_encoder=args.encoder, device=args.device))
+        encoder = SpeakerEncoder.load(args.models_dir, encoder=args.encoder, device=args.device)
     except (ModelManifestError, InvalidRequest, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -59,7 +59,7 @@ def cmd_synth_kokoro(args: argparse.Namespace) -> int:
             build_kokoro_devset(
                 out,
                 PRESETS[args.size],
-                engine,
+                encoder,
                 seed=args.seed,
                 turns=args.turns,
                 workers=args.workers,
@@ -71,7 +71,7 @@ def cmd_synth_kokoro(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
-        engine.close()
+        encoder.close()
     for name, path in result.manifests.items():
         print(f"{name:14s} {result.dialogues[name]:4d} dialogues  {path}")
     print(f"built in {time.monotonic() - started:.1f} s", file=sys.stderr)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sleuthd.engine import Engine
+from sleuthd.api import SpeakerEncoder
 
 from sleuthd_bench import kokoro, kokoro_voices
 from sleuthd_bench.corpus import embed_clips, read_corpus
@@ -168,7 +168,7 @@ def _s3_summary(lines: Sequence[ManifestLine]) -> dict[str, Any]:
 async def build_kokoro_devset(
     out_dir: Path,
     spec: KokoroDevSetSpec,
-    engine: Engine,
+    encoder: SpeakerEncoder,
     *,
     seed: int = 0,
     turns: int = 5,
@@ -189,7 +189,6 @@ async def build_kokoro_devset(
         corpus = kokoro.build_corpus(
             out_dir / "corpus", voices, clips_per_voice, seed, workers=workers, threads=threads, progress=bar.update_to
         )
-    encoder = engine.config.default_encoder
     dialogues = {"fit": spec.fit_dialogues, "transfer": spec.transfer_dialogues}
     manifests: dict[str, Path] = {}
     counts: dict[str, int] = {}
@@ -197,10 +196,10 @@ async def build_kokoro_devset(
     for split, split_csv in corpus.split_csvs.items():
         clips = read_corpus(split_csv)
         with Progress(len(clips), f"embedding {split_csv.name}", enabled=show_progress) as bar:
-            embeddings = await embed_clips(engine, clips, encoder, progress=bar.advance)
+            embeddings = await embed_clips(encoder, clips, progress=bar.advance)
         pools = speaker_pools(clips, embeddings)
         options = MakeOptions(turns=turns, dialogues_per_speaker=dialogues[split], source=source_name(split), seed=seed)
-        planned, _ = plan_dialogues(pools, options, out_dir, f"corpus/{split_csv.name}", encoder)
+        planned, _ = plan_dialogues(pools, options, out_dir, f"corpus/{split_csv.name}", encoder.name)
         lines = annotate(planned, by_name, _speeds(split_csv, out_dir))
         near = near_lines(lines, pools, by_name, out_dir, seed)
         for key, rows in ((split, lines), (f"{split}-near", near)):
