@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.gram import SortedPairs, gram, median_without, quantize, std_without
+from sleuthd.gram import SortedPairs, gram, median_without, products, quantize, std_without
 
 # Floors keep ratios finite for speakers whose turns are nearly identical.
 MIN_SPREAD = 0.02  # cosine
@@ -230,22 +230,25 @@ def _leave_one_out(
     rest against the centroid of the pool without i and j. Returns (loo_i, median_j, std_j), each (n,).
 
     Cosine to a centroid from the cosine matrix alone: p_j . sum(S) / |sum(S)|, with |sum(S)|^2 the sum
-    of the block of S (inclusion-exclusion on whole-pool row sums)."""
+    of the block of S (inclusion-exclusion on whole-pool row sums). As in scoring.unit, a centroid
+    shorter than 1e-12 is not scaled up further."""
     m, n = len(g), len(t)
     total = row.sum()
-    rest_norm = np.sqrt(np.maximum(total - 2 * row[t] + diag[t], 0.0)) / (m - 1)
-    loo = (row[t] - diag[t]) / (m - 1) / np.maximum(rest_norm, 1e-12)
-    num = (row - diag)[None, :] - g[t]
-    norm2 = total - 2 * row[t][:, None] - 2 * row[None, :] + diag[t][:, None] + diag[None, :] + 2 * g[t]
-    rest = num / (m - 2) / np.maximum(np.sqrt(np.maximum(norm2, 0.0)) / (m - 2), 1e-12)
+    loo = (row[t] - diag[t]) / np.maximum(np.sqrt(np.maximum(total - 2 * row[t] + diag[t], 0.0)), (m - 1) * 1e-12)
+    gt = g[t]
+    rest = (row - diag)[None, :] - gt  # p_j . sum of the pool without i and j
+    norm2 = 2 * gt
+    norm2 += (total - 2 * row[t] + diag[t])[:, None]
+    norm2 -= (2 * row - diag)[None, :]
+    np.maximum(norm2, ((m - 2) * 1e-12) ** 2, out=norm2)
+    rest /= np.sqrt(norm2, out=norm2)
     rest[np.arange(n), t] = np.inf  # j == i is not part of the rest: sorts last
-    ordered = np.sort(rest, axis=1)
+    rest.sort(axis=1)
     left = m - 1
-    median = ordered[:, left // 2] if left % 2 else (ordered[:, left // 2 - 1] + ordered[:, left // 2]) / 2
-    y = rest - median[:, None]
-    y[np.arange(n), t] = 0.0
+    median = rest[:, left // 2] if left % 2 else (rest[:, left // 2 - 1] + rest[:, left // 2]) / 2
+    y = rest[:, :left] - median[:, None]
     mean = y.sum(axis=1) / left
-    return loo, median, np.sqrt(np.maximum((y * y).sum(axis=1) / left - mean * mean, 0.0))
+    return loo, median, np.sqrt(np.maximum(np.einsum("ij,ij->i", y, y) / left - mean * mean, 0.0))
 
 
 def features(own: OwnEvidence, nearest_other: np.ndarray | None) -> tuple[str, np.ndarray]:
@@ -293,7 +296,7 @@ def turn_features(
     own = own_evidence(gram(quantize(pool)), None, speech_seconds, reference is not None)
     nearest = None
     if cohort is not None and len(cohort):
-        nearest = np.asarray((pool @ cohort.T).max(axis=1), dtype=np.float64)
+        nearest = np.asarray(products(pool, cohort).max(axis=1), dtype=np.float64)
     return features(own, nearest)
 
 

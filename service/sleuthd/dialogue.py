@@ -48,6 +48,8 @@ class _Turn:
 class _Speaker:
     pool: SpeakerPool
     turns: list[_Turn] = field(default_factory=list)  # every audio turn of the speaker, in dialogue order
+    positions: list[int] = field(default_factory=list)  # their positions
+    usable: int = 0  # how many of them have an embedding
 
 
 class DialogueState:
@@ -82,10 +84,13 @@ class DialogueState:
         entry = self._speakers.get(speaker)
         if entry is None:
             entry = self._speakers[speaker] = _Speaker(SpeakerPool(self.references.get(speaker)))
-        at = bisect.bisect([t.position for t in entry.turns], position)
-        entry.turns.insert(at, turn)
+        at = bisect.bisect(entry.positions, position)
         if clip.embedding is not None:
-            entry.pool.add(sum(t.usable for t in entry.turns[:at]), clip.embedding, clip.speech_seconds)
+            k = entry.usable if at == len(entry.turns) else sum(t.usable for t in entry.turns[:at])
+            entry.pool.add(k, clip.embedding, clip.speech_seconds)
+            entry.usable += 1
+        entry.turns.insert(at, turn)
+        entry.positions.insert(at, position)
         config = self.opts.entry.drift
         if dense is not None and clip.usable and config is not None:
             self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)

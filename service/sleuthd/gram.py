@@ -18,6 +18,7 @@ lies at most m-1 places after position k, so a band of m+1 sorted values per row
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 SCALE_BITS = 26
 _TO_COSINE = 2.0 ** (-2 * SCALE_BITS)
 MAX_NORM = 1.4  # keeps every integer dot product below 2^53 (see above)
-_TILE = 64  # rows per BLAS call when building a whole matrix: small calls stay on one thread
+_ONE_THREAD = 2**18  # OpenBLAS runs a product of k*l*D multiply-adds up to this on the calling thread
 
 
 def quantize(rows: np.ndarray) -> np.ndarray:
@@ -38,20 +39,37 @@ def quantize(rows: np.ndarray) -> np.ndarray:
     return np.rint(x * 2.0**SCALE_BITS)
 
 
+def products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b.T for (k, D) and (l, D) rows, in pieces OpenBLAS runs on one thread each (it spreads a
+    product over threads above k*l*D = 2^18): judging shares a few cores with the model's own threads,
+    and at these sizes BLAS threads waiting for a busy CPU cost far more than they save. Deterministic:
+    the same shapes are always cut the same way."""
+    k, d = a.shape
+    ll = len(b)
+    cols = min(ll, max(1, int(np.sqrt(_ONE_THREAD / max(d, 1)))))
+    rows = max(1, _ONE_THREAD // (cols * max(d, 1)))
+    out = np.empty((k, ll), np.result_type(a, b))
+    for i in range(0, k, rows):
+        for j in range(0, ll, cols):
+            out[i : i + rows, j : j + cols] = a[i : i + rows] @ b[j : j + cols].T
+    return out
+
+
 def cosines(qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
     """Exact dot products of quantized rows: (k, D) x (l, D) -> (k, l) float64."""
-    return np.asarray(qa @ qb.T) * _TO_COSINE
+    return products(qa, qb) * _TO_COSINE
 
 
 def gram(q: np.ndarray) -> np.ndarray:
     """(m, D) quantized rows -> (m, m) exact, symmetric cosine matrix."""
-    m = len(q)
+    m, d = q.shape
+    tile = max(1, int(np.sqrt(_ONE_THREAD / max(d, 1))))
     g = np.empty((m, m))
-    for a in range(0, m, _TILE):
-        for b in range(0, a + 1, _TILE):
-            block = cosines(q[a : a + _TILE], q[b : b + _TILE])
-            g[a : a + _TILE, b : b + _TILE] = block
-            g[b : b + _TILE, a : a + _TILE] = block.T
+    for a in range(0, m, tile):
+        for b in range(0, a + 1, tile):
+            block = (q[a : a + tile] @ q[b : b + tile].T) * _TO_COSINE
+            g[a : a + tile, b : b + tile] = block
+            g[b : b + tile, a : a + tile] = block.T
     return g
 
 
@@ -117,29 +135,77 @@ class SortedPairs:
         count = p - (m - 1)
         k = (count - 1) // 2
         need = 1 if count % 2 else 2
-        c = centers[:, None]
         # The k values closest to the center form a run [lo, lo + k) of the sorted values: the first lo
         # where the value just right of the run is no closer than the run's leftmost (bisection).
         lo = np.zeros(len(rows), np.intp)
         hi = np.full(len(rows), p - k, np.intp)
         while np.any(lo < hi):
             mid = (lo + hi) // 2
-            ok = (mid >= p - k) | (v[np.minimum(mid + k, p - 1)] - centers >= centers - v[mid])
+            ok = v[np.minimum(mid + k, p - 1)] - centers >= centers - v[mid]
             hi = np.where(ok, mid, hi)
             lo = np.where(ok, lo, mid + 1)
-        # Pairs of i inside the run do not count, so the answer is the (inside)-th value of i's
-        # complement beyond the run, found among the next m - 1 + need values on either side.
-        rank = np.full((m, m), -1, np.intp)
-        rank[self.a, self.b] = np.arange(p)
-        rank[self.b, self.a] = np.arange(p)
-        r = rank[rows]
-        inside = ((r >= lo[:, None]) & (r < (lo + k)[:, None])).sum(axis=1)
-        steps = np.arange(m - 1 + need)
-        pos = np.concatenate([lo[:, None] - 1 - steps, (lo + k)[:, None] + steps], axis=1)
-        valid = (pos >= 0) & (pos < p)
-        pos = np.clip(pos, 0, p - 1)
-        dev = np.abs(v[pos] - c)
-        dev[~valid | self._involves(pos, rows)] = np.inf
+        # i's pairs inside the run do not count, so the answer is the (inside)-th value of i's
+        # complement beyond the run, among the next m - 1 + need values on either side (at most m - 1
+        # of them are i's own). Rows whose runs start close together share one band of candidates.
+        width = m - 1 + need
+        order = np.argsort(lo, kind="stable")
+        starts = [0]
+        while starts[-1] < len(order):
+            # A group's band is its spread plus twice the width: a quarter width keeps it near the minimum.
+            starts.append(int(np.searchsorted(lo[order], lo[order[starts[-1]]] + width // 4, side="right")))
+        groups = [order[a:b] for a, b in itertools.pairwise(starts)]
+        anchors = sorted({x for g in groups for x in (max(int(lo[g[0]]) - width, 0), int(lo[g[0]]) + k)})
+        before = self._pairs_before(m, anchors)
+        out = np.empty(len(rows))
+        for g in groups:
+            out[g] = self._deviation_group(m, rows[g], centers[g], lo[g], k, need, width, before)
+        return out
+
+    def _pairs_before(self, m: int, positions: list[int]) -> dict[int, np.ndarray]:
+        """For each position x: (m,) how many pairs of each pool index lie before x (one sweep)."""
+        out, running, prev = {}, np.zeros(m, np.intp), 0
+        for x in positions:
+            running = running + np.bincount(self.a[prev:x], minlength=m) + np.bincount(self.b[prev:x], minlength=m)
+            out[x], prev = running, x
+        return out
+
+    def _deviation_group(
+        self,
+        m: int,
+        rows: np.ndarray,
+        centers: np.ndarray,
+        lo: np.ndarray,
+        k: int,
+        need: int,
+        width: int,
+        before: dict[int, np.ndarray],
+    ) -> np.ndarray:
+        """median_deviation_without for rows whose runs start within ``width`` of each other: candidates
+        are the sorted positions [lo_min - width, lo_max) left of the runs and [lo_min + k, lo_max + k +
+        width) right of them; for row i only those outside its own run [lo_i, lo_i + k) count."""
+        v, p, g = self.values, len(self.values), len(rows)
+        ls, le = max(int(lo[0]) - width, 0), int(lo[-1])
+        rs, re = int(lo[0]) + k, min(int(lo[-1]) + k + width, p)
+        nl = le - ls
+        dev = np.abs(np.concatenate([v[ls:le], v[rs:re]])[None, :] - centers[:, None])
+        col = np.arange(dev.shape[1])
+        # Inside row i's run: left candidates from lo_i on, right candidates before lo_i + k.
+        np.putmask(dev, (col >= (lo - ls)[:, None]) & (col < nl + (lo + k - rs)[:, None]), np.inf)
+        # Row i's own pairs never count. Each candidate is a pair of two pool indices, so mark by scatter.
+        which = np.full(m, -1, np.intp)
+        which[rows] = np.arange(g)
+        pos = np.concatenate([np.arange(ls, le), np.arange(rs, re)])
+        inside = before[rs][rows] - before[ls][rows]
+        for ids in (np.concatenate([self.a[ls:le], self.a[rs:re]]), np.concatenate([self.b[ls:le], self.b[rs:re]])):
+            r = which[ids]
+            hit = r >= 0
+            dev[r[hit], col[hit]] = np.inf
+            # Row i's pairs in the bands up to its run's edges move the count of those inside the run.
+            left_hit = hit & (col < nl)
+            inside -= np.bincount(r[left_hit], weights=pos[left_hit] < lo[r[left_hit]], minlength=g).astype(np.intp)
+            right_hit = hit & (col >= nl)
+            right_r = r[right_hit]
+            inside += np.bincount(right_r, weights=pos[right_hit] < (lo + k)[right_r], minlength=g).astype(np.intp)
         dev.sort(axis=1)
         first = np.take_along_axis(dev, inside[:, None], axis=1)[:, 0]
         if need == 1:

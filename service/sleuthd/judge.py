@@ -18,7 +18,7 @@ from sleuthd import scoring
 from sleuthd.calibration import Calibration, OwnEvidence, features, own_evidence
 from sleuthd.clips import ClipEmbedding
 from sleuthd.domain import FlagReason, SpeakerResult, TurnResult, TurnStatus
-from sleuthd.gram import SortedPairs, cosines, gram, quantize
+from sleuthd.gram import SortedPairs, cosines, gram, products, quantize
 from sleuthd.scoring import METHODS, Method, unit
 
 
@@ -47,33 +47,50 @@ class SpeakerPool:
     def __init__(self, reference: np.ndarray | None) -> None:
         self.reference = reference
         self.r0 = 0 if reference is None else 1  # pool index of the first turn
-        self.emb = np.zeros((0, 0 if reference is None else len(reference)), np.float32)  # (n, D) turns
-        self.seconds = np.zeros(0)  # (n,) speech seconds
+        self._buf = np.zeros((0, 0), np.float32)  # rows [0, n): the turns' embeddings; grows by doubling
+        self._seconds: list[float] = []  # speech seconds of each turn
         self._q = quantize(reference[None, :]) if reference is not None else None  # (m, D) pool, quantized
         self._g: np.ndarray | None = None  # (m, m) exact cosines of the pool
         self._pairs: SortedPairs | None = None
-        self._pending: list[int] = []  # turn indices added since _g was last brought up to date
+        self._pending = 0  # turns added since _g was last brought up to date
+        self._last = 0  # the turn index of the last one added
         # Derived from the turns; emptied by add().
         self._own: OwnEvidence | None = None
         self._centroid: np.ndarray | None = None
 
     @property
     def n(self) -> int:
-        return len(self.emb)
+        return len(self._seconds)
+
+    @property
+    def emb(self) -> np.ndarray:
+        """(n, D) float32 embeddings of the turns, in dialogue order."""
+        return self._buf[: self.n]
+
+    @property
+    def seconds(self) -> np.ndarray:
+        return np.asarray(self._seconds, np.float64)
 
     def add(self, k: int, embedding: np.ndarray, speech_seconds: float) -> None:
         """The usable turn that is now the k-th of this speaker's usable turns in dialogue order."""
-        row = np.asarray(embedding, np.float32)[None, :]
-        self.emb = np.insert(self.emb, k, row, axis=0) if self.n else row
-        self.seconds = np.insert(self.seconds, k, speech_seconds)
-        self._pending = [p + (p >= k) for p in self._pending] + [k]
+        n = self.n
+        if n == len(self._buf):
+            grown = np.zeros((max(2 * n, 8), len(embedding)), np.float32)
+            if n:
+                grown[:n] = self._buf[:n]
+            self._buf = grown
+        self._buf[k + 1 : n + 1] = self._buf[k:n].copy()
+        self._buf[k] = embedding
+        self._seconds.insert(k, speech_seconds)
+        self._pending += 1
+        self._last = k
         self._own = self._centroid = None
 
     def gram(self) -> np.ndarray:
         """The pool's exact cosine matrix, brought up to date."""
-        if self._g is not None and len(self._pending) == 1:
-            z = self.r0 + self._pending[0]
-            qz = quantize(self.emb[self._pending[0]][None, :])
+        if self._g is not None and self._pending == 1:
+            z = self.r0 + self._last
+            qz = quantize(self._buf[self._last][None, :])
             assert self._q is not None
             self._q = np.insert(self._q, z, qz, axis=0)
             self._g = _insert_row(self._g, z, cosines(self._q, qz)[:, 0])
@@ -83,7 +100,7 @@ class SpeakerPool:
             self._q = quantize(pool)
             self._g = gram(self._q)
             self._pairs = None
-        self._pending = []
+        self._pending = 0
         return self._g
 
     def pairs(self) -> SortedPairs:
@@ -137,7 +154,7 @@ class SpeakerPool:
     def nearest_other(self, cohort: np.ndarray) -> np.ndarray:
         """(m,) each piece of the pool's cosine to the closest of ``cohort`` ((c, D) other voices)."""
         pool = self.emb if self.reference is None else np.vstack([self.reference[None, :], self.emb])
-        return np.asarray((pool @ cohort.T).max(axis=1), dtype=np.float64)
+        return np.asarray(products(pool, cohort).max(axis=1), dtype=np.float64)
 
 
 def _insert_row(g: np.ndarray, z: int, col: np.ndarray) -> np.ndarray:
@@ -192,7 +209,7 @@ def score_speakers(pools: Mapping[str, SpeakerPool], judgment: Judgment) -> dict
         closest: list[str] | None = None
         margin = None
         if cohort is not None:
-            rivals = pool.emb @ cohort.T  # (n, c) float32: cosine to each other speaker's centroid
+            rivals = products(pool.emb, cohort)  # (n, c) float32: cosine to each other speaker's centroid
             best = np.argmax(rivals, axis=1)
             margin = pool.own_speaker_cosine() - rivals[np.arange(pool.n), best].astype(np.float64)
             closest = ["" if np.isnan(d) else (s if d >= 0 else others[b]) for d, b in zip(margin, best, strict=True)]
