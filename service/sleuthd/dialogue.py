@@ -8,6 +8,8 @@ and asks after each for the new turn's verdict and the revisions it caused. Both
 from __future__ import annotations
 
 import bisect
+import logging
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +33,8 @@ from sleuthd.options import ResolvedOptions
 from sleuthd.scoring import Method
 
 MAX_ID_CHARS = 128
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ class DialogueState:
         # A new turn can change its own speaker's verdicts and, through attribution and the cohort,
         # other speakers' too, so every status is looked at again; the speakers' pools keep their
         # statistics, so this is vector work on arrays, and verdict objects are made only for the turns sent.
+        started = time.perf_counter()
         order, scores = self._score()
         changed: list[_Turn] = []
         for s in order:
@@ -158,11 +163,15 @@ class DialogueState:
         sent = self._verdicts([self._turns[turn_id], *changed], scores)
         verdicts = {s: self._speaker_verdict(s, scores) for s in {t.speaker for t in sent}}
         self._count([sent[0]])
+        logger.debug("dialogue %r: judged %d turns in %.2f ms", self.dialogue_id, len(self), _ms(started))
         return [TurnUpdate(r, k > 0, turn_id, verdicts[r.speaker]) for k, r in enumerate(sent)]
 
     def result(self) -> DialogueResult:
+        started = time.perf_counter()
         turns, speakers = self.judge()
         self._count(turns)
+        # `sleuthd-bench latency` reads this line (--log-level debug) for the judging share of CheckDialogue.
+        logger.debug("dialogue %r: judged %d turns in %.2f ms", self.dialogue_id, len(turns), _ms(started))
         return self.opts.result(self.dialogue_id, turns, speakers)
 
     def _count(self, turns: Sequence[TurnResult]) -> None:
@@ -170,6 +179,10 @@ class DialogueState:
             if t.turn_id not in self._counted:
                 self._counted.add(t.turn_id)
                 self._observer.verdict(t.status)
+
+
+def _ms(since: float) -> float:
+    return 1e3 * (time.perf_counter() - since)
 
 
 def check_id(value: str, what: str) -> None:
