@@ -22,12 +22,19 @@ from sleuthd.domain import (
     DriftResult,
     SpeakerResult,
     TurnResult,
-    TurnStatus,
     TurnUpdate,
 )
 from sleuthd.drift import attach_drift, find_drift
 from sleuthd.errors import InvalidRequest, LimitExceeded, UnknownName
-from sleuthd.judge import SpeakerPool, SpeakerScores, score_speakers, speaker_verdict, turn_result
+from sleuthd.judge import (
+    NO_AUDIO,
+    STATUS_NUMBER,
+    SpeakerPool,
+    SpeakerScores,
+    score_speakers,
+    speaker_verdict,
+    turn_result,
+)
 from sleuthd.observe import EngineObserver
 from sleuthd.options import ResolvedOptions
 from sleuthd.scoring import Method
@@ -54,6 +61,9 @@ class _Speaker:
     turns: list[_Turn] = field(default_factory=list)  # every audio turn of the speaker, in dialogue order
     positions: list[int] = field(default_factory=list)  # their positions
     usable: int = 0  # how many of them have an embedding
+    has_embedding: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per turn
+    # Each turn's verdict code when statuses were last reported (sleuthd.judge codes; -1: not yet).
+    reported: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 class DialogueState:
@@ -72,7 +82,6 @@ class DialogueState:
         self._turns: dict[str, _Turn] = {}
         self._speakers: dict[str, _Speaker] = {}
         self._drift: dict[str, DriftResult | None] = {}  # searched turns only
-        self._last_status: dict[str, TurnStatus] = {}
         self._counted: set[str] = set()  # turns whose verdict the observer has seen
 
     def __len__(self) -> int:
@@ -95,6 +104,8 @@ class DialogueState:
             entry.usable += 1
         entry.turns.insert(at, turn)
         entry.positions.insert(at, position)
+        entry.reported = np.insert(entry.reported, at, -1)
+        entry.has_embedding = np.insert(entry.has_embedding, at, clip.usable)
         config = self.opts.entry.drift
         if dense is not None and clip.usable and config is not None:
             self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
@@ -104,20 +115,23 @@ class DialogueState:
         order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
         return order, score_speakers({s: self._speakers[s].pool for s in order}, self.opts.judgment)
 
-    def _statuses(self, speaker: str, scores: dict[str, SpeakerScores]) -> list[TurnStatus]:
-        """Status of each of the speaker's turns, in dialogue order."""
-        usable = iter(scores[speaker].statuses) if speaker in scores else iter(())
-        return [next(usable) if t.usable else TurnStatus.INSUFFICIENT_AUDIO for t in self._speakers[speaker].turns]
+    def _codes(self, speaker: str, scores: dict[str, SpeakerScores]) -> np.ndarray:
+        """Verdict code of each of the speaker's turns, in dialogue order (NO_AUDIO for unusable ones)."""
+        entry = self._speakers[speaker]
+        codes = np.full(len(entry.turns), NO_AUDIO)
+        if speaker in scores:
+            codes[entry.has_embedding] = scores[speaker].codes
+        return codes
 
     def _verdicts(self, turns: list[_Turn], scores: dict[str, SpeakerScores]) -> list[TurnResult]:
         """Verdict objects of ``turns`` (made only for these: a long dialogue's other turns cost nothing)."""
         out = []
-        index: dict[str, dict[str, int]] = {}
+        before: dict[str, np.ndarray] = {}  # speaker -> usable turns up to each of their turns
         for t in turns:
-            if t.speaker not in index:
-                usable = [u.turn_id for u in self._speakers[t.speaker].turns if u.usable]
-                index[t.speaker] = {turn_id: k for k, turn_id in enumerate(usable)}
-            k = index[t.speaker].get(t.turn_id, -1)
+            entry = self._speakers[t.speaker]
+            if t.speaker not in before:
+                before[t.speaker] = np.cumsum(entry.has_embedding)
+            k = int(before[t.speaker][bisect.bisect_left(entry.positions, t.position)]) - 1
             out.append(
                 turn_result(
                     t.turn_id,
@@ -134,15 +148,14 @@ class DialogueState:
             out = attach_drift(out, self._drift, self.opts.entry.drift)
         return out
 
-    def _speaker_verdict(self, speaker: str, scores: dict[str, SpeakerScores]) -> SpeakerResult:
-        turns = self._speakers[speaker].turns
-        return speaker_verdict(speaker, [t.turn_id for t in turns], self._statuses(speaker, scores))
+    def _speaker_verdict(self, speaker: str, codes: np.ndarray) -> SpeakerResult:
+        return speaker_verdict(speaker, [t.turn_id for t in self._speakers[speaker].turns], codes)
 
     def judge(self) -> tuple[list[TurnResult], list[SpeakerResult]]:
         """Verdicts of every turn added so far, in dialogue order, and per speaker."""
         order, scores = self._score()
         turns = sorted(self._turns.values(), key=lambda t: t.position)
-        return self._verdicts(turns, scores), [self._speaker_verdict(s, scores) for s in order]
+        return self._verdicts(turns, scores), [self._speaker_verdict(s, self._codes(s, scores)) for s in order]
 
     def updates(self, turn_id: str) -> list[TurnUpdate]:
         """After ``turn_id`` was added: its verdict first, then every earlier turn whose status changed
@@ -153,15 +166,17 @@ class DialogueState:
         started = time.perf_counter()
         order, scores = self._score()
         changed: list[_Turn] = []
+        codes = {}
         for s in order:
-            for t, status in zip(self._speakers[s].turns, self._statuses(s, scores), strict=True):
-                previous = self._last_status.get(t.turn_id)
-                if t.turn_id != turn_id and previous is not None and previous is not status:
-                    changed.append(t)
-                self._last_status[t.turn_id] = status
+            entry = self._speakers[s]
+            codes[s] = self._codes(s, scores)
+            was = entry.reported
+            moved = (was >= 0) & (STATUS_NUMBER[np.maximum(was, 0)] != STATUS_NUMBER[codes[s]])
+            changed += [entry.turns[i] for i in np.flatnonzero(moved)]
+            entry.reported = codes[s]
         changed.sort(key=lambda t: t.position)
         sent = self._verdicts([self._turns[turn_id], *changed], scores)
-        verdicts = {s: self._speaker_verdict(s, scores) for s in {t.speaker for t in sent}}
+        verdicts = {s: self._speaker_verdict(s, codes[s]) for s in {t.speaker for t in sent}}
         self._count([sent[0]])
         logger.debug("dialogue %r: judged %d turns in %.2f ms", self.dialogue_id, len(self), _ms(started))
         return [TurnUpdate(r, k > 0, turn_id, verdicts[r.speaker]) for k, r in enumerate(sent)]

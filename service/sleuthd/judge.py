@@ -57,6 +57,8 @@ class SpeakerPool:
         # Derived from the turns; emptied by add().
         self._own: OwnEvidence | None = None
         self._centroid: np.ndarray | None = None
+        self._paper: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] | None = None
+        self._own_cosine: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -84,7 +86,7 @@ class SpeakerPool:
         self._seconds.insert(k, speech_seconds)
         self._pending += 1
         self._last = k
-        self._own = self._centroid = None
+        self._own = self._centroid = self._paper = self._own_cosine = None
 
     def gram(self) -> np.ndarray:
         """The pool's exact cosine matrix, brought up to date."""
@@ -125,6 +127,11 @@ class SpeakerPool:
 
     def paper_scores(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """(pairwise mean cosine, centroid cosine distance, reference cosine), each (n,) or None."""
+        if self._paper is None:
+            self._paper = self._paper_scores()
+        return self._paper
+
+    def _paper_scores(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         g = self.gram()
         turns = g[self.r0 :, self.r0 :]
         pw = cd = rc = None
@@ -140,6 +147,11 @@ class SpeakerPool:
     def own_speaker_cosine(self) -> np.ndarray:
         """(n,) each turn's cosine to the centroid of the speaker's other turns, else to the reference,
         else NaN (nothing of its own to compare with)."""
+        if self._own_cosine is None:
+            self._own_cosine = self._own_speaker_cosine()
+        return self._own_cosine
+
+    def _own_speaker_cosine(self) -> np.ndarray:
         g = self.gram()
         n = self.n
         if n >= 2:
@@ -168,6 +180,25 @@ def _insert_row(g: np.ndarray, z: int, col: np.ndarray) -> np.ndarray:
     return out
 
 
+# Verdict codes, one per turn, so that a whole dialogue's statuses compare as arrays.
+CONSISTENT, OVER_THRESHOLD, CONFUSED, NO_CONTEXT, NO_AUDIO = range(5)
+STATUS_OF_CODE = (
+    TurnStatus.CONSISTENT,
+    TurnStatus.INCONSISTENT,
+    TurnStatus.INCONSISTENT,
+    TurnStatus.INSUFFICIENT_CONTEXT,
+    TurnStatus.INSUFFICIENT_AUDIO,
+)
+REASON_OF_CODE = (
+    FlagReason.NONE,
+    FlagReason.SCORE_THRESHOLD,
+    FlagReason.SPEAKER_CONFUSION,
+    FlagReason.NONE,
+    FlagReason.NONE,
+)
+STATUS_NUMBER = np.array([0, 1, 1, 2, 3])  # code -> status, as numbers: revisions are status changes
+
+
 @dataclass(frozen=True)
 class SpeakerScores:
     """One speaker's verdicts as arrays over their usable turns (dialogue order)."""
@@ -178,11 +209,16 @@ class SpeakerScores:
     probability: np.ndarray | None  # (n,) P(inconsistent); None without a calibration or evidence
     model: str  # auto's fitted model (variant) that gave ``probability``
     scores: np.ndarray | None  # (n,) the scores the method judges with (one of the above); None: unscored
-    flagged: np.ndarray | None  # (n,) bool: the method's score crossed the threshold; None: unscored
-    closest: list[str] | None  # per turn, the dialogue speaker it sounds closest to ("" when unattributed)
-    margin: np.ndarray | None  # (n,) cosine own minus closest other; NaN when unattributed
-    statuses: list[TurnStatus]
-    reasons: list[FlagReason]
+    codes: np.ndarray  # (n,) int: CONSISTENT, OVER_THRESHOLD, CONFUSED or NO_CONTEXT
+    rivals: list[str]  # the other speakers with usable turns
+    closest: np.ndarray | None  # (n,) index into rivals of the closest other speaker; None: one voice only
+    margin: np.ndarray | None  # (n,) cosine to own speaker minus to the closest rival; NaN: nothing own
+
+    def closest_speaker(self, speaker: str, k: int) -> str:
+        """The dialogue speaker turn k sounds closest to; "" when it was not attributed."""
+        if self.closest is None or self.margin is None or np.isnan(self.margin[k]):
+            return ""
+        return speaker if self.margin[k] >= 0 else self.rivals[int(self.closest[k])]
 
 
 def score_speakers(pools: Mapping[str, SpeakerPool], judgment: Judgment) -> dict[str, SpeakerScores]:
@@ -203,31 +239,19 @@ def score_speakers(pools: Mapping[str, SpeakerPool], judgment: Judgment) -> dict
             near = pool.nearest_other(cohort) if cohort is not None and pool.n >= 2 else None
             model, x = features(pool.own_evidence(), near)
             prob = calibration.models[model].probability(x)
-        method_scores = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc, Method.AUTO: prob}
-        chosen = method_scores[judgment.method]
-        flagged = None if chosen is None else scoring.flagged(judgment.method, chosen, judgment.threshold)
-        closest: list[str] | None = None
-        margin = None
+        chosen = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc, Method.AUTO: prob}[judgment.method]
+        if chosen is None:
+            codes = np.full(pool.n, NO_CONTEXT)
+        else:
+            codes = np.where(scoring.flagged(judgment.method, chosen, judgment.threshold), OVER_THRESHOLD, CONSISTENT)
+        best = margin = None
         if cohort is not None:
             rivals = products(pool.emb, cohort)  # (n, c) float32: cosine to each other speaker's centroid
             best = np.argmax(rivals, axis=1)
             margin = pool.own_speaker_cosine() - rivals[np.arange(pool.n), best].astype(np.float64)
-            closest = ["" if np.isnan(d) else (s if d >= 0 else others[b]) for d, b in zip(margin, best, strict=True)]
-        statuses, reasons = [], []
-        for k in range(pool.n):
-            if closest is not None and judgment.method is Method.AUTO and closest[k] not in ("", s):
-                statuses.append(TurnStatus.INCONSISTENT)
-                reasons.append(FlagReason.SPEAKER_CONFUSION)
-            elif flagged is None:
-                statuses.append(TurnStatus.INSUFFICIENT_CONTEXT)
-                reasons.append(FlagReason.NONE)
-            elif flagged[k]:
-                statuses.append(TurnStatus.INCONSISTENT)
-                reasons.append(FlagReason.SCORE_THRESHOLD)
-            else:
-                statuses.append(TurnStatus.CONSISTENT)
-                reasons.append(FlagReason.NONE)
-        out[s] = SpeakerScores(pw, cd, rc, prob, model, chosen, flagged, closest, margin, statuses, reasons)
+            if judgment.method is Method.AUTO:
+                codes = np.where(margin < 0, CONFUSED, codes)  # NaN (unattributed) compares False
+        out[s] = SpeakerScores(pw, cd, rc, prob, model, chosen, codes, others, best, margin)
     return out
 
 
@@ -249,7 +273,8 @@ def turn_result(
     def at(a: np.ndarray | None) -> float | None:
         return None if a is None else float(a[k])
 
-    status, reason = scores.statuses[k], scores.reasons[k]
+    code = int(scores.codes[k])
+    status, reason = STATUS_OF_CODE[code], REASON_OF_CODE[code]
     chosen = scores.scores
     info = METHODS[judgment.method]
     score = threshold = None
@@ -261,12 +286,12 @@ def turn_result(
         )
     else:
         score, threshold, scale = float(chosen[k]), judgment.threshold, info.scale
-        bad = bool(scores.flagged is not None and scores.flagged[k])
+        bad = bool(scoring.flagged(judgment.method, chosen[k : k + 1], judgment.threshold)[0])
         relation = (">" if bad else "<=") if info.flag_above else ("<" if bad else ">=")
         # auto names the fitted model it used (which evidence it had, cohort or not).
         model = f" ({scores.model} model)" if judgment.method is Method.AUTO else ""
         detail = f"{judgment.method.value}{model}: {scale.replace('_', ' ')} {score:.3f} {relation} {threshold:.3f}"
-    closest = scores.closest[k] if scores.closest is not None else ""
+    closest = scores.closest_speaker(speaker, k)
     margin = None if not closest else at(scores.margin)
     if reason is FlagReason.SPEAKER_CONFUSION:
         detail = f"sounds closer to speaker {closest!r} than to {speaker!r} (cosine margin {margin:.3f}); {detail}"
@@ -290,16 +315,16 @@ def turn_result(
     )
 
 
-def speaker_verdict(speaker: str, turn_ids: Sequence[str], statuses: Sequence[TurnStatus]) -> SpeakerResult:
-    """A speaker's verdict from the statuses of all their turns (in dialogue order)."""
-    scored = [s in (TurnStatus.CONSISTENT, TurnStatus.INCONSISTENT) for s in statuses]
-    bad = tuple(t for t, s in zip(turn_ids, statuses, strict=True) if s is TurnStatus.INCONSISTENT)
-    n_scored = sum(scored)
+def speaker_verdict(speaker: str, turn_ids: Sequence[str], codes: np.ndarray) -> SpeakerResult:
+    """A speaker's verdict from the codes of all their turns (dialogue order; NO_AUDIO for unusable ones)."""
+    status = STATUS_NUMBER[codes]
+    scored = int(np.count_nonzero(status <= 1))
+    bad = tuple(turn_ids[int(i)] for i in np.flatnonzero(status == 1))
     return SpeakerResult(
         speaker=speaker,
-        judged=n_scored > 0,
-        consistent=n_scored > 0 and not bad,
+        judged=scored > 0,
+        consistent=scored > 0 and not bad,
         inconsistent_turn_ids=bad,
-        scored_turns=n_scored,
-        unscored_turns=len(statuses) - n_scored,
+        scored_turns=scored,
+        unscored_turns=len(codes) - scored,
     )
