@@ -190,7 +190,7 @@ def own_evidence(
         room = np.maximum(1.0 - level, MIN_DISTANCE)
         below = level - own
         cols["context_gap"] = below / room
-        cols["context_z"] = below / np.maximum(_pair_std_without(g, diag, t), MIN_SPREAD)
+        cols["context_z"] = below / np.maximum(_pair_std_without(g, row, diag, t), MIN_SPREAD)
         # A robust spread (scaled median absolute deviation): a replaced turn among the others
         # widens the standard deviation, and with it the yardstick of every genuine turn.
         mad = pairs.median_deviation_without(m, t, level)
@@ -210,16 +210,18 @@ def own_evidence(
     return OwnEvidence(n, has_reference, cols, own, level)
 
 
-def _pair_std_without(g: np.ndarray, diag: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """(n,): population std of the pool's pair cosines without the pairs of pool index t[k]."""
+def _pair_std_without(g: np.ndarray, row: np.ndarray, diag: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """(n,): population std of the pool's pair cosines without the pairs of pool index t[k], from row
+    sums of (g - c)^2 with c the mean pair cosine (shifted: nothing large cancels)."""
     m = len(g)
     count = m * (m - 1) // 2 - (m - 1)
-    y = g - (g.sum() - diag.sum()) / (m * (m - 1))  # shifted by the mean pair cosine: no cancellation
-    yd = np.diagonal(y)
-    y2 = y * y
-    total, total2 = (y.sum() - yd.sum()) / 2, (y2.sum() - (yd * yd).sum()) / 2
-    mean = (total - (y[t].sum(axis=1) - yd[t])) / count
-    var = (total2 - (y2[t].sum(axis=1) - yd[t] * yd[t])) / count - mean * mean
+    c = (row.sum() - diag.sum()) / (m * (m - 1))
+    dd = diag - c
+    y = g - c
+    row1 = row - m * c - dd  # per row: sum over j != i of (g_ij - c)
+    row2 = np.einsum("ij,ij->i", y, y) - dd * dd
+    mean = (row1.sum() / 2 - row1[t]) / count
+    var = (row2.sum() / 2 - row2[t]) / count - mean * mean
     return np.sqrt(np.maximum(var, 0.0))
 
 

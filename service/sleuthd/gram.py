@@ -18,7 +18,7 @@ lies at most m-1 places after position k, so a band of m+1 sorted values per row
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,112 +105,135 @@ class SortedPairs:
             np.insert(b, at, np.maximum(others, z)),
         )
 
-    def _involves(self, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """(len(rows), ...) bool: whether the pair at each position involves the row's pool index."""
-        r = rows.reshape((-1,) + (1,) * (positions.ndim - 1 if positions.ndim > 1 else 1))
-        return (self.a[positions] == r) | (self.b[positions] == r)
+    def _members(self, m: int, rows: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(row number, sorted position) of every pair in positions [start, stop) that involves one of
+        ``rows``: each pair involves two pool indices, so this costs O(stop - start), not O(rows x that)."""
+        which = np.full(m, -1, np.intp)
+        which[rows] = np.arange(len(rows))
+        at = np.arange(start, stop)
+        r = np.concatenate([which[self.a[start:stop]], which[self.b[start:stop]]])
+        q = np.concatenate([at, at])
+        mine = r >= 0
+        return r[mine], q[mine]
 
     def median_without(self, m: int, rows: np.ndarray) -> np.ndarray:
         """For each pool index i in ``rows``: the median of the pair values not involving i."""
         p = len(self.values)
         count = p - (m - 1)
         k = (count - 1) // 2
-        width = min(k + m + 1, p) - k  # the value sought for row i is at most m-1 places after k
-        band = np.arange(k, k + width)
-        # Pairs of i before the band push i's k-th value that many places right.
-        before = np.bincount(self.a[:k], minlength=m) + np.bincount(self.b[:k], minlength=m)
-        kept = np.cumsum(~self._involves(band, rows), axis=1)
+        stop = min(k + m + 1, p)  # the value sought for row i is at most m - 1 places after position k
+        # Row i's pairs before position k push its k-th value that many places right; so do its pairs
+        # met on the way: the answer is the first position q >= k with q - k + 1 - (i's pairs in [k, q])
+        # = before + 1. Found by fixed-point iteration (each step jumps over the pairs of i passed).
+        before = np.bincount(self.a[:k], minlength=m)[rows] + np.bincount(self.b[:k], minlength=m)[rows]
+        member_row, member_pos = self._members(m, rows, k, stop)
 
-        def kth(extra: int) -> np.ndarray:
-            at = np.argmax(kept >= (before[rows] + 1 + extra)[:, None], axis=1)
-            return np.asarray(self.values[k + at])
+        def kth(target: np.ndarray, q: np.ndarray) -> np.ndarray:
+            while True:
+                passed = np.bincount(member_row, weights=member_pos <= q[member_row], minlength=len(rows))
+                nxt = k + target - 1 + passed.astype(np.intp)
+                if np.array_equal(nxt, q):
+                    return q
+                q = nxt
 
-        return kth(0) if count % 2 else (kth(0) + kth(1)) / 2
+        first = kth(before + 1, k + before)
+        if count % 2:
+            return np.asarray(self.values[first])
+        second = kth(before + 2, first + 1)
+        return np.asarray((self.values[first] + self.values[second]) / 2)
 
     def median_deviation_without(self, m: int, rows: np.ndarray, centers: np.ndarray) -> np.ndarray:
         """For each pool index i in ``rows``: median over pairs not involving i of |value - centers[i]|
         (the median absolute deviation, unscaled)."""
         v = self.values
         p = len(v)
+        n = len(rows)
         count = p - (m - 1)
         k = (count - 1) // 2
         need = 1 if count % 2 else 2
         # The k values closest to the center form a run [lo, lo + k) of the sorted values: the first lo
         # where the value just right of the run is no closer than the run's leftmost (bisection).
-        lo = np.zeros(len(rows), np.intp)
-        hi = np.full(len(rows), p - k, np.intp)
+        lo = np.zeros(n, np.intp)
+        hi = np.full(n, p - k, np.intp)
         while np.any(lo < hi):
             mid = (lo + hi) // 2
             ok = v[np.minimum(mid + k, p - 1)] - centers >= centers - v[mid]
             hi = np.where(ok, mid, hi)
             lo = np.where(ok, lo, mid + 1)
-        # i's pairs inside the run do not count, so the answer is the (inside)-th value of i's
-        # complement beyond the run, among the next m - 1 + need values on either side (at most m - 1
-        # of them are i's own). Rows whose runs start close together share one band of candidates.
-        width = m - 1 + need
-        order = np.argsort(lo, kind="stable")
-        starts = [0]
-        while starts[-1] < len(order):
-            # A group's band is its spread plus twice the width: a quarter width keeps it near the minimum.
-            starts.append(int(np.searchsorted(lo[order], lo[order[starts[-1]]] + width // 4, side="right")))
-        groups = [order[a:b] for a, b in itertools.pairwise(starts)]
-        anchors = sorted({x for g in groups for x in (max(int(lo[g[0]]) - width, 0), int(lo[g[0]]) + k)})
-        before = self._pairs_before(m, anchors)
-        out = np.empty(len(rows))
-        for g in groups:
-            out[g] = self._deviation_group(m, rows[g], centers[g], lo[g], k, need, width, before)
-        return out
+        # Beyond the run, deviations grow along two sorted runs: leftwards from lo - 1 and rightwards
+        # from lo + k. The answer is the (inside)-th element of their merge, not counting i's own pairs
+        # (inside: i's pairs within the run). It lies within m - 1 + need steps of the run on either side.
+        reach = m - 1 + need
+        span = (max(int(lo.min()) - reach, 0), int(lo.max()), int(lo.min()) + k, min(int(lo.max()) + k + reach, p))
+        before = np.bincount(self.a[: span[0]], minlength=m)[rows] + np.bincount(self.b[: span[0]], minlength=m)[rows]
+        cut = np.bincount(self.a[: span[2]], minlength=m)[rows] + np.bincount(self.b[: span[2]], minlength=m)[rows]
+        left_row, left_pos = self._members(m, rows, span[0], span[1])
+        right_row, right_pos = self._members(m, rows, span[2], span[3])
+        left_out = left_pos < lo[left_row]  # i's pairs left of its run
+        right_in = right_pos < lo[right_row] + k  # i's pairs inside its run, on the right edge
+        inside = (
+            (cut - before)
+            - np.bincount(left_row[left_out], minlength=n)
+            + np.bincount(right_row[right_in], minlength=n)
+        )
 
-    def _pairs_before(self, m: int, positions: list[int]) -> dict[int, np.ndarray]:
-        """For each position x: (m,) how many pairs of each pool index lie before x (one sweep)."""
-        out, running, prev = {}, np.zeros(m, np.intp), 0
-        for x in positions:
-            running = running + np.bincount(self.a[prev:x], minlength=m) + np.bincount(self.b[prev:x], minlength=m)
-            out[x], prev = running, x
-        return out
+        def left(r: np.ndarray, a: np.ndarray) -> np.ndarray:  # deviation of the a-th value left of the run
+            pos = lo[r] - 1 - a
+            return np.where(pos >= 0, np.abs(v[np.clip(pos, 0, p - 1)] - centers[r]), np.inf)
 
-    def _deviation_group(
-        self,
-        m: int,
-        rows: np.ndarray,
-        centers: np.ndarray,
-        lo: np.ndarray,
-        k: int,
-        need: int,
-        width: int,
-        before: dict[int, np.ndarray],
-    ) -> np.ndarray:
-        """median_deviation_without for rows whose runs start within ``width`` of each other: candidates
-        are the sorted positions [lo_min - width, lo_max) left of the runs and [lo_min + k, lo_max + k +
-        width) right of them; for row i only those outside its own run [lo_i, lo_i + k) count."""
-        v, p, g = self.values, len(self.values), len(rows)
-        ls, le = max(int(lo[0]) - width, 0), int(lo[-1])
-        rs, re = int(lo[0]) + k, min(int(lo[-1]) + k + width, p)
-        nl = le - ls
-        dev = np.abs(np.concatenate([v[ls:le], v[rs:re]])[None, :] - centers[:, None])
-        col = np.arange(dev.shape[1])
-        # Inside row i's run: left candidates from lo_i on, right candidates before lo_i + k.
-        np.putmask(dev, (col >= (lo - ls)[:, None]) & (col < nl + (lo + k - rs)[:, None]), np.inf)
-        # Row i's own pairs never count. Each candidate is a pair of two pool indices, so mark by scatter.
-        which = np.full(m, -1, np.intp)
-        which[rows] = np.arange(g)
-        pos = np.concatenate([np.arange(ls, le), np.arange(rs, re)])
-        inside = before[rs][rows] - before[ls][rows]
-        for ids in (np.concatenate([self.a[ls:le], self.a[rs:re]]), np.concatenate([self.b[ls:le], self.b[rs:re]])):
-            r = which[ids]
-            hit = r >= 0
-            dev[r[hit], col[hit]] = np.inf
-            # Row i's pairs in the bands up to its run's edges move the count of those inside the run.
-            left_hit = hit & (col < nl)
-            inside -= np.bincount(r[left_hit], weights=pos[left_hit] < lo[r[left_hit]], minlength=g).astype(np.intp)
-            right_hit = hit & (col >= nl)
-            right_r = r[right_hit]
-            inside += np.bincount(right_r, weights=pos[right_hit] < (lo + k)[right_r], minlength=g).astype(np.intp)
-        dev.sort(axis=1)
-        first = np.take_along_axis(dev, inside[:, None], axis=1)[:, 0]
+        def right(r: np.ndarray, b: np.ndarray) -> np.ndarray:  # ... and of the b-th value right of it
+            pos = lo[r] + k + b
+            return np.where(pos < p, np.abs(v[np.clip(pos, 0, p - 1)] - centers[r]), np.inf)
+
+        def count(
+            run: Callable[[np.ndarray, np.ndarray], np.ndarray], r: np.ndarray, x: np.ndarray, strict: bool
+        ) -> np.ndarray:
+            """How many of the run's first ``reach`` deviations are < x (strict) or <= x."""
+            lo_, hi_ = np.zeros(len(r), np.intp), np.full(len(r), reach, np.intp)
+            while np.any(lo_ < hi_):
+                mid = (lo_ + hi_) // 2
+                d = run(r, mid)
+                ok = d < x if strict else d <= x
+                lo_, hi_ = np.where(ok, mid + 1, lo_), np.where(ok, hi_, mid)
+            return lo_
+
+        # Merge order: by deviation, the left run first on ties. Each own pair's place in the merge:
+        a = lo[left_row[left_out]] - 1 - left_pos[left_out]
+        b = right_pos[~right_in] - lo[right_row[~right_in]] - k
+        own_row = np.concatenate([left_row[left_out], right_row[~right_in]])
+        own_rank = np.concatenate(
+            [
+                a + count(right, left_row[left_out], left(left_row[left_out], a), strict=True),
+                b + count(left, right_row[~right_in], right(right_row[~right_in], b), strict=False),
+            ]
+        )
+
+        def merged(u: np.ndarray) -> np.ndarray:
+            """Deviation of the u-th element (0-based) of each row's merge."""
+            taken = u + 1
+            lo_, hi_ = np.zeros(n, np.intp), np.minimum(taken, reach)  # how many of them come from the left
+            while np.any(lo_ < hi_):
+                mid = (lo_ + hi_ + 1) // 2
+                ok = left(rows_, mid - 1) <= right(rows_, taken - mid)
+                lo_, hi_ = np.where(ok, mid, lo_), np.where(ok, hi_, mid - 1)
+            last_left = np.where(lo_ > 0, left(rows_, lo_ - 1), -np.inf)
+            last_right = np.where(taken - lo_ > 0, right(rows_, taken - lo_ - 1), -np.inf)
+            return np.maximum(last_left, last_right)
+
+        def kth(target: np.ndarray, u: np.ndarray) -> np.ndarray:
+            """Merge position of the target-th element that is not one of i's own pairs (fixed point)."""
+            while True:
+                passed = np.bincount(own_row, weights=own_rank <= u[own_row], minlength=n).astype(np.intp)
+                nxt = target + passed
+                if np.array_equal(nxt, u):
+                    return u
+                u = nxt
+
+        rows_ = np.arange(n)
+        first = kth(inside, inside)
         if need == 1:
-            return np.asarray(first)
-        return np.asarray((first + np.take_along_axis(dev, inside[:, None] + 1, axis=1)[:, 0]) / 2)
+            return merged(first)
+        return (merged(first) + merged(kth(inside + 1, first + 1))) / 2
 
 
 def median_without(x: np.ndarray) -> np.ndarray:
