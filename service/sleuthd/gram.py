@@ -185,7 +185,7 @@ class SortedPairs:
             pos = lo[r] + k + b
             return np.where(pos < p, np.abs(v[np.clip(pos, 0, p - 1)] - centers[r]), np.inf)
 
-        def count(
+        def how_many(
             run: Callable[[np.ndarray, np.ndarray], np.ndarray], r: np.ndarray, x: np.ndarray, strict: bool
         ) -> np.ndarray:
             """How many of the run's first ``reach`` deviations are < x (strict) or <= x."""
@@ -203,8 +203,8 @@ class SortedPairs:
         own_row = np.concatenate([left_row[left_out], right_row[~right_in]])
         own_rank = np.concatenate(
             [
-                a + count(right, left_row[left_out], left(left_row[left_out], a), strict=True),
-                b + count(left, right_row[~right_in], right(right_row[~right_in], b), strict=False),
+                a + how_many(right, left_row[left_out], left(left_row[left_out], a), strict=True),
+                b + how_many(left, right_row[~right_in], right(right_row[~right_in], b), strict=False),
             ]
         )
 

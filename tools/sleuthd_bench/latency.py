@@ -290,14 +290,16 @@ def table(report: dict[str, Any]) -> str:
     stream = report.get("stream")
     if stream:
         medians = stream["median_ms_of_last_10"]
+        judged = stream["judge_median_ms_of_last_10"]
         lines += [
             "",
-            "| streamed turn | verdict latency ms (median of last 10) | vs first checkpoint |",
-            "| ---: | ---: | ---: |",
+            "| streamed turn | verdict latency ms (median of last 10) | vs first checkpoint | judging ms (server) |",
+            "| ---: | ---: | ---: | ---: |",
         ]
         first = next(iter(medians.values()))
         for turn, ms in medians.items():
-            lines.append(f"| {turn} | {ms:.1f} | {ms / first:.2f}x |")
+            judge = f"{judged[turn]:.1f}" if turn in judged else "n/a"
+            lines.append(f"| {turn} | {ms:.1f} | {ms / first:.2f}x | {judge} |")
         per_turn = stream["rss_bytes_per_turn"]
         memory = f"; server memory {per_turn / 1024:.1f} KiB per turn" if per_turn is not None else ""
         lines.append(f"\n{stream['revisions']} revisions sent{memory}")
