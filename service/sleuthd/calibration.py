@@ -167,12 +167,14 @@ def own_evidence(
     n = m - r0
     t = np.arange(r0, m)
     diag = np.diagonal(g)
+    own_norms = diag[t].copy()
     row = g.sum(axis=1)
     cols = {"log_speech_seconds": np.log(np.maximum(np.asarray(speech_seconds, np.float64), 0.1))}
     own = level = None
     if n >= 2:
         # Absolute: used only where nothing relative exists.
-        cols["pair_cosine"] = (g[r0:, r0:].sum(axis=1) - diag[t]) / (n - 1)
+        turn_rows = row[t] - g[t, 0] if has_reference else row
+        cols["pair_cosine"] = (turn_rows - diag[t]) / (n - 1)
         own = (row[t] - diag[t]) / (m - 1)
     if has_reference:
         to_reference = g[t, 0].copy()
@@ -195,11 +197,14 @@ def own_evidence(
         # widens the standard deviation, and with it the yardstick of every genuine turn.
         mad = pairs.median_deviation_without(m, t, level)
         cols["context_robust_z"] = below / np.maximum(1.4826 * mad, MIN_SPREAD)
-        rows = g[t]
-        rows[np.arange(n), t] = -np.inf
-        cols["nearest_gap"] = (level - rows.max(axis=1)) / room  # even the most alike other evidence is far
-        rows[np.arange(n), t] = np.inf
-        cols["farthest_gap"] = (level - rows.min(axis=1)) / room
+        # Closest and farthest other evidence: the diagonal is masked in place (and restored), not copied.
+        g[t, t] = -np.inf
+        nearest = g[r0:].max(axis=1)
+        g[t, t] = np.inf
+        farthest = g[r0:].min(axis=1)
+        g[t, t] = own_norms
+        cols["nearest_gap"] = (level - nearest) / room  # even the most alike other evidence is far
+        cols["farthest_gap"] = (level - farthest) / room
         loo, loo_level, loo_spread = _leave_one_out(g, row, diag, t)
         cols["loo_gap"] = (loo_level - loo) / np.maximum(1.0 - loo_level, MIN_DISTANCE)
         cols["loo_z"] = (loo_level - loo) / np.maximum(loo_spread, MIN_SPREAD)
@@ -237,7 +242,7 @@ def _leave_one_out(
     m, n = len(g), len(t)
     total = row.sum()
     loo = (row[t] - diag[t]) / np.maximum(np.sqrt(np.maximum(total - 2 * row[t] + diag[t], 0.0)), (m - 1) * 1e-12)
-    gt = g[t]
+    gt = g[t[0] :]  # the turns' rows (t is a range)
     rest = (row - diag)[None, :] - gt  # p_j . sum of the pool without i and j
     norm2 = 2 * gt
     norm2 += (total - 2 * row[t] + diag[t])[:, None]

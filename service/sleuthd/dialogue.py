@@ -61,9 +61,9 @@ class _Speaker:
     turns: list[_Turn] = field(default_factory=list)  # every audio turn of the speaker, in dialogue order
     positions: list[int] = field(default_factory=list)  # their positions
     usable: int = 0  # how many of them have an embedding
-    has_embedding: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per turn
+    has_embedding: list[bool] = field(default_factory=list)  # per turn
     # Each turn's verdict code when statuses were last reported (sleuthd.judge codes; -1: not yet).
-    reported: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    reported: list[int] = field(default_factory=list)
 
 
 class DialogueState:
@@ -104,8 +104,8 @@ class DialogueState:
             entry.usable += 1
         entry.turns.insert(at, turn)
         entry.positions.insert(at, position)
-        entry.reported = np.insert(entry.reported, at, -1)
-        entry.has_embedding = np.insert(entry.has_embedding, at, clip.usable)
+        entry.reported.insert(at, -1)
+        entry.has_embedding.insert(at, clip.usable)
         config = self.opts.entry.drift
         if dense is not None and clip.usable and config is not None:
             self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
@@ -120,7 +120,7 @@ class DialogueState:
         entry = self._speakers[speaker]
         codes = np.full(len(entry.turns), NO_AUDIO)
         if speaker in scores:
-            codes[entry.has_embedding] = scores[speaker].codes
+            codes[np.array(entry.has_embedding, bool)] = scores[speaker].codes
         return codes
 
     def _verdicts(self, turns: list[_Turn], scores: dict[str, SpeakerScores]) -> list[TurnResult]:
@@ -130,7 +130,7 @@ class DialogueState:
         for t in turns:
             entry = self._speakers[t.speaker]
             if t.speaker not in before:
-                before[t.speaker] = np.cumsum(entry.has_embedding)
+                before[t.speaker] = np.cumsum(np.array(entry.has_embedding, bool))
             k = int(before[t.speaker][bisect.bisect_left(entry.positions, t.position)]) - 1
             out.append(
                 turn_result(
@@ -170,10 +170,10 @@ class DialogueState:
         for s in order:
             entry = self._speakers[s]
             codes[s] = self._codes(s, scores)
-            was = entry.reported
+            was = np.array(entry.reported, np.intp)
             moved = (was >= 0) & (STATUS_NUMBER[np.maximum(was, 0)] != STATUS_NUMBER[codes[s]])
             changed += [entry.turns[i] for i in np.flatnonzero(moved)]
-            entry.reported = codes[s]
+            entry.reported = codes[s].tolist()
         changed.sort(key=lambda t: t.position)
         sent = self._verdicts([self._turns[turn_id], *changed], scores)
         verdicts = {s: self._speaker_verdict(s, codes[s]) for s in {t.speaker for t in sent}}

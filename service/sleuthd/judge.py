@@ -214,12 +214,6 @@ class SpeakerScores:
     closest: np.ndarray | None  # (n,) index into rivals of the closest other speaker; None: one voice only
     margin: np.ndarray | None  # (n,) cosine to own speaker minus to the closest rival; NaN: nothing own
 
-    def closest_speaker(self, speaker: str, k: int) -> str:
-        """The dialogue speaker turn k sounds closest to; "" when it was not attributed."""
-        if self.closest is None or self.margin is None or np.isnan(self.margin[k]):
-            return ""
-        return speaker if self.margin[k] >= 0 else self.rivals[int(self.closest[k])]
-
 
 def score_speakers(pools: Mapping[str, SpeakerPool], judgment: Judgment) -> dict[str, SpeakerScores]:
     """Every speaker's verdict arrays. ``pools``: speaker -> pool, in order of first appearance. The
@@ -266,50 +260,49 @@ def turn_result(
     judgment: Judgment,
 ) -> TurnResult:
     """The verdict object of one turn: the k-th usable turn of its speaker, or (``scores`` None) a turn
-    without usable audio, whose ``detail`` says why."""
+    without usable audio, whose ``detail`` says why. (Plain Python on scalars: CheckDialogue makes one
+    per turn, so this is most of what judging a long dialogue costs beyond the vector work.)"""
     if scores is None:
         return TurnResult(turn_id, speaker, TurnStatus.INSUFFICIENT_AUDIO, audio_seconds, speech_seconds, detail=detail)
-
-    def at(a: np.ndarray | None) -> float | None:
-        return None if a is None else float(a[k])
-
     code = int(scores.codes[k])
-    status, reason = STATUS_OF_CODE[code], REASON_OF_CODE[code]
-    chosen = scores.scores
-    info = METHODS[judgment.method]
     score = threshold = None
     scale = ""
-    if chosen is None:
+    if scores.scores is None:
         detail = (
             f"speaker {speaker!r} has no other usable turn to compare with; "
             "send more turns, or a reference and use method reference or auto"
         )
     else:
-        score, threshold, scale = float(chosen[k]), judgment.threshold, info.scale
-        bad = bool(scoring.flagged(judgment.method, chosen[k : k + 1], judgment.threshold)[0])
+        info = METHODS[judgment.method]
+        score, threshold, scale = float(scores.scores[k]), judgment.threshold, info.scale
+        # The same comparison as scoring.flagged, on one number.
+        bad = score > threshold if info.flag_above else score < threshold
         relation = (">" if bad else "<=") if info.flag_above else ("<" if bad else ">=")
         # auto names the fitted model it used (which evidence it had, cohort or not).
         model = f" ({scores.model} model)" if judgment.method is Method.AUTO else ""
         detail = f"{judgment.method.value}{model}: {scale.replace('_', ' ')} {score:.3f} {relation} {threshold:.3f}"
-    closest = scores.closest_speaker(speaker, k)
-    margin = None if not closest else at(scores.margin)
-    if reason is FlagReason.SPEAKER_CONFUSION:
+    closest, margin = "", None
+    if scores.margin is not None and scores.closest is not None:
+        d = float(scores.margin[k])
+        if d == d:  # not NaN: the turn had something of its own speaker to compare with
+            closest, margin = (speaker if d >= 0 else scores.rivals[int(scores.closest[k])]), d
+    if code == CONFUSED:
         detail = f"sounds closer to speaker {closest!r} than to {speaker!r} (cosine margin {margin:.3f}); {detail}"
     return TurnResult(
         turn_id=turn_id,
         speaker=speaker,
-        status=status,
+        status=STATUS_OF_CODE[code],
         audio_seconds=audio_seconds,
         speech_seconds=speech_seconds,
         score=score,
         score_scale=scale,
         threshold=threshold,
-        pairwise_mean_cosine=at(scores.pairwise),
-        centroid_cosine_distance=at(scores.centroid),
-        reference_cosine=at(scores.reference),
+        pairwise_mean_cosine=None if scores.pairwise is None else float(scores.pairwise[k]),
+        centroid_cosine_distance=None if scores.centroid is None else float(scores.centroid[k]),
+        reference_cosine=None if scores.reference is None else float(scores.reference[k]),
         detail=detail,
-        inconsistency_probability=at(scores.probability),
-        reason=reason,
+        inconsistency_probability=None if scores.probability is None else float(scores.probability[k]),
+        reason=REASON_OF_CODE[code],
         closest_speaker=closest,
         closest_speaker_margin=margin,
     )
