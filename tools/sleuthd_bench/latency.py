@@ -151,7 +151,7 @@ def _options() -> list[tuple[str, int]]:
 
 
 async def run_stream(
-    target: str, turns: Sequence[tuple[str, bytes]], progress: Callable[[str], None]
+    target: str, turns: Sequence[tuple[str, bytes]], progress: Callable[[str], None], dialogue_id: str = "latency"
 ) -> dict[str, Any]:
     """Stream ``turns`` one after the other; per-turn latency (seconds) and the revisions received."""
     latencies: list[float] = []
@@ -160,7 +160,7 @@ async def run_stream(
     async with grpc.aio.insecure_channel(target, options=_options()) as ch:
         call = pb_grpc.SleuthStub(ch).StreamDialogue(timeout=3600)
         opts = pb.CheckOptions(method=pb.METHOD_AUTO)
-        await call.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id="latency", options=opts)))
+        await call.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id=dialogue_id, options=opts)))
 
         async def read() -> pb.DialogueVerdict:
             nonlocal revisions
@@ -241,9 +241,12 @@ def run(
         server = None if target else Server(["--embedding-cache-entries", "0", *server_args])
         try:
             turns = stream_turns(clips, max(checkpoints), seed=1)
+            address = target or (server.target if server else "")
+            # Warm-up (first model calls, first judging of each feature variant) on a separate stream.
+            asyncio.run(run_stream(address, stream_turns(clips, WINDOW, seed=3), lambda _: None, "warm-up"))
             rss_before = server.rss_bytes() if server else 0
             progress(f"stream: {len(turns)} turns of {STREAM_SECONDS:.0f} s, two voices, method auto ...")
-            streamed = asyncio.run(run_stream(target or (server.target if server else ""), turns, progress))
+            streamed = asyncio.run(run_stream(address, turns, progress))
             lat = streamed["latencies"]
             judged = server.judge_ms("latency") if server else []
             report["stream"] = {
