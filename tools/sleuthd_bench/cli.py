@@ -222,9 +222,13 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(message, file=sys.stderr, flush=True)
 
-    report = throughput.run(
-        levels, args.seconds, args.dialogues, args.cache, args.device, args.server_arg or [], progress
-    )
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    try:
+        report = throughput.run(
+            levels, args.seconds, args.dialogues, args.cache, args.device, args.server_arg or [], progress, modes
+        )
+    except ValueError as exc:
+        return _error(str(exc))
     print(throughput.table(report))
     if args.json:
         throughput.write_json(report, args.json)
@@ -623,6 +627,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--cache", type=Path, default=Path("data/throughput"), help="where the speech is cached")
     t.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="servers' --device (default: cpu)")
     t.add_argument("--server-arg", action="append", help="extra `sleuthd serve` argument for both servers (repeat)")
+    t.add_argument(
+        "--modes",
+        default="resemblyzer,unbatched,per_clip,batched",
+        help="which to run, batched always among them (default: all four)",
+    )
     t.add_argument("--json", type=Path, help="write the results as JSON")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_bench_throughput)
