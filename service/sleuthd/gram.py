@@ -11,9 +11,12 @@ the exact dot product whatever order BLAS adds in. A cosine is then the same bit
 order and in whatever batch it was computed.
 
 Order statistics: `auto` summarises "how alike the speaker's other evidence is" by medians over every pair
-of the pool *except the pairs of turn i*, for every i. Re-sorting the pairs once per turn costs
-O(m^2 log m) each, O(m^3 log m) in all; with the pairs sorted once, the k-th smallest value without row i
-lies at most m-1 places after position k, so a band of m+1 sorted values per row is enough (O(m^2)).
+of the pool *except the pairs of turn i*, for every i. Sorting those pairs once per turn costs
+O(m^2 log m) for each turn, O(m^3 log m) for a speaker. With all pairs sorted once (kept sorted as turns
+arrive), row i's k-th value is the first sorted position q >= k where q - k + 1 minus i's own pairs met
+on the way reaches the needed count: i owns only m - 1 of the m(m-1)/2 pairs, so a fixed-point iteration
+over them finds it, for all rows at once, in a few passes over the m + 1 positions after k. The median
+absolute deviation is the same idea on the two sorted runs that lead away from each row's median.
 """
 
 from __future__ import annotations
@@ -177,6 +180,8 @@ class SortedPairs:
             + np.bincount(right_row[right_in], minlength=n)
         )
 
+        every = np.arange(n)
+
         def left(r: np.ndarray, a: np.ndarray) -> np.ndarray:  # deviation of the a-th value left of the run
             pos = lo[r] - 1 - a
             return np.where(pos >= 0, np.abs(v[np.clip(pos, 0, p - 1)] - centers[r]), np.inf)
@@ -214,10 +219,10 @@ class SortedPairs:
             lo_, hi_ = np.zeros(n, np.intp), np.minimum(taken, reach)  # how many of them come from the left
             while np.any(lo_ < hi_):
                 mid = (lo_ + hi_ + 1) // 2
-                ok = left(rows_, mid - 1) <= right(rows_, taken - mid)
+                ok = left(every, mid - 1) <= right(every, taken - mid)
                 lo_, hi_ = np.where(ok, mid, lo_), np.where(ok, hi_, mid - 1)
-            last_left = np.where(lo_ > 0, left(rows_, lo_ - 1), -np.inf)
-            last_right = np.where(taken - lo_ > 0, right(rows_, taken - lo_ - 1), -np.inf)
+            last_left = np.where(lo_ > 0, left(every, lo_ - 1), -np.inf)
+            last_right = np.where(taken - lo_ > 0, right(every, taken - lo_ - 1), -np.inf)
             return np.maximum(last_left, last_right)
 
         def kth(target: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -229,7 +234,6 @@ class SortedPairs:
                     return u
                 u = nxt
 
-        rows_ = np.arange(n)
         first = kth(inside, inside)
         if need == 1:
             return merged(first)
