@@ -2,9 +2,10 @@
 
 Shared by CheckDialogue and StreamDialogue (through sleuthd.dialogue), so a stream's verdicts are exactly
 what CheckDialogue gives for the same turns. Each speaker's evidence lives in a :class:`SpeakerPool` that
-keeps what judging needs (exact cosines, sorted pairs, features) and updates it in O(m) vector work when
-one turn arrives; :func:`score_speakers` turns the pools into arrays of scores and statuses, and
-:func:`turn_result` makes a verdict object only for the turns someone asks about.
+keeps what judging needs (exact cosines, sorted pairs, features) and, when one turn arrives, updates it
+with one matrix-vector product, a merge, and a fixed number of array passes over the speaker's cosines
+(never a Python loop over turns); :func:`score_speakers` turns the pools into arrays of scores and verdict
+codes, and :func:`turn_result` makes a verdict object only for the turns someone asks about.
 """
 
 from __future__ import annotations
