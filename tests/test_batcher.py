@@ -307,3 +307,33 @@ async def test_close_fails_queued_requests_and_stops_the_loop(make: Callable[...
     assert model.batch_ids() == [[1, 2, 3, 4]]
     with pytest.raises(EngineFailure, match="shutting down"):
         await b.encode(rows(5))
+
+
+async def test_idle_model_runs_a_lone_request_without_waiting_max_wait(make: Callable[..., MicroBatcher]) -> None:
+    model = FakeModel()
+    # max_wait far beyond the test's bound: only the idle fast path can answer in time.
+    b = make(model, max_batch_windows=64, max_wait_ms=600_000)
+    got = await asyncio.wait_for(b.encode(rows(5, 6)), HANG)
+    np.testing.assert_array_equal(got, expected(rows(5, 6)))
+    got = await asyncio.wait_for(b.encode(rows(7)), HANG)
+    np.testing.assert_array_equal(got, expected(rows(7)))
+    assert model.batch_ids() == [[5, 6], [7]]
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+async def test_work_queued_behind_a_busy_model_runs_together_when_it_frees(
+    make: Callable[..., MicroBatcher], slots: int
+) -> None:
+    gate = threading.Event()
+    model = FakeModel(gate=gate)
+    b = make(model, max_batch_windows=64, max_wait_ms=600_000, max_concurrent_batches=slots)
+    try:
+        first = asyncio.create_task(b.encode(rows(1)))
+        await wait_entered(model)  # busy: what arrives now waits for it, and is batched together
+        later = [asyncio.create_task(b.encode(rows(10 + i))) for i in range(3)]
+        await settle()
+        assert b.queued_windows == 3
+    finally:
+        gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *later), HANG)
+    assert model.batch_ids() == [[1], [10, 11, 12]]

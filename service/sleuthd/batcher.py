@@ -8,7 +8,9 @@ The contract (Triton's and Ray Serve's dynamic batchers, vLLM's engine loop):
 
 - each request waits on its own future; results go back by row offset and are counted, so a request
   split across several model calls is stitched back in order;
-- a batch is cut when it is full, or when the oldest queued request has waited ``max_wait_ms``;
+- a batch is cut when it is full, when the oldest queued request has waited ``max_wait_ms``, or at once
+  while no model call is running (an idle model gains nothing from waiting; under load the model is
+  busy, requests pile up meanwhile and batches come out as full as before);
 - an exception from a model call fails every request in that batch and nothing else;
 - the queue is bounded in windows and rejects at once with :class:`~sleuthd.errors.Overloaded`;
 - a request cancelled, or past its deadline, before its windows are batched leaves the queue and its
@@ -228,14 +230,22 @@ class MicroBatcher:
                 task = asyncio.get_running_loop().create_task(self._execute(batch))
                 self._inflight.add(task)
                 task.add_done_callback(self._inflight.discard)
+                # A loop holding another slot may be waiting out max_wait: the model going idle ends that.
+                task.add_done_callback(lambda _: self._wakeup.set() if self._wakeup is not None else None)
         except Exception as exc:
             # A bug here would otherwise leave every waiting RPC hanging: fail them and refuse new ones.
             logger.exception("encoder batcher for %s stopped", self.manifest.name)
             self._broken = f"encoder batcher stopped: {exc}"
             self._fail_queued(EngineFailure(self._broken))
 
+    def _model_idle(self) -> bool:
+        """No model call is running (a finished call's task is done before its slot is taken again)."""
+        return all(t.done() for t in self._inflight)
+
     async def _next_batch(self) -> list[_Slice]:
-        """Wait until a batch should be cut (full, or the oldest request waited max_wait), then cut it."""
+        """Wait until a batch should be cut, then cut it: at once while no model call is running (waiting
+        would leave the model idle for nothing: work that arrives meanwhile joins the next batch), else
+        when full or when the oldest request has waited max_wait."""
         assert self._wakeup is not None
         loop = asyncio.get_running_loop()
         max_wait = self.config.max_wait_ms / 1000.0
@@ -244,7 +254,8 @@ class MicroBatcher:
             wait_left: float | None = None
             if self._queue:
                 wait_left = self._queue[0].enqueued_at + max_wait - loop.time()
-                if self._queued_windows >= self.config.max_batch_windows or wait_left <= 0:
+                full = self._queued_windows >= self.config.max_batch_windows
+                if full or wait_left <= 0 or self._model_idle():
                     batch = self._cut()
                     if batch:
                         return batch

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.scoring import unit
+from sleuthd.gram import SortedPairs, gram, median_without, products, quantize, std_without
 
 # Floors keep ratios finite for speakers whose turns are nearly identical.
 MIN_SPREAD = 0.02  # cosine
@@ -136,10 +136,154 @@ class Calibration:
 # ------------------------------------------------------------------------------------------ features
 
 
-def _pair_values(sims: np.ndarray, members: np.ndarray) -> np.ndarray:
-    """Cosines between distinct members (indices) of a speaker's turns."""
-    sub = sims[np.ix_(members, members)]
-    return np.asarray(sub[np.triu_indices(len(members), k=1)])
+@dataclass(frozen=True)
+class OwnEvidence:
+    """What `auto` measures of one speaker from their own turns and reference alone, for every turn at
+    once; :func:`features` adds the dialogue's other voices (the cohort). Arrays are over the speaker's
+    usable turns, in dialogue order."""
+
+    turns: int
+    has_reference: bool
+    columns: dict[str, np.ndarray]  # feature name -> (n,) float64
+    own_mean: np.ndarray | None  # (n,) mean cosine of turn i to the rest of the evidence; n >= 2
+    level: np.ndarray | None  # (n,) median cosine between pieces of the rest of the evidence; context only
+
+
+def own_evidence(
+    g: np.ndarray, pairs: SortedPairs | None, speech_seconds: np.ndarray, has_reference: bool
+) -> OwnEvidence:
+    """Features of every turn of one speaker from the speaker's pool of evidence.
+
+    g: (m, m) exact cosines of the pool (sleuthd.gram): the reference first when there is one, then the
+    turns in dialogue order; pairs: its sorted pairs (built here when None and needed); speech_seconds: (n,).
+
+    The yardstick for turn i is the speaker's other evidence (the other turns, and the reference when
+    there is one) measured against itself in the same way; medians, not means, summarise it, so one
+    replaced turn among the others barely moves it. Every statistic "without turn i" is computed for all
+    turns together from whole-pool sums and sorted pairs, never by re-scanning the pool once per turn.
+    """
+    r0 = 1 if has_reference else 0
+    m = len(g)
+    n = m - r0
+    t = np.arange(r0, m)
+    diag = np.diagonal(g)
+    own_norms = diag[t].copy()
+    row = g.sum(axis=1)
+    cols = {"log_speech_seconds": np.log(np.maximum(np.asarray(speech_seconds, np.float64), 0.1))}
+    own = level = None
+    if n >= 2:
+        # Absolute: used only where nothing relative exists.
+        turn_rows = row[t] - g[t, 0] if has_reference else row
+        cols["pair_cosine"] = (turn_rows - diag[t]) / (n - 1)
+        own = (row[t] - diag[t]) / (m - 1)
+    if has_reference:
+        to_reference = g[t, 0].copy()
+        cols["reference_cosine"] = to_reference
+        if n >= 2:
+            ref_level = median_without(to_reference)
+            gap = ref_level - to_reference
+            cols["reference_gap"] = gap / np.maximum(1.0 - ref_level, MIN_DISTANCE)
+            # The same gap in units of how much the other turns' similarity to the reference varies.
+            cols["reference_z"] = gap / np.maximum(std_without(to_reference), MIN_SPREAD)
+    if n >= 2 and m >= 3:
+        assert own is not None
+        pairs = pairs if pairs is not None else SortedPairs.of(g)
+        level = pairs.median_without(m, t)
+        room = np.maximum(1.0 - level, MIN_DISTANCE)
+        below = level - own
+        cols["context_gap"] = below / room
+        cols["context_z"] = below / np.maximum(_pair_std_without(g, row, diag, t), MIN_SPREAD)
+        # A robust spread (scaled median absolute deviation): a replaced turn among the others
+        # widens the standard deviation, and with it the yardstick of every genuine turn.
+        mad = pairs.median_deviation_without(m, t, level)
+        cols["context_robust_z"] = below / np.maximum(1.4826 * mad, MIN_SPREAD)
+        # Closest and farthest other evidence: the diagonal is masked in place (and restored), not copied.
+        g[t, t] = -np.inf
+        nearest = g[r0:].max(axis=1)
+        g[t, t] = np.inf
+        farthest = g[r0:].min(axis=1)
+        g[t, t] = own_norms
+        cols["nearest_gap"] = (level - nearest) / room  # even the most alike other evidence is far
+        cols["farthest_gap"] = (level - farthest) / room
+        loo, loo_level, loo_spread = _leave_one_out(g, row, diag, t)
+        cols["loo_gap"] = (loo_level - loo) / np.maximum(1.0 - loo_level, MIN_DISTANCE)
+        cols["loo_z"] = (loo_level - loo) / np.maximum(loo_spread, MIN_SPREAD)
+        cols["log_turns"] = np.full(n, np.log(n))
+        if n >= 3:
+            # How much more of an outsider this turn is than the speaker's typical turn.
+            cols["gap_excess"] = cols["loo_gap"] - median_without(cols["loo_gap"])
+    return OwnEvidence(n, has_reference, cols, own, level)
+
+
+def _pair_std_without(g: np.ndarray, row: np.ndarray, diag: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """(n,): population std of the pool's pair cosines without the pairs of pool index t[k], from row
+    sums of (g - c)^2 with c the mean pair cosine (shifted: nothing large cancels)."""
+    m = len(g)
+    count = m * (m - 1) // 2 - (m - 1)
+    c = (row.sum() - diag.sum()) / (m * (m - 1))
+    dd = diag - c
+    y = g - c
+    row1 = row - m * c - dd  # per row: sum over j != i of (g_ij - c)
+    row2 = np.einsum("ij,ij->i", y, y) - dd * dd
+    mean = (row1.sum() / 2 - row1[t]) / count
+    var = (row2.sum() / 2 - row2[t]) / count - mean * mean
+    return np.sqrt(np.maximum(var, 0.0))
+
+
+def _leave_one_out(
+    g: np.ndarray, row: np.ndarray, diag: np.ndarray, t: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Leave-one-out: turn i against the centroid of the rest of the pool, versus each piece j of the
+    rest against the centroid of the pool without i and j. Returns (loo_i, median_j, std_j), each (n,).
+
+    Cosine to a centroid from the cosine matrix alone: p_j . sum(S) / |sum(S)|, with |sum(S)|^2 the sum
+    of the block of S (inclusion-exclusion on whole-pool row sums). As in scoring.unit, a centroid
+    shorter than 1e-12 is not scaled up further."""
+    m, n = len(g), len(t)
+    total = row.sum()
+    loo = (row[t] - diag[t]) / np.maximum(np.sqrt(np.maximum(total - 2 * row[t] + diag[t], 0.0)), (m - 1) * 1e-12)
+    gt = g[t[0] :]  # the turns' rows (t is a range)
+    rest = (row - diag)[None, :] - gt  # p_j . sum of the pool without i and j
+    norm2 = 2 * gt
+    norm2 += (total - 2 * row[t] + diag[t])[:, None]
+    norm2 -= (2 * row - diag)[None, :]
+    np.maximum(norm2, ((m - 2) * 1e-12) ** 2, out=norm2)
+    rest /= np.sqrt(norm2, out=norm2)
+    rest[np.arange(n), t] = np.inf  # j == i is not part of the rest: sorts last
+    rest.sort(axis=1)
+    left = m - 1
+    median = rest[:, left // 2] if left % 2 else (rest[:, left // 2 - 1] + rest[:, left // 2]) / 2
+    y = rest[:, :left] - median[:, None]
+    mean = y.sum(axis=1) / left
+    return loo, median, np.sqrt(np.maximum(np.einsum("ij,ij->i", y, y) / left - mean * mean, 0.0))
+
+
+def features(own: OwnEvidence, nearest_other: np.ndarray | None) -> tuple[str, np.ndarray]:
+    """(variant, (n, k) features in that variant's order) for one speaker's turns.
+
+    nearest_other: (m,) for each piece of the pool (reference first), its cosine to the closest other
+    voice of the dialogue, or None without a cohort. Cohort normalisation needs two or more own turns:
+    with one, the yardstick has nothing of the speaker's own to measure."""
+    cols = own.columns
+    cohort = nearest_other is not None and own.turns >= 2
+    if cohort:
+        assert nearest_other is not None and own.own_mean is not None
+        r0 = 1 if own.has_reference else 0
+        near = nearest_other[r0:]
+        cols = dict(cols)
+        # Where turn i's own similarity sits between "sounds like another person of this dialogue"
+        # (0) and "identical" (1), measured from the nearest other voice upwards. Below -1 the turn
+        # is that other voice (SPEAKER_CONFUSION's case); clipping keeps such turns from dominating
+        # the standardisation.
+        cols["cohort_position"] = np.maximum((own.own_mean - near) / np.maximum(1.0 - near, MIN_DISTANCE), -1.0)
+        if own.level is not None:
+            # How far turn i falls below the speaker's typical self-similarity, as a share of the
+            # gap between that and how similar the speaker's other evidence is to the nearest other
+            # voice: about 0 for a genuine turn, about 1 for one that sounds like a different person.
+            separation = np.maximum(own.level - median_without(nearest_other)[r0:], MIN_DISTANCE)
+            cols["cohort_gap"] = (own.level - own.own_mean) / separation
+    variant = _variant(own.turns, own.has_reference) + (COHORT_SUFFIX if cohort else "")
+    return variant, np.stack([cols[f] for f in FEATURES[variant]], axis=1).astype(np.float64)
 
 
 def turn_features(
@@ -152,82 +296,15 @@ def turn_features(
 
     emb: (n, D) unit embeddings of the speaker's usable turns; reference: (D,) or None;
     speech_seconds: (n,); cohort: (c, D) unit centroids of the dialogue's other speakers, or None.
-    Returns (variant, (n, k) features in that variant's order).
-
-    The yardstick for turn i is the speaker's other evidence (the other turns, and the reference when
-    there is one) measured against itself in the same way; medians, not means, summarise it, so one
-    replaced turn among the others barely moves it.
+    Returns (variant, (n, k) features in that variant's order). Features are float64 (the fitted
+    models were), whatever the encoder's output dtype.
     """
-    n = len(emb)
-    pool = np.vstack([emb, reference[None, :]]) if reference is not None else emb  # evidence: turns (+ reference)
-    m = len(pool)
-    # Features are computed in float64 (the fitted models were), whatever the encoder's output dtype.
-    sims = (pool @ pool.T).astype(np.float64)
-    log_dur = np.log(np.maximum(speech_seconds, 0.1))
-    rows: list[dict[str, float]] = [{"log_speech_seconds": float(log_dur[i])} for i in range(n)]
-    # Cohort normalisation (two or more own turns): each piece of evidence's cosine to the closest
-    # other voice of the dialogue is the yardstick of "a different person, in this recording".
-    nearest_other = (
-        (pool @ cohort.T).max(axis=1).astype(np.float64) if cohort is not None and len(cohort) and n >= 2 else None
-    )
-    for i in range(n):
-        row = rows[i]
-        turn_others = np.array([j for j in range(n) if j != i], dtype=int)
-        others = np.array([j for j in range(m) if j != i], dtype=int)
-        if n >= 2:
-            row["pair_cosine"] = float(sims[i, turn_others].mean())  # absolute: only where nothing relative exists
-        if nearest_other is not None:
-            # Where turn i's own similarity sits between "sounds like another person of this dialogue"
-            # (0) and "identical" (1), measured from the nearest other voice upwards. Below -1 the turn
-            # is that other voice (SPEAKER_CONFUSION's case); clipping keeps such turns from dominating
-            # the standardisation.
-            near = float(nearest_other[i])
-            own_i = float(sims[i, others].mean())
-            row["cohort_position"] = max((own_i - near) / max(1.0 - near, MIN_DISTANCE), -1.0)
-        if reference is not None:
-            row["reference_cosine"] = float(sims[i, n])
-            if n >= 2:
-                to_reference = sims[turn_others, n]
-                ref_level = float(np.median(to_reference))
-                row["reference_gap"] = (ref_level - float(sims[i, n])) / max(1.0 - ref_level, MIN_DISTANCE)
-                # The same gap in units of how much the other turns' similarity to the reference varies.
-                row["reference_z"] = (ref_level - float(sims[i, n])) / max(float(to_reference.std()), MIN_SPREAD)
-        if len(others) >= 2 and n >= 2:
-            values = _pair_values(sims, others)
-            level = float(np.median(values))
-            spread = max(float(values.std()), MIN_SPREAD)
-            room = max(1.0 - level, MIN_DISTANCE)
-            mean_i, max_i = float(sims[i, others].mean()), float(sims[i, others].max())
-            row["context_gap"] = (level - mean_i) / room
-            row["context_z"] = (level - mean_i) / spread
-            # A robust spread (scaled median absolute deviation): a replaced turn among the others
-            # widens the standard deviation, and with it the yardstick of every genuine turn.
-            robust_spread = max(1.4826 * float(np.median(np.abs(values - level))), MIN_SPREAD)
-            row["context_robust_z"] = (level - mean_i) / robust_spread
-            row["nearest_gap"] = (level - max_i) / room  # even the most alike other evidence is far
-            row["farthest_gap"] = (level - float(sims[i, others].min())) / room
-            # Leave-one-out: the turn against the centroid of the rest, versus each of the rest against
-            # the centroid of the others without it.
-            loo_i = float(pool[i] @ unit(pool[others].mean(axis=0)))
-            loo_rest = np.array([float(pool[j] @ unit(pool[others[others != j]].mean(axis=0))) for j in others])
-            loo_level = float(np.median(loo_rest))
-            row["loo_gap"] = (loo_level - loo_i) / max(1.0 - loo_level, MIN_DISTANCE)
-            row["loo_z"] = (loo_level - loo_i) / max(float(loo_rest.std()), MIN_SPREAD)
-            row["log_turns"] = float(np.log(n))
-            if nearest_other is not None:
-                # How far turn i falls below the speaker's typical self-similarity, as a share of the
-                # gap between that and how similar the speaker's other evidence is to the nearest other
-                # voice: about 0 for a genuine turn, about 1 for one that sounds like a different person.
-                separation = max(level - float(np.median(nearest_other[others])), MIN_DISTANCE)
-                row["cohort_gap"] = (level - mean_i) / separation
-    if all("context_gap" in r for r in rows) and n >= 3:
-        # How much more of an outsider this turn is than the speaker's typical turn.
-        gaps = np.array([r["loo_gap"] for r in rows])
-        for i in range(n):
-            rows[i]["gap_excess"] = float(gaps[i] - np.median(np.delete(gaps, i)))
-    variant = _variant(n, reference is not None) + (COHORT_SUFFIX if nearest_other is not None else "")
-    names = FEATURES[variant]
-    return variant, np.array([[r[f] for f in names] for r in rows], dtype=np.float64)
+    pool = emb if reference is None else np.vstack([reference[None, :], emb])
+    own = own_evidence(gram(quantize(pool)), None, speech_seconds, reference is not None)
+    nearest = None
+    if cohort is not None and len(cohort):
+        nearest = np.asarray(products(pool, cohort).max(axis=1), dtype=np.float64)
+    return features(own, nearest)
 
 
 def _variant(n: int, has_reference: bool) -> str:

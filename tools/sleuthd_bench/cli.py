@@ -222,12 +222,42 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(message, file=sys.stderr, flush=True)
 
-    report = throughput.run(
-        levels, args.seconds, args.dialogues, args.cache, args.device, args.server_arg or [], progress
-    )
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    try:
+        report = throughput.run(
+            levels, args.seconds, args.dialogues, args.cache, args.device, args.server_arg or [], progress, modes
+        )
+    except ValueError as exc:
+        return _error(str(exc))
     print(throughput.table(report))
     if args.json:
         throughput.write_json(report, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def cmd_bench_latency(args: argparse.Namespace) -> int:
+    from sleuthd_bench import latency
+
+    try:
+        checkpoints = [int(c) for c in args.stream_turns.split(",") if c.strip()]
+        check_turns = [int(c) for c in args.check_turns.split(",") if c.strip()]
+    except ValueError:
+        return _error("--stream-turns and --check-turns take positive integers, e.g. 10,100,500,1000")
+    if min(checkpoints + check_turns, default=1) < 1:
+        return _error("--stream-turns and --check-turns take positive integers, e.g. 10,100,500,1000")
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    report = latency.run(
+        checkpoints, check_turns, args.repeats, args.cache, args.target, args.server_arg or [], progress
+    )
+    print(latency.table(report))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"\nwrote {args.json}")
     return 0
 
@@ -601,9 +631,32 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--cache", type=Path, default=Path("data/throughput"), help="where the speech is cached")
     t.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="servers' --device (default: cpu)")
     t.add_argument("--server-arg", action="append", help="extra `sleuthd serve` argument for both servers (repeat)")
+    t.add_argument(
+        "--modes",
+        default="resemblyzer,unbatched,per_clip,batched",
+        help="which to run, batched always among them (default: all four)",
+    )
     t.add_argument("--json", type=Path, help="write the results as JSON")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_bench_throughput)
+
+    la = sub.add_parser(
+        "latency",
+        help="streamed verdict latency as a dialogue grows, and CheckDialogue's judging time, through the server",
+    )
+    la.add_argument(
+        "--stream-turns", default="10,100,500,1000", help="checkpoints of one long stream (default: 10,100,500,1000)"
+    )
+    la.add_argument(
+        "--check-turns", default="10,100,1000", help="CheckDialogue sizes, embeddings cached (default: 10,100,1000)"
+    )
+    la.add_argument("--repeats", type=int, default=5, help="timed CheckDialogue calls per size (default: 5)")
+    la.add_argument("--cache", type=Path, default=Path("data/latency"), help="where the speech is cached")
+    la.add_argument("--target", help="an already running server (HOST:PORT) instead of a fresh subprocess")
+    la.add_argument("--server-arg", action="append", help="extra `sleuthd serve` argument (repeat)")
+    la.add_argument("--json", type=Path, help="write the results as JSON")
+    la.add_argument("--quiet", action="store_true")
+    la.set_defaults(func=cmd_bench_latency)
 
     dr = sub.add_parser(
         "drift",

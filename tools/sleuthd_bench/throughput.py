@@ -242,17 +242,25 @@ def run(
     device: str,
     server_args: Sequence[str],
     progress: Callable[[str], None],
+    modes: Sequence[str] = MODES,
 ) -> dict[str, Any]:
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or "batched" not in modes:
+        raise ValueError(f"modes must include batched and come from {', '.join(MODES)}; got {', '.join(modes)}")
     dialogues = build_dialogues(cache_dir, n_dialogues, seed=7)
     total_audio = sum(d.audio_seconds for d in dialogues)
     progress(f"{len(dialogues)} dialogues of {TURNS} turns, {total_audio:.0f} s of audio in all")
-    results: dict[str, dict[str, LevelResult]] = {m: {} for m in MODES}
+    results: dict[str, dict[str, LevelResult]] = {m: {} for m in MODES if m in modes}
     agreement: dict[str, float] = {}
-    for c in concurrency:
-        progress(f"resemblyzer, concurrency {c} ...")
-        results["resemblyzer"][str(c)] = run_resemblyzer(dialogues, c, seconds)
+    load_start = os.getloadavg()
+    if "resemblyzer" in modes:
+        for c in concurrency:
+            progress(f"resemblyzer, concurrency {c} ...")
+            results["resemblyzer"][str(c)] = run_resemblyzer(dialogues, c, seconds)
     mode_scores: dict[str, dict[int, list[float]]] = {}
     for mode, flags in SERVER_MODES.items():
+        if mode not in modes:
+            continue
         server = ServerProcess([*flags, "--device", device, *server_args])
         try:
             merged: dict[int, list[float]] = {}
@@ -264,7 +272,7 @@ def run(
             mode_scores[mode] = merged
         finally:
             server.stop()
-    common = sorted(set(mode_scores["batched"]) & set(mode_scores["unbatched"]))
+    common = sorted(set(mode_scores["batched"]) & set(mode_scores.get("unbatched", {})))
     if common:
         diff = max(
             float(np.max(np.abs(np.subtract(mode_scores["batched"][i], mode_scores["unbatched"][i])))) for i in common
@@ -272,14 +280,26 @@ def run(
         agreement = {"dialogues_compared": float(len(common)), "max_abs_pairwise_cosine_difference": diff}
     ratios = {
         str(c): {
-            "batched_over_unbatched": _ratio(results["batched"][str(c)], results["unbatched"][str(c)]),
-            "batched_over_resemblyzer": _ratio(results["batched"][str(c)], results["resemblyzer"][str(c)]),
-            "batched_over_per_clip": _ratio(results["batched"][str(c)], results["per_clip"][str(c)]),
+            f"batched_over_{other}": _ratio(results["batched"][str(c)], results[other][str(c)])
+            for other in results
+            if other != "batched"
+        }
+        | {
+            # Latency: how much longer the other mode's median request took than batched's.
+            f"p50_{other}_over_batched": results[other][str(c)].p50_ms / results["batched"][str(c)].p50_ms
+            for other in results
+            if other != "batched"
         }
         for c in concurrency
     }
     return {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "device": device},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "device": device,
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
+        },
         "dialogues": len(dialogues),
         "turns_per_dialogue": TURNS,
         "seconds_per_level": seconds,
@@ -300,27 +320,36 @@ def table(report: dict[str, Any]) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for mode in MODES:
-        for c, r in modes[mode].items():
+        for c, r in modes.get(mode, {}).items():
             lines.append(
                 f"| {mode} | {c} | {r['audio_seconds_per_second']:.1f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} "
                 f"| {r['p99_ms']:.0f} | {r['errors']} | {r['dialogues']} |"
             )
+    others = [m for m in MODES if m in modes and m != "batched"]
     lines += [
         "",
-        "| concurrency | batched / unbatched | batched / resemblyzer | batched / per_clip |",
-        "| ---: | ---: | ---: | ---: |",
+        "| concurrency | "
+        + " | ".join(f"batched / {m} (audio s/s)" for m in others)
+        + " | "
+        + " | ".join(f"p50 {m} / batched" for m in others)
+        + " |",
+        "| ---: |" + " ---: |" * (2 * len(others)),
     ]
-    ratios = report["ratios"]
-    for c, r in ratios.items():
-        lines.append(
-            f"| {c} | {r['batched_over_unbatched']:.2f}x | {r['batched_over_resemblyzer']:.2f}x "
-            f"| {r['batched_over_per_clip']:.2f}x |"
-        )
+    for c, r in report["ratios"].items():
+        cells = [f"{r[f'batched_over_{m}']:.2f}x" for m in others] + [
+            f"{r[f'p50_{m}_over_batched']:.2f}x" for m in others
+        ]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
     agreement = report.get("agreement_batched_vs_unbatched") or {}
     if agreement:
         lines.append(
             f"\nbatched vs unbatched: max |Δ pairwise cosine| = {agreement['max_abs_pairwise_cosine_difference']:.2e} "
             f"over {int(agreement['dialogues_compared'])} dialogues"
+        )
+    machine = report["machine"]
+    if "load_average_start" in machine:
+        lines.append(
+            f"load average at start {machine['load_average_start'][0]:.1f}, at end {machine['load_average_end'][0]:.1f}"
         )
     return "\n".join(lines)
 
