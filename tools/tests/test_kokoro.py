@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from sleuthd.domain import AudioInput
-from sleuthd.engine import Engine
+from sleuthd.api import SpeakerEncoder
 from sleuthd_bench import kokoro
 from sleuthd_bench import kokoro_voices as kv
 from sleuthd_bench.corpus import CorpusClip
@@ -298,10 +297,11 @@ def test_rerun_reuses_unchanged_clips(kokoro_corpus: kokoro.CorpusResult) -> Non
 
 
 @needs_kokoro
-async def test_clips_are_usable_by_the_encoder(kokoro_corpus: kokoro.CorpusResult, engine: Engine) -> None:
+async def test_clips_are_usable_by_the_encoder(
+    kokoro_corpus: kokoro.CorpusResult, speaker_encoder: SpeakerEncoder
+) -> None:
     wavs = [kokoro_corpus.out_dir / t.path for t in SHORT_TAKES]
-    runner = engine.encoders[engine.config.default_encoder]
-    results = await engine.embed_audio(runner, [(AudioInput(data=w.read_bytes()), str(w)) for w in wavs])
+    results = await speaker_encoder.embed(wavs)
     assert len(results) == 2 and all(r.embedding is not None for r in results)
 
 
