@@ -94,6 +94,14 @@ def _ensure_free(host: str, port: int, what: str, advice: str) -> None:
                 raise OSError(f"cannot listen on {host}:{port} for {what}: {exc.strerror} ({advice})") from None
 
 
+def check_ports(config: ServerConfig) -> None:
+    """Refuse ports in use before anything binds (`serve` calls it before loading models, too)."""
+    _ensure_free(config.host, config.port, "gRPC", "another sleuthd? pick another --port, or --port 0 for any free one")
+    if config.metrics_port >= 0:
+        _ensure_free(config.metrics_host, config.metrics_port, "metrics",
+                     "another sleuthd? --metrics-port 0 picks a free port, -1 serves none")  # fmt: skip
+
+
 async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMetrics | None = None) -> RunningServer:
     """Start a server for ``engine`` on ``config.host:config.port``; returns it with its bound port.
 
@@ -142,11 +150,7 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
             server,
         )
     address = f"{config.host}:{config.port}"
-    # Both ports are checked before either is bound, so a clash leaves nothing half started.
-    _ensure_free(config.host, config.port, "gRPC", "another sleuthd? pick another --port, or --port 0 for any free one")
-    if config.metrics_port >= 0:
-        _ensure_free(config.metrics_host, config.metrics_port, "metrics",
-                     "another sleuthd? --metrics-port 0 picks a free port, -1 serves none")  # fmt: skip
+    check_ports(config)
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:  # raised by gRPC when the address cannot be bound
