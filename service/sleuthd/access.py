@@ -91,11 +91,14 @@ def _dialogue_of(message: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _expired(context: grpc.aio.ServicerContext) -> bool:
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
+
+
 def _code_after(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the call was cancelled under the handler
-        remaining = context.time_remaining()
-        expired = remaining is not None and remaining <= 0
-        return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        return grpc.StatusCode.DEADLINE_EXCEEDED if _expired(context) else grpc.StatusCode.CANCELLED
     return context.code() or grpc.StatusCode.UNKNOWN
 
 
@@ -198,15 +201,25 @@ class RpcGate(grpc.aio.ServerInterceptor):
         call.requests_ended = True
 
     async def _settle(self, call: _Call, exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
-        """The true outcome of a call that raised ``exc`` (may itself raise CancelledError, see VANISH_WINDOW)."""
+        """The true outcome of a call that raised ``exc`` (may itself raise CancelledError, see VANISH_WINDOW).
+
+        Once the deadline has passed the client has DEADLINE_EXCEEDED whatever the handler said last (a
+        stream's requests also just end at the deadline, and its handler may then fail on the cut-off dialogue).
+        """
         code = _code_after(exc, context)
-        if call.requests_ended and code not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+        if code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return code
+        if call.requests_ended and not _expired(context):
             try:
                 await asyncio.sleep(VANISH_WINDOW_SECONDS)
-            except asyncio.CancelledError:
-                self._finish(call, grpc.StatusCode.CANCELLED)
+            except asyncio.CancelledError as cancelled:
+                self._finish(call, _code_after(cancelled, context))
                 raise
-        return code
+        return grpc.StatusCode.DEADLINE_EXCEEDED if _expired(context) else code
+
+    def _succeeded(self, call: _Call, context: grpc.aio.ServicerContext) -> None:
+        code = context.code() or grpc.StatusCode.OK
+        self._finish(call, grpc.StatusCode.DEADLINE_EXCEEDED if _expired(context) else code)
 
     def _finish(self, call: _Call, code: grpc.StatusCode) -> None:
         seconds = time.perf_counter() - call.started
@@ -246,7 +259,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
             except BaseException as exc:
                 self._finish(call, await self._settle(call, exc, context))
                 raise
-            self._finish(call, context.code() or grpc.StatusCode.OK)
+            self._succeeded(call, context)
             return response
 
         return behaviour
@@ -273,6 +286,6 @@ class RpcGate(grpc.aio.ServerInterceptor):
             except BaseException as exc:
                 self._finish(call, await self._settle(call, exc, context))
                 raise
-            self._finish(call, context.code() or grpc.StatusCode.OK)
+            self._succeeded(call, context)
 
         return generator

@@ -236,7 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             return _error(f"--log-level {args.log_level!r} is not one of: debug, info, warning, error")
         logs.configure(args.log_level)
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at interpreter exit, so a closed pipe is handled below
+        return code
     except ConfigError as exc:  # a malformed SLEUTHD_* environment variable
         return _error(str(exc))
     except BrokenPipeError:
