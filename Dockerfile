@@ -27,6 +27,11 @@ RUN python3 -m venv /opt/build \
 # torch 2.13.0+cpu from the CPU wheel index (plain 2.13.0 from PyPI is the CUDA build, GBs larger).
 FROM ${PYTHON_IMAGE} AS export
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# resemblyzer needs webrtcvad, which PyPI has only as source: a C compiler and Python's headers.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=wheel /wheels /wheels
 RUN python3 -m venv /opt/export \
  && /opt/export/bin/pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "torch==2.13.0+cpu" \

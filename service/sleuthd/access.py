@@ -124,6 +124,8 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no work RPC runs, at most ``timeout`` seconds; whether that happened."""
+        if self._idle.is_set():
+            return True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
