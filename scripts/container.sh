@@ -52,30 +52,32 @@ build() {
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+NAME=sleuthd-check-$$
+
 check() {
-  local port metrics name
+  local port metrics
   port=$(free_port)
   metrics=$(free_port)
-  name=sleuthd-check-$$
-  "${PODMAN[@]}" run -d --name "$name" --network host \
+  # The HEALTHCHECK runs on demand below (`podman healthcheck run`); podman's own timer needs systemd.
+  "${PODMAN[@]}" run -d --name "$NAME" --network host --health-interval disable \
     -e SLEUTHD_PORT="$port" -e SLEUTHD_TARGET="127.0.0.1:$port" -e SLEUTHD_METRICS_PORT="$metrics" "$IMAGE" >/dev/null
-  trap '"${PODMAN[@]}" rm -f "$name" >/dev/null 2>&1 || true; rm -f "$CONF"' EXIT
-  echo "container $name: gRPC on 127.0.0.1:$port, metrics on $metrics"
+  trap '"${PODMAN[@]}" rm -f "$NAME" >/dev/null 2>&1 || true; rm -f "$CONF"' EXIT
+  echo "container $NAME: gRPC on 127.0.0.1:$port, metrics on $metrics"
   for _ in $(seq 1 60); do
-    "${PODMAN[@]}" healthcheck run "$name" >/dev/null 2>&1 && break
+    "${PODMAN[@]}" healthcheck run "$NAME" >/dev/null 2>&1 && break
     sleep 2
   done
-  "${PODMAN[@]}" healthcheck run "$name" || { "${PODMAN[@]}" logs "$name"; echo "never became healthy" >&2; exit 1; }
+  "${PODMAN[@]}" healthcheck run "$NAME" || { "${PODMAN[@]}" logs "$NAME"; echo "never became healthy" >&2; exit 1; }
   echo "healthcheck: healthy (sleuthd health inside the container)"
-  echo "user in the container: $("${PODMAN[@]}" exec "$name" id -u)"
-  "${PODMAN[@]}" exec "$name" python3 -c 'import importlib.metadata as m; d={x.metadata["Name"] for x in m.distributions()}; print("torch" in d, "onnxruntime" in d)' |
+  echo "user in the container: $("${PODMAN[@]}" exec "$NAME" id -u)"
+  "${PODMAN[@]}" exec "$NAME" python3 -c 'import importlib.metadata as m; d={x.metadata["Name"] for x in m.distributions()}; print("torch" in d, "onnxruntime" in d)' |
     grep -qx "False True" || { echo "the runtime image must have onnxruntime and no torch" >&2; exit 1; }
   curl -fsS "http://127.0.0.1:$metrics/readyz"
   .venv/bin/python scripts/container_request.py "127.0.0.1:$port"
-  "${PODMAN[@]}" stop -t 30 "$name" >/dev/null
+  "${PODMAN[@]}" stop -t 30 "$NAME" >/dev/null
   local code
-  code=$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$name")
-  "${PODMAN[@]}" logs "$name" 2>&1 | tail -n 4
+  code=$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$NAME")
+  "${PODMAN[@]}" logs "$NAME" 2>&1 | tail -n 4
   [ "$code" = 0 ] || { echo "exit code after SIGTERM: $code" >&2; exit 1; }
   echo "stopped cleanly on SIGTERM (exit 0)"
 }
