@@ -177,7 +177,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
     # ------------------------------------------------------------------ per-call plumbing
 
     async def _begin(self, call: _Call, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Start the books for a call; returns the request to hand on (a watched iterator for streams)."""
+        """Start the books for a call and answer refused or malformed ones; returns the request to hand on."""
         call.started = time.perf_counter()
         call.peer = printable(context.peer() or "", 64)
         request_id.set(call.request_id)
