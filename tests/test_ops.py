@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -27,6 +28,19 @@ from .ops_support import SLEUTHD, ServeProcess, http_get, own_server, rpc_count,
 from .support import REPO, VOICE_A, VOICE_F, Speech, enc
 from .test_serving import fresh_pcm
 
+_VANISHING_CLIENT = """
+import asyncio, sys, grpc
+from sleuthd.v1 import sleuthd_pb2 as pb, sleuthd_pb2_grpc as pb_grpc
+async def main():
+    async with grpc.aio.insecure_channel(sys.argv[1]) as ch:
+        call = pb_grpc.SleuthStub(ch).StreamDialogue()
+        await call.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id="vanishing")))
+        await call.write(pb.StreamDialogueRequest(turn_start=pb.TurnStart(turn_id="t0", speaker="A")))
+        await call.write(pb.StreamDialogueRequest(audio=pb.TurnAudio(turn_id="t0", data=bytes(100))))
+        print("streaming", flush=True)
+        await asyncio.sleep(60)
+asyncio.run(main())
+"""
 LONG = "é" * 5_000  # 10 kB of UTF-8, 30 kB percent-encoded: over gRPC's metadata limit once echoed in a trailer
 
 
@@ -152,15 +166,14 @@ async def test_deadline_expiry_and_vanished_stream_clients_are_labelled_truthful
             assert rpc_count(metrics, "StreamDialogue", "DEADLINE_EXCEEDED") == 1
             assert rpc_count(metrics, "StreamDialogue", "INVALID_ARGUMENT") == 0
 
-            # A client that goes away with a turn still open: its request stream just ends, which looks
+            # A client process that dies with a turn still open: its request stream just ends, which looks
             # like a half-close with an open turn (FAILED_PRECONDITION) until the cancellation arrives.
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as gone:
-                call = pb_grpc.SleuthStub(gone).StreamDialogue()
-                await call.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id="vanishing")))
-                await call.write(pb.StreamDialogueRequest(turn_start=pb.TurnStart(turn_id="t0", speaker="A")))
-                await call.write(pb.StreamDialogueRequest(audio=pb.TurnAudio(turn_id="t0", data=b"\0" * 100)))
-                await wait_for(lambda: running.gate.in_flight == 1, 10, "the stream to start")
-            # the channel is closed under the open call
+            client = subprocess.Popen([sys.executable, "-c", _VANISHING_CLIENT, f"127.0.0.1:{running.port}"],
+                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
+            assert client.stdout is not None and client.stdout.readline().strip() == "streaming"
+            await wait_for(lambda: running.gate.in_flight == 1, 10, "the stream to start")
+            client.kill()
+            client.wait()
             await wait_for(lambda: running.gate.in_flight == 0, 10, "the stream to end")
             assert rpc_count(metrics, "StreamDialogue", "CANCELLED") == 1
             assert rpc_count(metrics, "StreamDialogue", "FAILED_PRECONDITION") == 0

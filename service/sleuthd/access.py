@@ -35,10 +35,11 @@ REQUEST_ID_KEY = "x-request-id"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 OPEN_METHODS = ("/grpc.health.v1.Health/",)  # probes never need the token
 INFRASTRUCTURE = "/grpc."  # health and reflection: not work, not drained, logged at debug when OK
-# A stream whose client vanishes first looks like a half-close (the request iterator just ends) and the
-# cancellation follows a moment later. A stream that fails right after its requests ended waits this
-# long for that cancellation before its status is recorded, so a vanished client is counted as CANCELLED.
-VANISH_WINDOW_SECONDS = 0.1
+# A stream whose client vanishes looks at first like a half-close (the request iterator just ends) and
+# the cancellation follows a moment later; once the handler has answered, gRPC no longer delivers it. So
+# when a stream's requests end, the handler waits this long before it goes on, and a vanished client
+# is seen as CANCELLED instead of, say, FAILED_PRECONDITION for the turns it left open.
+VANISH_WINDOW_SECONDS = 0.05
 
 
 class MalformedMessage(InvalidRequest):
@@ -62,7 +63,6 @@ class _Call:
     refusal: tuple[grpc.StatusCode, str] | None
     started: float = 0.0
     dialogue_id: str = ""
-    requests_ended: bool = False
 
 
 def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
@@ -193,31 +193,24 @@ class RpcGate(grpc.aio.ServerInterceptor):
         call.dialogue_id = _dialogue_of(request)
         return request
 
-    async def _watched(self, requests: AsyncIterator[Any], call: _Call) -> AsyncIterator[Any]:
+    async def _watched(
+        self, requests: AsyncIterator[Any], call: _Call, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         async for message in requests:
             if isinstance(message, _Malformed):
                 raise MalformedMessage(message.details)
             if not call.dialogue_id:
                 call.dialogue_id = _dialogue_of(message)
             yield message
-        call.requests_ended = True
+        if not _expired(context):
+            # See VANISH_WINDOW_SECONDS: a cancellation arriving now halts the handler before it answers.
+            await asyncio.sleep(VANISH_WINDOW_SECONDS)
 
-    async def _settle(self, call: _Call, exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
-        """The true outcome of a call that raised ``exc`` (may itself raise CancelledError, see VANISH_WINDOW).
-
-        Once the deadline has passed the client has DEADLINE_EXCEEDED whatever the handler said last (a
-        stream's requests also just end at the deadline, and its handler may then fail on the cut-off dialogue).
-        """
-        code = _code_after(exc, context)
-        if code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return code
-        if call.requests_ended and not _expired(context):
-            try:
-                await asyncio.sleep(VANISH_WINDOW_SECONDS)
-            except asyncio.CancelledError as cancelled:
-                self._finish(call, _code_after(cancelled, context))
-                raise
-        return grpc.StatusCode.DEADLINE_EXCEEDED if _expired(context) else code
+    def _settle(self, exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+        """The true outcome of a call that raised ``exc``. Once the deadline has passed the client has
+        DEADLINE_EXCEEDED whatever the handler said last (a stream's requests also just end at its deadline,
+        and its handler may then fail on the cut-off dialogue)."""
+        return grpc.StatusCode.DEADLINE_EXCEEDED if _expired(context) else _code_after(exc, context)
 
     def _succeeded(self, call: _Call, context: grpc.aio.ServicerContext) -> None:
         code = context.code() or grpc.StatusCode.OK
@@ -253,13 +246,13 @@ class RpcGate(grpc.aio.ServerInterceptor):
             try:
                 request = await self._begin(call, request, context)
                 if streamed:
-                    request = self._watched(request, call)
+                    request = self._watched(request, call, context)
                 try:
                     response = await inner(request, context)
                 except MalformedMessage as exc:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except BaseException as exc:
-                self._finish(call, await self._settle(call, exc, context))
+                self._finish(call, self._settle(exc, context))
                 raise
             self._succeeded(call, context)
             return response
@@ -279,14 +272,14 @@ class RpcGate(grpc.aio.ServerInterceptor):
             try:
                 request = await self._begin(call, request, context)
                 if streamed:
-                    request = self._watched(request, call)
+                    request = self._watched(request, call, context)
                 try:
                     async for response in inner(request, context):
                         yield response
                 except MalformedMessage as exc:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except BaseException as exc:
-                self._finish(call, await self._settle(call, exc, context))
+                self._finish(call, self._settle(exc, context))
                 raise
             self._succeeded(call, context)
 
