@@ -2,7 +2,7 @@
 # sleuthd in a container (see docs/deploy.md).
 #
 #   docker build -t sleuthd .                          # CPU: onnxruntime on python:3.11-slim
-#   docker build -t sleuthd:gpu --build-arg RUNTIME=gpu .   # GPU: onnxruntime-gpu on a CUDA 12 + cuDNN 9 base
+#   docker build -t sleuthd:gpu --build-arg RUNTIME=gpu .   # GPU: onnxruntime-gpu on a CUDA 13 + cuDNN 9 base
 #   docker run -p 50051:50051 -p 9464:9464 sleuthd     # then: sleuthd health --target 127.0.0.1:50051
 #
 # Stages: wheel (the package) -> export (torch builds the ONNX models and manifests; never shipped) ->
@@ -11,7 +11,8 @@
 # network protects them (SLEUTHD_TLS_CERT, SLEUTHD_TLS_KEY, SLEUTHD_AUTH_TOKEN_FILE: mount the files read-only).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
+# onnxruntime-gpu 1.31 loads CUDA 13 and cuDNN 9 libraries (libcublasLt.so.13, ...): keep the base in step.
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
 ARG RUNTIME=cpu
 
 # ------------------------------------------------------------------------------------------- wheel

@@ -40,6 +40,10 @@ INFRASTRUCTURE = "/grpc."  # health and reflection: not work, not drained, logge
 # when a stream's requests end, the handler waits this long before it goes on, and a vanished client
 # is seen as CANCELLED instead of, say, FAILED_PRECONDITION for the turns it left open.
 VANISH_WINDOW_SECONDS = 0.05
+# The client's deadline passes before the server's (the server counts the timeout from the request's
+# arrival), so the client's cancel for its deadline reaches the server a little before the server's own
+# deadline: a cancellation (or a stream cut off) this close to the deadline is the deadline.
+DEADLINE_SLACK_SECONDS = 0.25
 
 
 class MalformedMessage(InvalidRequest):
@@ -63,6 +67,7 @@ class _Call:
     refusal: tuple[grpc.StatusCode, str] | None
     started: float = 0.0
     dialogue_id: str = ""
+    requests_ended: bool = False
 
 
 def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
@@ -91,14 +96,16 @@ def _dialogue_of(message: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _expired(context: grpc.aio.ServicerContext) -> bool:
+def _expired(context: grpc.aio.ServicerContext, slack: float = 0.0) -> bool:
+    """Whether the call's deadline has passed, or will within ``slack`` seconds."""
     remaining = context.time_remaining()
-    return remaining is not None and remaining <= 0
+    return remaining is not None and remaining <= slack
 
 
 def _code_after(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the call was cancelled under the handler
-        return grpc.StatusCode.DEADLINE_EXCEEDED if _expired(context) else grpc.StatusCode.CANCELLED
+        deadline = _expired(context, DEADLINE_SLACK_SECONDS)
+        return grpc.StatusCode.DEADLINE_EXCEEDED if deadline else grpc.StatusCode.CANCELLED
     return context.code() or grpc.StatusCode.UNKNOWN
 
 
@@ -202,15 +209,17 @@ class RpcGate(grpc.aio.ServerInterceptor):
             if not call.dialogue_id:
                 call.dialogue_id = _dialogue_of(message)
             yield message
+        call.requests_ended = True
         if not _expired(context):
             # See VANISH_WINDOW_SECONDS: a cancellation arriving now halts the handler before it answers.
             await asyncio.sleep(VANISH_WINDOW_SECONDS)
 
-    def _settle(self, exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    def _settle(self, call: _Call, exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
         """The true outcome of a call that raised ``exc``. Once the deadline has passed the client has
         DEADLINE_EXCEEDED whatever the handler said last (a stream's requests also just end at its deadline,
         and its handler may then fail on the cut-off dialogue)."""
-        return grpc.StatusCode.DEADLINE_EXCEEDED if _expired(context) else _code_after(exc, context)
+        cut_off = call.requests_ended and _expired(context, DEADLINE_SLACK_SECONDS)
+        return grpc.StatusCode.DEADLINE_EXCEEDED if cut_off or _expired(context) else _code_after(exc, context)
 
     def _succeeded(self, call: _Call, context: grpc.aio.ServicerContext) -> None:
         code = context.code() or grpc.StatusCode.OK
@@ -252,7 +261,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 except MalformedMessage as exc:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except BaseException as exc:
-                self._finish(call, self._settle(exc, context))
+                self._finish(call, self._settle(call, exc, context))
                 raise
             self._succeeded(call, context)
             return response
@@ -279,7 +288,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 except MalformedMessage as exc:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except BaseException as exc:
-                self._finish(call, self._settle(exc, context))
+                self._finish(call, self._settle(call, exc, context))
                 raise
             self._succeeded(call, context)
 

@@ -38,7 +38,7 @@ def check_before_load(device: str) -> None:
     """Refuse to start without an ONNX Runtime, or with both builds when CUDA is wanted."""
     if importlib.util.find_spec("onnxruntime") is None:
         raise ConfigError(
-            "no ONNX Runtime is installed: pip install 'sleuthd[cpu]' (or 'sleuthd[gpu]' on a CUDA 12 machine)"
+            "no ONNX Runtime is installed: pip install 'sleuthd[cpu]' (or 'sleuthd[gpu]' on a CUDA machine)"
         )
     if set(installed_runtimes()) == {CPU_DIST, GPU_DIST}:
         message = f"both onnxruntime and onnxruntime-gpu are installed; they share one module: {_REINSTALL}"
@@ -57,8 +57,8 @@ def check_after_load(device: str, providers: Iterable[tuple[str, str]]) -> None:
     if CUDA not in ort.get_available_providers():
         return  # auto on a CPU-only build: the CPU is the expected outcome
     message = (
-        f"ONNX Runtime lists the CUDA provider but encoder(s) {', '.join(on_cpu)} run on the CPU: CUDA 12 or "
-        "cuDNN 9 libraries are missing or the GPU is not visible (check nvidia-smi and LD_LIBRARY_PATH)"
+        f"ONNX Runtime lists the CUDA provider but encoder(s) {', '.join(on_cpu)} run on the CPU: the CUDA or "
+        "cuDNN libraries this onnxruntime-gpu needs are missing (ONNX Runtime's log names them) or no GPU is visible"
     )
     if device == "cuda":
         raise ConfigError(message + "; or start with --device cpu")
