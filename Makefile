@@ -40,12 +40,12 @@ tools:
 setup: tools .venv/.stamp
 
 # ONNX models and manifests (git-ignored; rebuilt when cards or exporters change).
-models/ge2e/manifest.json: .venv/.stamp models/ge2e/card.json service/sleuthd/export/ge2e.py service/sleuthd/export/models.py
+models/ge2e/manifest.json: .venv/.stamp service/sleuthd/cards/ge2e.json service/sleuthd/export/ge2e.py service/sleuthd/export/models.py
 	$(SLEUTHD) --log-level warning models export ge2e
 CAMPPLUS_SRC := $(addprefix service/sleuthd/export/,campplus.py graph.py parity.py models.py)
-models/campplus/manifest.json: .venv/.stamp models/campplus/card.json $(CAMPPLUS_SRC)
+models/campplus/manifest.json: .venv/.stamp service/sleuthd/cards/campplus.json $(CAMPPLUS_SRC)
 	$(SLEUTHD) --log-level warning models export campplus
-models/silero_vad/manifest.json: .venv/.stamp models/silero_vad/card.json
+models/silero_vad/manifest.json: .venv/.stamp service/sleuthd/cards/silero_vad.json
 	$(SLEUTHD) --log-level warning models export vad
 
 models: setup models/ge2e/manifest.json models/campplus/manifest.json models/silero_vad/manifest.json

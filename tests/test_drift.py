@@ -21,7 +21,7 @@ from sleuthd.engine import Engine
 from sleuthd.manifest import read_card
 from sleuthd_bench import driftset, synth
 
-from .support import MODELS_DIR, REPO, VOICE_A, VOICE_B
+from .support import REPO, VOICE_A, VOICE_B
 
 # Fitted on the large dev set's fit split (espeak voices); see `sleuthd-bench drift`.
 PROPOSED_BLOCK: dict[str, Any] = {
@@ -38,7 +38,7 @@ DIM = 256
 
 @pytest.fixture(scope="module")
 def config() -> DriftConfig:
-    card = read_card(MODELS_DIR / "ge2e")
+    card = read_card("ge2e")
     return DriftConfig.from_manifest(card.get("drift", PROPOSED_BLOCK))
 
 

@@ -10,13 +10,22 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 from sleuthd import __version__
-from sleuthd.config import ConfigError, EngineConfig, ServerConfig, add_cli_args, default_models_dir, from_cli_args
+from sleuthd.config import (
+    ConfigError,
+    ConnectConfig,
+    EngineConfig,
+    ServerConfig,
+    add_cli_args,
+    default_models_dir,
+    from_cli_args,
+)
 
 logger = logging.getLogger("sleuthd")
 
@@ -32,23 +41,47 @@ def _error(message: str) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from sleuthd import logs, runtime
     from sleuthd.engine import Engine
     from sleuthd.errors import EngineFailure, InvalidRequest
     from sleuthd.manifest import ManifestError
     from sleuthd.metrics import ServiceMetrics
-    from sleuthd.server import serve_forever
+    from sleuthd.server import check_ports, serve_forever
 
     metrics = ServiceMetrics()
     try:
         server_config = from_cli_args(ServerConfig, args)
-        engine = Engine.load(from_cli_args(EngineConfig, args), observer=metrics)
+        engine_config = from_cli_args(EngineConfig, args)
+        logs.configure(args.log_level, server_config.log_format)
+        runtime.check_before_load(engine_config.device)
+        check_ports(server_config)  # before the models load: a clash is reported in a moment, not seconds
+        engine = Engine.load(engine_config, observer=metrics)
     except (ConfigError, ManifestError, EngineFailure, InvalidRequest, OSError) as exc:
         return _error(str(exc))
     try:
+        runtime.check_after_load(engine_config.device, [(n, e.provider) for n, e in engine.encoders.items()])
         asyncio.run(serve_forever(engine, server_config, metrics))
-    except OSError as exc:  # the port is taken, or the interface does not exist
+    except (ConfigError, OSError) as exc:  # a port is taken, a TLS/token file is unusable, CUDA fell back
         return _error(str(exc))
     return EXIT_OK
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the server says SERVING, 1 otherwise (Docker's HEALTHCHECK convention)."""
+    import grpc
+
+    from sleuthd.credentials import CredentialsError
+    from sleuthd.probe import health_status
+
+    try:
+        status = asyncio.run(health_status(from_cli_args(ConnectConfig, args)))
+    except (ConfigError, CredentialsError) as exc:
+        return _error(str(exc))
+    except grpc.aio.AioRpcError as exc:
+        print(f"unhealthy: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    print(status)
+    return EXIT_OK if status == "SERVING" else 1
 
 
 # ---------------------------------------------------------------------------------------------- check, rank
@@ -182,28 +215,35 @@ def _run_client(coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]
 
 
 def cmd_models_export(args: argparse.Namespace) -> int:
-    try:
-        from sleuthd.export import models as model_export
-    except ImportError as exc:
-        return _error(f"{exc}; exporting needs the export extra: pip install 'sleuthd[export]'")
+    from sleuthd.manifest import ManifestError
 
     names = ["vad", "ge2e", "campplus"] if args.name == "all" else [args.name]
-    for name in names:
-        if name == "vad":
-            path = model_export.export_vad_model(args.models_dir)
-        elif name == "campplus":
-            path = model_export.export_campplus_model(args.models_dir, args.parity_clips)
-        elif name in ("ecapa", "wavlm-sv"):
-            if args.checkpoint is None:
-                return _error(f"`sleuthd models export {name}` needs --checkpoint DIR (the model folder)")
-            export = model_export.export_ecapa_model if name == "ecapa" else model_export.export_wavlm_model
-            path = export(args.models_dir, args.checkpoint, args.parity_clips)
-        else:
-            path = model_export.export_ge2e_model(args.models_dir, args.parity_clips)
-        m = json.loads(path.read_text())
-        parity = m.get("parity", {})
-        extra = f", parity min cosine {parity['min_cosine']}" if parity.get("measured") else ""
-        print(f"wrote {path} (sha256 {m['sha256'][:12]}…{extra})")
+    try:
+        from sleuthd.export import models as model_export
+
+        for name in names:
+            if name == "vad":
+                path = model_export.export_vad_model(args.models_dir)
+            elif name == "campplus":
+                path = model_export.export_campplus_model(args.models_dir, args.parity_clips)
+            elif name in ("ecapa", "wavlm-sv"):
+                if args.checkpoint is None:
+                    return _error(f"`sleuthd models export {name}` needs --checkpoint DIR (the model folder)")
+                export = model_export.export_ecapa_model if name == "ecapa" else model_export.export_wavlm_model
+                path = export(args.models_dir, args.checkpoint, args.parity_clips)
+            else:
+                path = model_export.export_ge2e_model(args.models_dir, args.parity_clips)
+            m = json.loads(path.read_text())
+            parity = m.get("parity", {})
+            extra = f", parity min cosine {parity['min_cosine']}" if parity.get("measured") else ""
+            print(f"wrote {path} (sha256 {m['sha256'][:12]}…{extra})")
+    except ModuleNotFoundError as exc:  # torch, onnx, resemblyzer, onnxruntime: imported only here
+        missing = exc.name or str(exc)
+        extra = "cpu" if missing.split(".")[0] == "onnxruntime" else "export"
+        hint = "pip install 'sleuthd[cpu,export]'" if extra == "export" else "pip install 'sleuthd[cpu]' (or [gpu])"
+        return _error(f"exporting needs {missing!r}, which is not installed: it comes with the {extra} extra: {hint}")
+    except (RuntimeError, ManifestError, OSError, ValueError) as exc:
+        return _error(str(exc))
     return EXIT_OK
 
 
@@ -220,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_cli_args(s, ServerConfig)
     add_cli_args(s, EngineConfig)
     s.set_defaults(func=cmd_serve)
+
+    h = sub.add_parser("health", help="ask a server's gRPC health service (exit 0 if SERVING, 1 if not)")
+    add_cli_args(h, ConnectConfig)
+    h.set_defaults(func=cmd_health)
 
     def client_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--target", default="127.0.0.1:50051", help="server host:port (default: 127.0.0.1:50051)")
@@ -276,12 +320,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from sleuthd import logs
+
     try:
         args = build_parser().parse_args(argv)
+        if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            return _error(f"--log-level {args.log_level!r} is not one of: debug, info, warning, error")
+        logs.configure(args.log_level)
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at interpreter exit, so a closed pipe is handled below
+        return code
     except ConfigError as exc:  # a malformed SLEUTHD_* environment variable
         return _error(str(exc))
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.func(args))
+    except BrokenPipeError:
+        # The reader went away (`sleuthd check --json | head`): not an error of ours. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again, and exit quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

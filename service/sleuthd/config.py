@@ -189,20 +189,75 @@ class ServerConfig:
         help="largest request accepted, MiB (INVALID_ARGUMENT above it; gRPC refuses twice that unread)",
     )
     shutdown_grace_seconds: float = option(
-        10.0, help="on SIGTERM, how long in-flight RPCs may run before they are cancelled"
+        10.0,
+        help="on SIGTERM, health says NOT_SERVING and new RPCs get UNAVAILABLE while in-flight RPCs (streams "
+        "included) get this long to finish; then the rest are cancelled",
     )
-    metrics_port: int = option(9464, help="Prometheus /metrics port; 0 = any free port, -1 = off")
-    metrics_host: str = option("127.0.0.1", help="interface for /metrics")
+    metrics_port: int = option(
+        9464, help="HTTP port for /metrics, /healthz and /readyz; 0 = any free port, -1 = off"
+    )
+    metrics_host: str = option("127.0.0.1", help="interface for the metrics HTTP port")
+    metrics_auth: Literal["token", "open"] = option(
+        "token", help="with auth_token_file: /metrics needs the bearer token (token) or not (open); "
+        "/healthz and /readyz are always open"
+    )
+    tls_cert: str = option("", help="PEM certificate chain; with tls_key the server speaks only TLS")
+    tls_key: str = option("", help="PEM private key of tls_cert")
+    tls_client_ca: str = option("", help="PEM CA bundle: clients must present a certificate it signed (mutual TLS)")
+    auth_token_file: str = option(
+        "",
+        help="file of accepted bearer tokens, one per line (# comments); RPCs without `authorization: Bearer "
+        "<token>` get UNAUTHENTICATED; gRPC health stays open",
+    )
+    reflection: Literal["on", "off"] = option(
+        "on", help="gRPC reflection for grpcurl (needs the token when auth is on)"
+    )
+    log_format: Literal["text", "json"] = option(
+        "text", help="log lines as text or as one JSON object each; every RPC gets a request id and an access-log line"
+    )
 
     def __post_init__(self) -> None:
         _at_least(self, "max_message_mb", 1e-6)
         _at_least(self, "shutdown_grace_seconds", 0)
         if not -1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be -1 (off), 0 (any) or a port number, got {self.metrics_port}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: set both (TLS) or neither (plaintext)")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key too")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
 
     @property
     def max_message_bytes(self) -> int:
         return int(self.max_message_mb * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class ConnectConfig:
+    """How a client reaches a server (`sleuthd health`; sleuthd.credentials builds the channel from it)."""
+
+    target: str = option("127.0.0.1:50051", help="server host:port")
+    tls: Literal["off", "on"] = option(
+        "off", help="on: TLS with gRPC's bundled roots; any tls_* file below turns TLS on as well"
+    )
+    tls_root_ca: str = option("", help="PEM CA bundle to verify the server's certificate with")
+    tls_client_cert: str = option("", help="PEM client certificate, for servers that require mutual TLS")
+    tls_client_key: str = option("", help="PEM private key of tls_client_cert")
+    tls_server_name: str = option("", help="name to expect in the server's certificate instead of the target host")
+    auth_token_file: str = option("", help="file whose first token line is sent as `authorization: Bearer <token>`")
+    timeout_seconds: float = option(5.0, help="how long to wait for the server's answer, seconds")
+
+    def __post_init__(self) -> None:
+        _at_least(self, "timeout_seconds", 1e-3)
+        if bool(self.tls_client_cert) != bool(self.tls_client_key):
+            raise ConfigError("tls_client_cert and tls_client_key go together: set both or neither")
+
+    @property
+    def use_tls(self) -> bool:
+        return self.tls == "on" or bool(self.tls_root_ca or self.tls_client_cert or self.tls_server_name)
 
 
 def _at_least(config: Any, name: str, low: float) -> None:

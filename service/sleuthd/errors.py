@@ -25,7 +25,7 @@ class Unsupported(InvalidRequest):
 
 
 class LimitExceeded(InvalidRequest):
-    """A per-request or per-stream bound was reached; send less (RESOURCE_EXHAUSTED)."""
+    """A per-request or per-stream bound was reached; send less (INVALID_ARGUMENT: retrying unchanged cannot help)."""
 
 
 class Overloaded(RuntimeError):

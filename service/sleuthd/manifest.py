@@ -1,8 +1,9 @@
 """Model manifests: what an exported model is, where it came from, and the defaults that go with it.
 
-``models/<name>/card.json`` is committed and hand-maintained (source, licence, input spec, default
-thresholds with how they were chosen). ``sleuthd models export <name>`` writes the ONNX file and
-``models/<name>/manifest.json`` = the card plus what only the export knows (file hash, parity figures).
+Model cards are committed, hand-maintained and ship inside the package as data: ``sleuthd/cards/<name>.json``
+(source, licence, input spec, default thresholds with how they were chosen), found with importlib.resources
+so an installed wheel has them. ``sleuthd models export <name>`` writes the ONNX file and
+``<models dir>/<name>/manifest.json`` = the card plus what only the export knows (file hash, parity figures).
 The server loads manifests only, and refuses a model whose file does not match the recorded hash.
 """
 
@@ -12,6 +13,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,6 @@ from sleuthd.features import WindowSpec
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-CARD = "card.json"
 SCHEMA_VERSION = 1
 
 # The SpeakerSleuth paper's fixed thresholds (Appendix B.2), tuned for ECAPA-TDNN and WavLM.
@@ -61,10 +62,17 @@ def _require(d: dict[str, Any], key: str, where: Path) -> Any:
     return d[key]
 
 
-def read_card(model_dir: Path) -> dict[str, Any]:
-    path = model_dir / CARD
-    if not path.exists():
-        raise ManifestError(f"no model card at {path}")
+def card_names() -> list[str]:
+    """The models this package has cards for."""
+    return sorted(p.name.removesuffix(".json") for p in resources.files("sleuthd").joinpath("cards").iterdir()
+                  if p.name.endswith(".json"))  # fmt: skip
+
+
+def read_card(name: str) -> dict[str, Any]:
+    """The model card shipped in the package for model ``name`` (e.g. "ge2e")."""
+    path = resources.files("sleuthd").joinpath("cards", f"{name}.json")
+    if not path.is_file():
+        raise ManifestError(f"this sleuthd has no model card for {name!r} (cards: {', '.join(card_names())})")
     card: dict[str, Any] = json.loads(path.read_text())
     return card
 

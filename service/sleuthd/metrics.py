@@ -1,11 +1,12 @@
-"""Prometheus metrics, served on their own HTTP port (`sleuthd serve --metrics-port`).
+"""Prometheus metrics, served on their own HTTP port (`sleuthd serve --metrics-port`, see sleuthd.ops_http).
 
 Every metric, with its labels (all low-cardinality):
 
 | name | type | labels | meaning |
 | --- | --- | --- | --- |
-| `sleuthd_rpc_total` | counter | method, code | finished RPCs by gRPC method and status code |
+| `sleuthd_rpc_total` | counter | method, code | finished RPCs by method and status code, refused and malformed too |
 | `sleuthd_rpc_latency_seconds` | histogram | method, code | RPC wall time, seconds (streams: open to end) |
+| `sleuthd_rpcs_in_flight` | gauge | | work RPCs running now (not health or reflection); drained on SIGTERM |
 | `sleuthd_batch_queue_windows` | gauge | | encoder windows waiting in the micro-batcher queue |
 | `sleuthd_batch_queue_wait_seconds` | histogram | | time from a request's arrival to its first windows being batched |
 | `sleuthd_batch_windows` | histogram | | windows per model call (batch size in cost units) |
@@ -20,7 +21,7 @@ Every metric, with its labels (all low-cardinality):
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sleuthd.domain import TurnStatus
 
@@ -36,6 +37,7 @@ class ServiceMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.rpc_total = Counter("sleuthd_rpc", "Finished RPCs", ["method", "code"], registry=r)
+        self.rpcs_in_flight = Gauge("sleuthd_rpcs_in_flight", "Work RPCs running now", registry=r)
         self.rpc_latency = Histogram(
             "sleuthd_rpc_latency_seconds", "RPC wall time (s)", ["method", "code"], buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -60,7 +62,8 @@ class ServiceMetrics:
         self.verdicts = Counter("sleuthd_verdicts", "Turn verdicts by status", ["status"], registry=r)
         self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
 
-    # -- RPCs (called by the servicer)
+    # -- RPCs (called by the RPC gate, sleuthd.access; `method` is the short name for sleuthd's own
+    # services and the full path for health and reflection, so its values are bounded by what is registered)
     def rpc_finished(self, method: str, code: str, seconds: float) -> None:
         self.rpc_total.labels(method, code).inc()
         self.rpc_latency.labels(method, code).observe(seconds)
@@ -89,8 +92,3 @@ class ServiceMetrics:
 
     def verdict(self, status: TurnStatus) -> None:
         self.verdicts.labels(status.value).inc()
-
-    def serve_http(self, host: str, port: int) -> int:
-        """Expose /metrics on ``host:port`` (0 picks a free port); returns the bound port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_port)

@@ -23,6 +23,7 @@ from sleuthd.errors import (
     UnknownName,
     Unsupported,
 )
+from sleuthd.logs import clip
 from sleuthd.manifest import PAPER_THRESHOLDS
 from sleuthd.metrics import ServiceMetrics
 from sleuthd.stream import StreamSession
@@ -39,7 +40,8 @@ _STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (Duplicate, grpc.StatusCode.ALREADY_EXISTS),
     (OutOfSequence, grpc.StatusCode.FAILED_PRECONDITION),
     (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
-    (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    # "Send less" is the client's to fix (INVALID_ARGUMENT); RESOURCE_EXHAUSTED means only "busy, retry later".
+    (LimitExceeded, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
@@ -47,7 +49,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 
 
 class _Abort(Exception):
-    """Carries the status an RPC ends with, so the metrics see it before context.abort raises."""
+    """Carries the status an RPC ends with (the RPC gate, sleuthd.access, counts and logs it)."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
@@ -73,7 +75,9 @@ class SleuthServicer(pb_grpc.SleuthServicer):
     def _status_for(self, exc: BaseException) -> _Abort:
         for kind, code in _STATUS_OF:
             if isinstance(exc, kind):
-                return _Abort(code, str(exc))
+                # Messages may echo client strings (names, ids): bounded, so the status trailer stays
+                # under gRPC's metadata limit and the client gets this code, not RESOURCE_EXHAUSTED.
+                return _Abort(code, clip(str(exc)))
         if isinstance(exc, EngineFailure):
             logger.error("engine failure: %s", exc)
             self._on_engine_failure()
@@ -95,7 +99,6 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         return None if remaining is None else asyncio.get_running_loop().time() + remaining
 
     async def _finish(self, context: grpc.aio.ServicerContext, method: str, started: float, abort: _Abort) -> NoReturn:
-        self.metrics.rpc_finished(method, abort.code.name, time.perf_counter() - started)
         await context.abort(abort.code, abort.details)
         raise AssertionError("unreachable: context.abort raises")
 
@@ -108,12 +111,8 @@ class SleuthServicer(pb_grpc.SleuthServicer):
             result = await work()
         except _Abort as abort:
             await self._finish(context, method, started, abort)
-        except asyncio.CancelledError:
-            self.metrics.rpc_finished(method, grpc.StatusCode.CANCELLED.name, time.perf_counter() - started)
-            raise
         except Exception as exc:
             await self._finish(context, method, started, self._status_for(exc))
-        self.metrics.rpc_finished(method, grpc.StatusCode.OK.name, time.perf_counter() - started)
         return result
 
     # ------------------------------------------------------------------ unary RPCs
@@ -220,14 +219,12 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         except asyncio.CancelledError:
             # The client went away (or cancelled): nothing to answer; the buffers are freed below.
             logger.info("stream %r cancelled by the client", session.dialogue_id)
-            self.metrics.rpc_finished("StreamDialogue", grpc.StatusCode.CANCELLED.name, time.perf_counter() - started)
             raise
         except Exception as exc:
             await self._finish(context, "StreamDialogue", started, self._status_for(exc))
         finally:
             session.release()
             self.metrics.streams_active.dec()
-        self.metrics.rpc_finished("StreamDialogue", grpc.StatusCode.OK.name, time.perf_counter() - started)
 
     async def _stream_step(
         self, session: StreamSession, message: pb.StreamDialogueRequest, context: grpc.aio.ServicerContext

@@ -690,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
         "logistic model per variant and writes the calibration block (with how it was fitted) into the card.",
     )
     f.add_argument("corpus", type=Path, help="corpus CSV: path,speaker,gender[,text] (the FIT split only)")
-    f.add_argument("--card", type=Path, default=Path("models/ge2e/card.json"), help="model card to update")
+    f.add_argument("--card", type=Path, default=Path("service/sleuthd/cards/ge2e.json"), help="model card to update")
     f.add_argument("--dialogues", type=int, default=8000, help="training dialogues to draw (default: 8000)")
     f.add_argument("--corpus-label", help="how the corpus is described in the card (default: its path)")
     f.add_argument("--make-default", action="store_true", help="also make auto the encoder's default method")

