@@ -84,6 +84,11 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         raise OSError(f"could not bind {config.host}:{config.port}")
     await server.start()
     running.port = port
+    try:  # health says NOT_SERVING while the LALM judge (when configured) loads
+        await engine.start(metrics.judge)
+    except BaseException:
+        await server.stop(0)
+        raise
     if config.metrics_port >= 0:
         running.metrics_port = metrics.serve_http(config.metrics_host, config.metrics_port)
     await running.set_serving(True)
