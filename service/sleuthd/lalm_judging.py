@@ -25,7 +25,7 @@ import numpy as np
 from sleuthd.audio import AudioError
 from sleuthd.calibration import Calibration
 from sleuthd.clips import PreparedClip, decode, prepare_waveform_placements
-from sleuthd.config import JudgeConfig
+from sleuthd.config import SAMPLE_RATE, JudgeConfig
 from sleuthd.domain import (
     AudioInput,
     DialogueRequest,
@@ -109,9 +109,21 @@ class LalmJudging:
             )  # fmt: skip
         except AudioError as exc:
             raise AudioError(f"{label}: {exc}") from exc
+        self._check_length(samples, label)
         clips = await asyncio.gather(*(embed_prepared(encoder, p, deadline) for p in prepared))
         self._observer.clip_embedded(clips[0].audio_seconds, cached=False)
         return Heard(samples, list(clips))
+
+    def _check_length(self, samples: np.ndarray, label: str) -> None:
+        """Refuse, naming the client's clip, what the judge would refuse: it never cuts a clip."""
+        if self.judge is None or not self.judge.info.max_clip_seconds:
+            return
+        seconds, info = len(samples) / SAMPLE_RATE, self.judge.info
+        if seconds > info.max_clip_seconds:
+            raise InvalidRequest(
+                f"{label} is {seconds:.1f} s; the judge {info.model_name} hears at most {info.max_clip_seconds:g} s "
+                "per clip and never cuts clips: send a shorter excerpt, or use an embedding method"
+            )
 
     async def _hear_all(
         self,
