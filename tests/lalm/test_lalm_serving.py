@@ -408,6 +408,35 @@ async def test_remote_startup_checks_the_model_and_refuses_long_clips(
         await _stop(served, channel)
 
 
+async def test_a_stream_keeps_bounded_audio_for_the_judge(
+    engine: Engine, endpoint: TinyOpenAIServer, speech: Speech
+) -> None:
+    """A stream keeps its turns' waveforms (the judge hears them again): beyond the bound, RESOURCE_EXHAUSTED."""
+    small = JudgeConfig(
+        judge_endpoint=endpoint.url, judge_model_name=endpoint.name, judge_max_stream_audio_mb=0.5
+    )  # 0.5 MiB: the reference (about 5 s, 0.3 MiB as float32) and nothing much more
+    served, channel = await _serve(engine, small)
+    try:
+        turns, refs = _dialogue(speech)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _stream(served.stub, turns, refs, [t for t, _, _ in turns])
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "(--judge-max-stream-audio-mb): open a new stream" in (err.value.details() or "")
+    finally:
+        await _stop(served, channel)
+
+
+def test_the_serving_path_imports_no_torch_transformers_or_httpx() -> None:
+    """A server installed without the judge extra still starts: the judge's libraries load only for a judge."""
+    code = (
+        "import sys\n"
+        "import sleuthd.server, sleuthd.engine, sleuthd.lalm_judging, sleuthd.cli\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'httpx') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
 # ------------------------------------------------------------------------------------------ replay
 
 
