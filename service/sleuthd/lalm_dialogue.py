@@ -2,10 +2,10 @@
 
 Each turn is heard twice from one decode (sleuthd.lalm_judging): its embedding goes into an ordinary
 :class:`~sleuthd.dialogue.DialogueState`, which supplies what every method's verdict carries (INSUFFICIENT_AUDIO,
-the paper scores, auto's probability when the encoder is calibrated, attribution, drift), and its waveform
-goes to the judge. The judge decides the status: per speaker, each usable turn against the reference clip
-and the speaker's nearest other turns (``Judge.detect_turns``), INCONSISTENT when its probability of a
-different speaker is above the threshold.
+the paper scores, auto's probability when the encoder is calibrated, attribution; drift is attached here,
+after the judge's detail), and its waveform goes to the judge. The judge decides the status: per speaker,
+each usable turn against the reference clip and the speaker's nearest other turns (``Judge.detect_turns``),
+INCONSISTENT when its probability of a different speaker is above the threshold.
 
 The judge's answers are kept per turn with the context turns they were asked with. When a streamed turn
 completes, only the prompts whose context changed are asked again (the new turn and its nearest
@@ -25,7 +25,17 @@ import numpy as np
 from sleuthd.calibration import Calibration
 from sleuthd.clips import ClipEmbedding
 from sleuthd.dialogue import DialogueState
-from sleuthd.domain import AudioInput, DialogueResult, FlagReason, SpeakerResult, TurnResult, TurnStatus, TurnUpdate
+from sleuthd.domain import (
+    AudioInput,
+    DialogueResult,
+    DriftResult,
+    FlagReason,
+    SpeakerResult,
+    TurnResult,
+    TurnStatus,
+    TurnUpdate,
+)
+from sleuthd.drift import attach_drift, find_drift
 from sleuthd.errors import LimitExceeded
 from sleuthd.judge import Judgment
 from sleuthd.lalm.judge import Judge, nearest_context
@@ -71,11 +81,14 @@ async def gather_or_cancel(aws: Sequence[Awaitable[T]]) -> list[T]:
 
 def embedding_options(opts: ResolvedOptions) -> ResolvedOptions:
     """The options the embedding side of a lalm dialogue runs under: auto when the encoder is calibrated
-    (its probability and attribution are then filled in), else pairwise (paper scores and attribution)."""
+    (its probability and attribution are then filled in), else pairwise (paper scores and attribution).
+    Drift is left to :class:`LalmDialogue`, which attaches it after writing the judge's detail."""
     cal = opts.entry.calibration
     if isinstance(cal, Calibration):
-        return replace(opts, judgment=Judgment(Method.AUTO, cal.decision_threshold, cal))
-    return replace(opts, judgment=Judgment(Method.PAIRWISE, 0.0, None))  # its statuses are never shown
+        judgment = Judgment(Method.AUTO, cal.decision_threshold, cal)
+    else:
+        judgment = Judgment(Method.PAIRWISE, 0.0, None)  # its statuses are never shown
+    return replace(opts, judgment=judgment, detect_drift=False)
 
 
 class LalmDialogue:
@@ -109,6 +122,7 @@ class LalmDialogue:
         self._waves: dict[str, np.ndarray] = {}  # usable turns only
         self._held = sum(w.nbytes for w in reference_waves.values())
         self._answers: dict[str, tuple[tuple[str, ...], JudgeProbability]] = {}  # turn -> (context, answer)
+        self._drift: dict[str, DriftResult | None] = {}  # searched turns only
         self._reported: dict[str, TurnStatus] = {}
         self._counted: set[str] = set()
 
@@ -128,7 +142,11 @@ class LalmDialogue:
             self._held += heard.samples.nbytes
         self._speaker[turn_id] = speaker
         self._position[turn_id] = position
-        self._inner.add_turn(turn_id, speaker, position, heard.clip, heard.clips[1] if len(heard.clips) > 1 else None)
+        self._inner.add_turn(turn_id, speaker, position, heard.clip)
+        config = self.opts.entry.drift
+        if self.opts.detect_drift and config is not None and heard.clip.usable and len(heard.clips) > 1:
+            dense = heard.clips[1]
+            self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
 
     async def judge_speakers(self, speakers: Sequence[str], deadline: float | None) -> None:
         """Ask the judge about ``speakers``' turns whose prompts are new or changed, all concurrently."""
@@ -198,6 +216,8 @@ class LalmDialogue:
         """Verdicts of every turn added so far, in dialogue order, and per speaker in order of appearance."""
         inner_turns, inner_speakers = self._inner.judge()
         turns = [self._verdict(t) for t in inner_turns]
+        if self.opts.detect_drift and self.opts.entry.drift is not None:
+            turns = attach_drift(turns, self._drift, self.opts.entry.drift)
         return turns, [speaker_result(s.speaker, [t for t in turns if t.speaker == s.speaker]) for s in inner_speakers]
 
     async def finish_turn(

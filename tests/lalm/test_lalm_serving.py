@@ -240,12 +240,19 @@ async def test_check_dialogue_verdicts_are_the_judges_answers(local: Served, spe
 
 async def test_explicit_thresholds_and_the_paper_set(local: Served, speech: Speech) -> None:
     turns, refs = _dialogue(speech)
-    turns = [t for t in turns if t[1] == "A"]
+    # One long turn whose voice changes halfway (about 9 s), so that drift can be searched in it.
+    halves = [_wave(speech.wav_bytes(v, 6)) for v in (VOICE_A, VOICE_F)]
+    turns = [t for t in turns if t[1] == "A"] + [("drifting", "A", encode_wav(np.concatenate(halves), 16_000))]
     for threshold, status in ((0.0, pb.INCONSISTENT), (0.9999, pb.CONSISTENT)):
-        options = pb.CheckOptions(method=pb.METHOD_LALM, threshold=threshold)
+        options = pb.CheckOptions(method=pb.METHOD_LALM, threshold=threshold, detect_drift=threshold > 0)
         verdict = await local.stub.CheckDialogue(_check_request(turns, refs, options), timeout=120)
-        judged = [t for t in verdict.turns if t.HasField("judge_probability")]
-        assert len(judged) == 4 and all(t.status == status and t.threshold == threshold for t in judged)
+        judged = {t.turn_id: t for t in verdict.turns if t.HasField("judge_probability")}
+        assert len(judged) == 5 and all(t.status == status and t.threshold == threshold for t in judged.values())
+        # Drift inside a turn comes from the same decode (the encoder's denser windows), as under every method.
+        assert judged["drifting"].HasField("drift_score") == options.detect_drift
+        if options.detect_drift:
+            assert judged["drifting"].drift_segments and judged["drifting"].detail.startswith("lalm (")
+            assert "drift: too little speech to search" in judged["a0"].detail  # under 6 s of speech
     paper = pb.CheckOptions(method=pb.METHOD_LALM, threshold_set=pb.THRESHOLD_SET_PAPER)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await local.stub.CheckDialogue(_check_request(turns, refs, paper), timeout=60)
