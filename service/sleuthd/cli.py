@@ -61,7 +61,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         runtime.check_after_load(engine_config.device, [(n, e.provider) for n, e in engine.encoders.items()])
         asyncio.run(serve_forever(engine, server_config, metrics))
-    except (ConfigError, OSError) as exc:  # a port is taken, a TLS/token file is unusable, CUDA fell back
+    # a port taken, a TLS/token file unusable, CUDA fell back, the LALM judge cannot start
+    except (ConfigError, OSError, EngineFailure) as exc:
         return _error(str(exc))
     return EXIT_OK
 
@@ -247,6 +248,29 @@ def cmd_models_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_models_tiny_judge(args: argparse.Namespace) -> int:
+    """A tiny randomly initialised judge checkpoint (for tests and trying `serve --judge-model`)."""
+    from sleuthd.lalm.tiny import build_tiny_judge
+
+    try:
+        out = build_tiny_judge(args.dir, args.arch, args.seed)  # ConfigError without the judge extra
+    except (ConfigError, OSError) as exc:
+        return _error(str(exc))
+    print(f"wrote {out} (a random {args.arch} judge: its answers mean nothing; see docs/judge.md)")
+    return EXIT_OK
+
+
+def cmd_models_judge_hash(args: argparse.Namespace) -> int:
+    """The weights hash judge calibrations are keyed by (--judge-weights-sha256 for a remote judge)."""
+    from sleuthd.lalm.calibration import weights_sha256
+
+    try:
+        print(weights_sha256(args.dir))
+    except (ConfigError, OSError) as exc:
+        return _error(str(exc))
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -267,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def client_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--target", default="127.0.0.1:50051", help="server host:port (default: 127.0.0.1:50051)")
-        sp.add_argument("--method", choices=["pairwise", "centroid", "reference", "auto"], help="default: the server's")
+        methods = ["pairwise", "centroid", "reference", "auto", "lalm"]
+        sp.add_argument("--method", choices=methods, help="default: the server's (lalm: a server with a judge)")
         sp.add_argument("--json", action="store_true", help="print the response as JSON, every field")
         sp.add_argument("--timeout", type=float, default=120.0, help="RPC deadline, seconds (default: 120)")
 
@@ -316,6 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of real-speech WAVs to measure parity with resemblyzer on",
     )
     e.set_defaults(func=cmd_models_export)
+    t = msub.add_parser("tiny-judge", help="write a tiny random LALM judge folder (serve --judge-model DIR)")
+    t.add_argument("dir", type=Path)
+    t.add_argument("--arch", choices=["qwen2-audio", "qwen2.5-omni"], default="qwen2-audio")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_models_tiny_judge)
+    h = msub.add_parser("judge-hash", help="print the SHA-256 of a judge model folder's weights")
+    h.add_argument("dir", type=Path)
+    h.set_defaults(func=cmd_models_judge_hash)
     return p
 
 

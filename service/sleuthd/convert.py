@@ -7,11 +7,15 @@ INVALID_ARGUMENT with a message that says what to fix.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from sleuthd import domain
 from sleuthd.domain import Method, PcmEncoding, PcmSpec, TurnUpdate
 from sleuthd.errors import InvalidRequest
 from sleuthd.v1 import sleuthd_pb2 as pb
+
+if TYPE_CHECKING:
+    from sleuthd.lalm.types import JudgeInfo
 
 _METHOD_FROM_PB = {
     pb.METHOD_UNSPECIFIED: None,
@@ -19,6 +23,7 @@ _METHOD_FROM_PB = {
     pb.METHOD_CENTROID: Method.CENTROID,
     pb.METHOD_REFERENCE: Method.REFERENCE,
     pb.METHOD_AUTO: Method.AUTO,
+    pb.METHOD_LALM: Method.LALM,
 }
 _METHOD_TO_PB = {m: p for p, m in _METHOD_FROM_PB.items() if m is not None}
 _THRESHOLD_SET_FROM_PB = {
@@ -127,6 +132,8 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
         detail=t.detail,
         reason=_REASON_TO_PB[t.reason],  # type: ignore[arg-type]
         closest_speaker=t.closest_speaker,
+        judge_model=t.judge_model,
+        judge_calibrated=t.judge_calibrated,
     )
     # Optional fields stay unset when the value does not exist: absence is not zero.
     for name in (
@@ -137,6 +144,8 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
         "reference_cosine",
         "inconsistency_probability",
         "closest_speaker_margin",
+        "judge_probability",
+        "judge_answer_mass",
     ):
         value = getattr(t, name)
         if value is not None:
@@ -193,9 +202,13 @@ def rank_to_pb(result: domain.RankResult) -> pb.RankCandidatesResponse:
             score_scale=c.score_scale,
             higher_is_better=c.higher_is_better,
             speech_seconds=c.speech_seconds,
+            judge_calibrated=c.judge_calibrated,
+            judge_model=c.judge_model,
         )
         if c.fit_probability is not None:
             msg.fit_probability = c.fit_probability
+        if c.judge_answer_mass is not None:
+            msg.judge_answer_mass = c.judge_answer_mass
         ranked.append(msg)
     return pb.RankCandidatesResponse(
         candidates=ranked,
@@ -211,4 +224,23 @@ def turn_update_to_pb(u: TurnUpdate) -> pb.TurnUpdate:
         revision=u.revision,
         trigger_turn_id=u.trigger_turn_id,
         speaker=speaker_to_pb(u.speaker),
+    )
+
+
+def judge_info_to_pb(info: JudgeInfo, max_context_clips: int, orderings: int, threshold: float) -> pb.JudgeInfo:
+    """GetServerInfo's description of the LALM judge (sleuthd.lalm.types.JudgeInfo plus its options)."""
+    return pb.JudgeInfo(
+        model_name=info.model_name,
+        backend=info.backend,
+        architecture=info.architecture,
+        device=info.device,
+        dtype=info.dtype,
+        max_clip_seconds=info.max_clip_seconds,
+        weights_sha256=info.weights_sha256,
+        calibrated_detection=info.calibrated_detection,
+        calibrated_discrimination=info.calibrated_discrimination,
+        prompt_version=info.prompt_version,
+        max_context_clips=max_context_clips,
+        orderings=orderings,
+        decision_threshold=threshold,
     )

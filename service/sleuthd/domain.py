@@ -15,6 +15,7 @@ class Method(Enum):
     CENTROID = "centroid"
     REFERENCE = "reference"
     AUTO = "auto"  # calibrated probability, see sleuthd.calibration
+    LALM = "lalm"  # the LALM judge's probability, see sleuthd.lalm_judging
 
 
 class PcmEncoding(Enum):
@@ -132,6 +133,12 @@ class TurnResult:
     closest_speaker: str = ""
     closest_speaker_margin: float | None = None  # cosine: own speaker minus closest other speaker
     drift: DriftResult | None = None
+    # Method lalm: the judge's P(the turn is not its speaker's), the probability it put on any answer token
+    # (low = it wanted to say something else), its model and whether that probability is calibrated.
+    judge_probability: float | None = None
+    judge_answer_mass: float | None = None
+    judge_model: str = ""
+    judge_calibrated: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,10 @@ class RankedCandidateResult:
     higher_is_better: bool
     speech_seconds: float
     fit_probability: float | None = None  # P(belongs to the speaker), when the encoder is calibrated
+    # Method lalm (the score is then the judge's probability that this candidate is the speaker's voice):
+    judge_answer_mass: float | None = None  # mean probability the judge put on any option letter
+    judge_calibrated: bool = False
+    judge_model: str = ""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ The request path, stage by stage:
   -> clip embedder (sleuthd.embedder)  audio -> cache / single flight -> decode, VAD, windows -> micro-batcher
   -> dialogue state (sleuthd.dialogue) embeddings -> verdicts (sleuthd.judge), drift, verdict metrics
      or ranking (sleuthd.ranking)      embeddings -> candidates best first
+  method lalm: sleuthd.lalm_judging    audio -> waveform + embedding -> the LALM judge -> verdicts, ranking
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from sleuthd.drift import drift_window
 from sleuthd.embedder import ClipEmbedder, Placements
 from sleuthd.encoder import WindowEncoder
 from sleuthd.errors import InvalidRequest, Unsupported
+from sleuthd.lalm.batcher import JudgeObserver
+from sleuthd.lalm_dialogue import LalmDialogue
+from sleuthd.lalm_judging import LalmJudging
 from sleuthd.loading import LoadedModels, load_models, open_registry
 from sleuthd.observe import EngineObserver, NullObserver
 from sleuthd.options import EncoderEntry, ResolvedOptions, resolve
@@ -63,6 +67,7 @@ class Engine:
             if registry is None
             else VoiceRegistry(AsyncVoiceStore(registry), models.encoders, self.embedder, config.default_encoder)
         )
+        self.lalm = LalmJudging(config.judge, models.vad, models.prep_pool, self.observer, config.max_clip_seconds)
 
     @classmethod
     def load(cls, config: EngineConfig, observer: EngineObserver | None = None) -> Engine:
@@ -90,7 +95,13 @@ class Engine:
             )
         return self.registry
 
+    async def start(self, judge_observer: JudgeObserver | None = None) -> None:
+        """Before the server reports SERVING: load the LALM judge when one is configured (ConfigError if it
+        cannot work)."""
+        await self.lalm.start(judge_observer)
+
     async def aclose(self) -> None:
+        await self.lalm.aclose()
         await self.models.aclose()
         await self.close_registry()
 
@@ -107,9 +118,12 @@ class Engine:
     async def check_dialogue(self, request: DialogueRequest, deadline: float | None = None) -> DialogueResult:
         validate_dialogue(request, self.config.max_turns)
         opts = self.resolve(request.options)
+        if opts.method is Method.LALM:
+            return await self.lalm.check_dialogue(request, opts, deadline)
         audio_turns = [t for t in request.turns if t.audio is not None]
         require_references(opts, [t.speaker for t in audio_turns], request.references)
         state = await self.open_dialogue(request.dialogue_id, request.references, opts, deadline)
+        assert isinstance(state, DialogueState)  # method lalm was handed over above
         embedded = await self.embedder.embed(
             opts.encoder,
             [(t.audio, f"turn {t.turn_id!r}") for t in audio_turns if t.audio is not None],
@@ -124,8 +138,10 @@ class Engine:
 
     async def open_dialogue(
         self, dialogue_id: str, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
-    ) -> DialogueState:
+    ) -> DialogueState | LalmDialogue:
         """An empty dialogue judged under ``opts``, with its speakers' references embedded."""
+        if opts.method is Method.LALM:
+            return await self.lalm.open_dialogue(dialogue_id, references, opts, deadline)
         embedded = await self.reference_embeddings(references, opts, deadline)
         return DialogueState(dialogue_id, opts, embedded, self.observer)
 
@@ -168,6 +184,8 @@ class Engine:
     async def rank_candidates(self, request: RankRequest, deadline: float | None = None) -> RankResult:
         validate_rank(request, self.config.max_candidates, self.config.max_context)
         opts = self.resolve(request.options)
+        if opts.method is Method.LALM:
+            return await self.lalm.rank(request, opts, deadline)
         manifest = opts.encoder.manifest
         check_evidence(opts.method, len(request.context), request.reference is not None)
         audios = [(c.audio, f"candidate {c.candidate_id!r}") for c in request.candidates]

@@ -7,18 +7,24 @@ embed through exactly the same objects.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sleuthd.batcher import MicroBatcher
-from sleuthd.config import EngineConfig, RegistryConfig
+from sleuthd.config import EngineConfig, JudgeConfig, RegistryConfig
 from sleuthd.encoder import OnnxEncoder, PerClipEncoder, WindowEncoder
 from sleuthd.manifest import ManifestError, find_encoders, load_encoder_manifest, vad_model_path
 from sleuthd.observe import BatchObserver
 from sleuthd.registry.store import VoiceStore, open_store
 from sleuthd.vad import EnergyVad, SileroVad, Vad
+
+if TYPE_CHECKING:
+    from sleuthd.lalm.batcher import JudgeObserver
+    from sleuthd.lalm.judge import LalmJudge
 
 logger = logging.getLogger(__name__)
 
@@ -92,3 +98,36 @@ def open_registry(config: RegistryConfig) -> VoiceStore | None:
     if store is not None:
         logger.info("voice registry: %s, %d voices", store.backend, store.count())
     return store
+
+
+async def start_judge(config: JudgeConfig, observer: JudgeObserver | None = None) -> LalmJudge | None:
+    """The LALM judge ``config`` names (None when it names none), ready to serve.
+
+    The weights load on a thread (minutes for a 7B model; the server answers health checks with
+    NOT_SERVING meanwhile); a remote judge must list its model at ``/models``. torch, transformers and httpx
+    are imported only here, and only for the backend configured. Raises ConfigError when the judge cannot
+    work (a missing extra, an unsupported folder, a calibration for other weights, a remote that does not
+    serve the model), which ends ``sleuthd serve`` with one line.
+    """
+    if not config.enabled:
+        return None
+    from sleuthd.lalm.judge import load_judge
+    from sleuthd.lalm.remote import RemoteScorer
+
+    judge = await asyncio.to_thread(load_judge, config, observer)
+    try:
+        if isinstance(judge.scorer, RemoteScorer):
+            await judge.scorer.check()
+    except BaseException:
+        await judge.aclose()
+        raise
+    info = judge.info
+    logger.info(
+        "LALM judge %s (%s, %s %s), %s",
+        info.model_name,
+        info.backend,
+        info.device,
+        info.dtype or "-",
+        "calibrated" if info.calibrated_detection else "uncalibrated",
+    )
+    return judge

@@ -17,6 +17,14 @@ Every metric, with its labels (all low-cardinality):
 | `sleuthd_audio_seconds_total` | counter | cached | audio seconds embedded ("false") or cached or shared ("true") |
 | `sleuthd_verdicts_total` | counter | status | turn verdicts by status (consistent, inconsistent, ...) |
 | `sleuthd_streams_active` | gauge | | open StreamDialogue calls |
+| `sleuthd_judge_queue_prompts` | gauge | | LALM judge prompts waiting in its batcher (in-process judge) |
+| `sleuthd_judge_queue_wait_seconds` | histogram | | time from a prompt's arrival to its batch being cut |
+| `sleuthd_judge_batch_prompts` | histogram | | prompts per judge model call |
+| `sleuthd_judge_batch_padded_tokens` | histogram | | tokens per judge model call, padding included |
+| `sleuthd_judge_batch_execution_seconds` | histogram | | wall time of one judge model call |
+| `sleuthd_judge_batch_failures_total` | counter | | judge model calls that raised (their prompts failed) |
+| `sleuthd_judge_batch_splits_total` | counter | | judge calls split in halves after running out of GPU memory |
+| `sleuthd_judge_rejected_total` | counter | | judge prompts refused because its queue was full |
 """
 
 from __future__ import annotations
@@ -28,6 +36,50 @@ from sleuthd.domain import TurnStatus
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+class JudgeMetrics:
+    """The LALM judge batcher's measurements (sleuthd.lalm.batcher.JudgeObserver), on the server's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.queue_prompts = Gauge("sleuthd_judge_queue_prompts", "Judge prompts waiting for a model call", registry=r)
+        self.queue_wait_seconds = Histogram(
+            "sleuthd_judge_queue_wait_seconds", "Judge prompt queue wait (s)", buckets=_WAIT_BUCKETS, registry=r
+        )
+        self.batch_prompts = Histogram(
+            "sleuthd_judge_batch_prompts", "Prompts per judge model call", buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "sleuthd_judge_batch_padded_tokens", "Padded tokens per judge call", buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.batch_seconds = Histogram(
+            "sleuthd_judge_batch_execution_seconds", "Judge call wall time (s)", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.failures = Counter("sleuthd_judge_batch_failures", "Judge model calls that raised", registry=r)
+        self.splits = Counter("sleuthd_judge_batch_splits", "Judge calls split after running out of memory", registry=r)
+        self.rejections = Counter("sleuthd_judge_rejected", "Judge prompts refused: queue full", registry=r)
+
+    def queue_depth(self, prompts: int) -> None:
+        self.queue_prompts.set(prompts)
+
+    def queue_wait(self, seconds: float) -> None:
+        self.queue_wait_seconds.observe(seconds)
+
+    def batch_executed(self, prompts: int, padded_tokens: int, seconds: float) -> None:
+        self.batch_prompts.observe(prompts)
+        self.batch_tokens.observe(padded_tokens)
+        self.batch_seconds.observe(seconds)
+
+    def batch_failed(self, prompts: int) -> None:
+        self.failures.inc()
+
+    def batch_split(self, prompts: int) -> None:
+        self.splits.inc()
+
+    def rejected(self) -> None:
+        self.rejections.inc()
 
 
 class ServiceMetrics:
@@ -61,6 +113,7 @@ class ServiceMetrics:
         )
         self.verdicts = Counter("sleuthd_verdicts", "Turn verdicts by status", ["status"], registry=r)
         self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
+        self.judge = JudgeMetrics(r)  # given to the LALM judge's batcher (Engine.start)
 
     # -- RPCs (called by the RPC gate, sleuthd.access; `method` is the short name for sleuthd's own
     # services and the full path for health and reflection, so its values are bounded by what is registered)

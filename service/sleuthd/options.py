@@ -23,6 +23,8 @@ from sleuthd.scoring import METHODS, Method
 
 logger = logging.getLogger(__name__)
 
+LALM_THRESHOLD = 0.5  # method lalm flags a turn whose judge probability of a different speaker is above this
+
 
 @dataclass(frozen=True)
 class EncoderEntry:
@@ -95,6 +97,10 @@ def resolve(options: CheckOptions, entries: Mapping[str, EncoderEntry], default_
                 f"threshold {options.threshold} is outside the {method.value} scale ({info.scale}, {lo}–{hi})"
             )
         threshold = float(options.threshold)
+    elif method is Method.LALM:  # the judge's own scale: flag what it finds more likely than not a different voice
+        if options.threshold_set is ThresholdSet.PAPER:
+            raise InvalidRequest("the paper has no threshold for method lalm: use the default threshold set")
+        threshold = LALM_THRESHOLD
     elif method is Method.AUTO:
         if options.threshold_set is ThresholdSet.PAPER:
             raise InvalidRequest("the paper has no threshold for method auto: use the default threshold set")

@@ -158,6 +158,11 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     if port == 0:
         raise OSError(f"cannot listen on {address}: the address is taken or not on this machine")
     running.port = port
+    try:  # health says NOT_SERVING while the LALM judge (when configured) loads
+        await engine.start(metrics.judge)
+    except BaseException:
+        await server.stop(0)
+        raise
     if config.metrics_port >= 0:
         http = OpsHttpServer(
             metrics.registry,

@@ -152,6 +152,8 @@ class SleuthServicer(pb_grpc.SleuthServicer):
                 for name, enc in sorted(self.engine.encoders.items())
             ]
             registry = self.engine.registry
+            lalm = self.engine.lalm
+            judge = lalm.judge
             return pb.GetServerInfoResponse(
                 version=__version__,
                 encoders=encoders,
@@ -159,6 +161,11 @@ class SleuthServicer(pb_grpc.SleuthServicer):
                 max_message_bytes=self.max_message_bytes,
                 paper_thresholds=PAPER_THRESHOLDS,
                 registry=voice_convert.registry_info_to_pb(registry) if registry is not None else None,
+                judge=None
+                if judge is None
+                else convert.judge_info_to_pb(
+                    judge.info, judge.max_context_clips, lalm.config.judge_orderings, lalm.decision_threshold
+                ),
             )
 
         return await self._unary(context, "GetServerInfo", 0, work)

@@ -14,6 +14,7 @@ from sleuthd.dialogue import DialogueState, check_id, require_references
 from sleuthd.domain import AudioInput, CheckOptions, DialogueResult, PcmSpec, Reference, TurnUpdate
 from sleuthd.engine import Engine
 from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
+from sleuthd.lalm_dialogue import LalmDialogue
 
 
 @dataclass
@@ -30,7 +31,7 @@ class StreamSession:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.dialogue_id = ""
-        self._state: DialogueState | None = None
+        self._state: DialogueState | LalmDialogue | None = None
         self._open: dict[str, _OpenTurn] = {}
         self._done: set[str] = set()
         self._started = 0
@@ -42,7 +43,7 @@ class StreamSession:
         self._open.clear()
         self._buffered = 0
 
-    def _require_open(self) -> DialogueState:
+    def _require_open(self) -> DialogueState | LalmDialogue:
         if self._state is None:
             raise OutOfSequence("the first message of a stream must be `open`")
         return self._state
@@ -97,6 +98,9 @@ class StreamSession:
         turn = self._open.pop(turn_id)
         data = b"".join(turn.chunks)
         self._buffered -= turn.size
+        if isinstance(state, LalmDialogue):  # method lalm: the judge hears the turn (sleuthd.lalm_dialogue)
+            self._done.add(turn_id)
+            return await state.finish_turn(turn_id, turn.speaker, turn.position, AudioInput(data, turn.pcm), deadline)
         clip, dense = await self.engine.embed_turn(
             state.opts, AudioInput(data, turn.pcm), f"turn {turn_id!r}", deadline
         )

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import pytest_asyncio
+from sleuthd import cli
 from sleuthd.config import ConfigError, add_cli_args, from_cli_args
 from sleuthd.errors import InvalidRequest
 from sleuthd.lalm import __main__ as lalm_cli
@@ -209,14 +210,21 @@ def test_judge_options_become_flags_and_refuse_contradictions() -> None:
 
 
 def test_the_documented_commands_build_and_hash_a_tiny_judge(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`sleuthd models tiny-judge DIR` and `sleuthd models judge-hash DIR` (python -m sleuthd.lalm has both too)."""
     out = tmp_path / "tiny-omni"
-    assert lalm_cli.main(["tiny-judge", str(out), "--arch", "qwen2.5-omni"]) == 0
+    assert cli.main(["--log-level", "warning", "models", "tiny-judge", str(out), "--arch", "qwen2.5-omni"]) == 0
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
     assert (out / "tokenizer.json").exists() and (out / "chat_template.jinja").exists()
     capsys.readouterr()
+    assert cli.main(["models", "judge-hash", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == weights_sha256(out)
     assert lalm_cli.main(["judge-hash", str(out)]) == 0
     assert capsys.readouterr().out.strip() == weights_sha256(out)
-    assert lalm_cli.main(["judge-hash", str(tmp_path)]) == 2  # no weights there: an error, not a hash
+    assert cli.main(["models", "judge-hash", str(tmp_path)]) == 2  # no weights there: an error, not a hash
+    assert (
+        capsys.readouterr().err.strip() == f"error: {tmp_path}: no weight files (.safetensors, .bin, .pt, .pth) to hash"
+    )
+    assert cli.main(["models", "judge-hash", str(tmp_path / "nowhere")]) == 2
 
 
 def test_importing_the_judge_loads_no_torch_transformers_or_httpx() -> None:

@@ -594,7 +594,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("manifest", type=Path)
     r.add_argument("--target", default="127.0.0.1:50051", help="server host:port (default: 127.0.0.1:50051)")
-    r.add_argument("--methods", default="pairwise,centroid,reference", help="pairwise,centroid,reference[,auto]")
+    r.add_argument(
+        "--methods",
+        default="pairwise,centroid,reference",
+        help="pairwise,centroid,reference[,auto][,lalm] (lalm needs a server started with an LALM judge)",
+    )
     r.add_argument("--thresholds", default="paper,default", help="paper, default or paper,default (default: both)")
     r.add_argument("--out", type=Path, help="report folder (default: runs/<manifest name>/)")
     r.add_argument("--concurrency", type=int, default=4, help="RPCs in flight (default: 4)")

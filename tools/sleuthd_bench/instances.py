@@ -15,14 +15,16 @@ from sleuthd_bench.manifest import ManifestLine
 from sleuthd_bench.metrics import SCENARIOS, Scenario
 
 PAPER_METHODS = ("pairwise", "centroid", "reference")
-METHOD_CHOICES = (*PAPER_METHODS, "auto")
-THRESHOLD_SETS = ("paper", "default")
 AUTO = "auto"
+LALM = "lalm"  # the server's LALM judge (sleuthd serve --judge-model / --judge-endpoint)
+METHOD_CHOICES = (*PAPER_METHODS, AUTO, LALM)
+THRESHOLD_SETS = ("paper", "default")
+UNTHRESHOLDED = (AUTO, LALM)  # one run each: their probability's decision threshold is the server's
 
 
 @dataclass(frozen=True)
 class Run:
-    """One column of results: a method with a threshold set (``None`` for ``auto``, which has none)."""
+    """One column of results: a method with a threshold set (``None`` for ``auto`` and ``lalm``)."""
 
     method: str
     thresholds: str | None
@@ -49,12 +51,12 @@ def plan_runs(methods: Sequence[str], thresholds: Sequence[str]) -> list[Run]:
     paper's thresholds (always run, so every report can be compared with the paper's Table 2).
 
     Order: methods as requested, then the paper methods not requested; within a method, threshold
-    sets as requested, with ``paper`` first when it was not requested; ``auto`` has a single run.
+    sets as requested, with ``paper`` first when it was not requested; ``auto`` and ``lalm`` have a single run.
     """
     runs: list[Run] = []
     for method in dict.fromkeys([*methods, *PAPER_METHODS]):
-        if method == AUTO:
-            runs.append(Run(AUTO, None))
+        if method in UNTHRESHOLDED:
+            runs.append(Run(method, None))
             continue
         sets = list(dict.fromkeys(thresholds)) if method in methods else []
         if "paper" not in sets:

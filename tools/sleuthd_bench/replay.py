@@ -10,7 +10,10 @@ Outputs in the report folder: ``report.json`` (schema of docs/benchmark-format.m
 ``predictions.jsonl``, ``sweep.json``, ``threshold_sweep.png``, ``bias_scatter.png``,
 ``replay.json`` (what was run, against what, how long it took and what failed) and, when ``auto``
 was replayed, ``calibration.json``, ``reliability.png`` and ``comparison.json`` (auto against every
-other run, paired over the same dialogues, with bootstrap intervals).
+other run, paired over the same dialogues, with bootstrap intervals). When ``lalm`` (the server's LALM
+judge) was replayed: ``calibration_lalm.json`` and ``reliability_lalm.png`` (are the judge's probabilities
+probabilities?), the judge's description in ``replay.json`` and ``report.md``, and the judge's per-turn
+fields in ``predictions.jsonl``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from sleuthd_bench import paired
 from sleuthd_bench import report as report_mod
 from sleuthd_bench.instances import (
     AUTO,
+    LALM,
     PAPER_METHODS,
     Candidate,
     Run,
@@ -52,6 +56,8 @@ from sleuthd_bench.sweeps import SWEEPS, SweepInstance, best_table, sweep_method
 logger = logging.getLogger(__name__)
 
 AUTO_ENUM = "METHOD_AUTO"
+# Methods the API names by enum value: sent by name, since older API versions lack them.
+_ENUM_OF = {AUTO: AUTO_ENUM, LALM: "METHOD_LALM"}
 _STATUS = {v: k for k, v in pb.TurnStatus.items()}
 # After this many calls in a row fail with UNAVAILABLE (retries included) the server is taken to be
 # gone: the remaining instances are not sent, instead of each waiting out its own retries.
@@ -67,7 +73,7 @@ class ReplayError(RuntimeError):
 class ReplayConfig:
     """Options of ``sleuthd-bench replay``.
 
-    ``methods``: from pairwise, centroid, reference, auto. ``thresholds``: from paper, default.
+    ``methods``: from pairwise, centroid, reference, auto, lalm. ``thresholds``: from paper, default.
     ``concurrency``: RPCs in flight at once. ``timeout_s``: deadline of each RPC.
     ``connect_timeout_s``: how long to wait for the server before giving up.
     ``shuffle_seed``: seeds the candidate order of every discrimination instance.
@@ -143,15 +149,45 @@ def failure_summary(failures: Sequence[Failure]) -> str:
 
 
 def check_auto_supported(methods: Sequence[str]) -> None:
-    if AUTO in methods and AUTO_ENUM not in pb.Method.keys():
-        raise ReplayError("this server/client has no auto method (sleuthd.v1 has no METHOD_AUTO)")
+    for method, enum in _ENUM_OF.items():
+        if method in methods and enum not in pb.Method.keys():
+            raise ReplayError(f"this server/client has no {method} method (sleuthd.v1 has no {enum})")
 
 
 def _options(run_method: str, thresholds: str | None, encoder: str) -> pb.CheckOptions:
-    if run_method == AUTO:
-        # By name: the enum value only exists in API versions that have the auto method.
-        return pb.CheckOptions(encoder=encoder, method=AUTO_ENUM)
+    if run_method in _ENUM_OF:
+        # By name: the enum value only exists in API versions that have the method.
+        return pb.CheckOptions(encoder=encoder, method=_ENUM_OF[run_method])
     return client.make_options(run_method, thresholds, encoder=encoder)
+
+
+def _judge_fields(t: Any) -> dict[str, Any]:
+    """A lalm verdict's judge fields (none for other methods, so their predictions stay as they were)."""
+    if not t.HasField("judge_probability"):
+        return {}
+    return {
+        "judge_probability": t.judge_probability,
+        "judge_answer_mass": _opt(t, "judge_answer_mass"),
+        "judge_calibrated": t.judge_calibrated,
+    }
+
+
+def judge_description(info: pb.GetServerInfoResponse) -> dict[str, Any] | None:
+    """The server's LALM judge as replay.json and report.md show it; None when it has none."""
+    if not info.HasField("judge"):
+        return None
+    j = info.judge
+    return {
+        "model": j.model_name,
+        "backend": j.backend,
+        "architecture": j.architecture,
+        "dtype": j.dtype,
+        "weights_sha256": j.weights_sha256,
+        "calibrated_detection": j.calibrated_detection,
+        "calibrated_discrimination": j.calibrated_discrimination,
+        "prompt_version": j.prompt_version,
+        "decision_threshold": j.decision_threshold,
+    }
 
 
 def _opt(msg: Any, name: str) -> float | None:
@@ -240,6 +276,7 @@ class _Replayer:
                     "centroid_cosine_distance": _opt(t, "centroid_cosine_distance"),
                     "reference_cosine": _opt(t, "reference_cosine"),
                     "speech_seconds": round(t.speech_seconds, 3),
+                    **_judge_fields(t),
                 }
             )
         record = DetectionRecord(
@@ -331,6 +368,11 @@ async def replay(config: ReplayConfig) -> ReplayResult:
     async with client.channel(config.target) as ch:
         stub = client.stub(ch)
         info = await _connect(ch, stub, config)
+        if LALM in config.methods and not info.HasField("judge"):
+            raise ReplayError(
+                f"the server at {config.target} has no LALM judge, so --methods lalm cannot run: start it with "
+                "--judge-model DIR or --judge-endpoint URL --judge-model-name NAME (docs/judge.md)"
+            )
         replayer = _Replayer(stub, Path(config.manifest).parent, config)
         detections, rankings = await _send_all(replayer, lines, runs)
 
@@ -375,6 +417,9 @@ async def replay(config: ReplayConfig) -> ReplayResult:
         sweep_defaults={m: defaults[m] for m in sweeps if m in defaults},
     )
     comparisons: list[paired.PairedComparison] = []
+    judge = judge_description(info) if any(run.method == LALM for run in runs) else None
+    if judge is not None:
+        written.update(_write_reliability(out_dir, predictions, Path(config.manifest).name, LALM))
     if any(run.method == AUTO for run in runs):
         written.update(_write_reliability(out_dir, predictions, Path(config.manifest).name))
         comparisons = _compare_auto(records_by_run)
@@ -403,6 +448,7 @@ async def replay(config: ReplayConfig) -> ReplayResult:
             "server_version": info.version,
             "encoder": encoder,
             "runs": [r.name for r in runs],
+            **({"judge": judge} if judge is not None else {}),
             "incomplete_runs": incomplete,
             "n_dialogues": len(lines),
             "rpcs": replayer.rpcs,
@@ -415,7 +461,9 @@ async def replay(config: ReplayConfig) -> ReplayResult:
             },
         },
     )
-    _append_markdown(written["report_md"], sweeps, marks, comparisons, failures, incomplete, wall_s, replayer.rpcs)
+    _append_markdown(
+        written["report_md"], sweeps, marks, comparisons, failures, incomplete, wall_s, replayer.rpcs, judge
+    )
     return ReplayResult(report, written, failures, wall_s, replayer.rpcs, sweeps, incomplete)
 
 
@@ -601,8 +649,20 @@ def _append_markdown(
     incomplete: Sequence[str],
     wall_s: float,
     rpcs: int,
+    judge: dict[str, Any] | None = None,
 ) -> None:
     parts = [""]
+    if judge is not None:
+        calibrated = "calibrated" if judge["calibrated_detection"] else "uncalibrated (raw answer shares)"
+        parts += [
+            "## The LALM judge (run `lalm`)",
+            "",
+            f"{judge['model']} ({judge['backend']}{', ' + judge['architecture'] if judge['architecture'] else ''}), "
+            f"prompt version {judge['prompt_version']}, detection {calibrated}; a turn is flagged when the judge's "
+            f"probability of a different speaker is above {judge['decision_threshold']:g}. Reliability of its "
+            "probabilities: `calibration_lalm.json`, `reliability_lalm.png`.",
+            "",
+        ]
     if sweeps:
         parts += [
             "## Threshold sweep",
@@ -632,15 +692,19 @@ def _append_markdown(
         fh.write("\n".join(parts))
 
 
-def _write_reliability(out_dir: Path, predictions: list[dict[str, Any]], manifest: str) -> dict[str, Path]:
-    """calibration.json and reliability.png for the auto run: are its probabilities probabilities?"""
+def _write_reliability(
+    out_dir: Path, predictions: list[dict[str, Any]], manifest: str, run: str = AUTO
+) -> dict[str, Path]:
+    """calibration.json and reliability.png for the auto run (``_lalm`` files for the judge's run): are its
+    probabilities probabilities?"""
     from sleuthd_bench import plots, reliability
 
-    probs, labels = reliability.turn_pairs(predictions, AUTO)
+    probs, labels = reliability.turn_pairs(predictions, run)
     if len(probs) == 0:
         return {}
     summary = reliability.summary(probs, labels)
-    path = out_dir / "calibration.json"
-    path.write_text(json.dumps({"manifest": manifest, "run": AUTO, **summary}, indent=2) + "\n")
-    png = plots.plot_reliability(summary, out_dir / "reliability.png", f"auto on {manifest}")
-    return {"calibration": path, "reliability": png}
+    suffix = "" if run == AUTO else f"_{run}"
+    path = out_dir / f"calibration{suffix}.json"
+    path.write_text(json.dumps({"manifest": manifest, "run": run, **summary}, indent=2) + "\n")
+    png = plots.plot_reliability(summary, out_dir / f"reliability{suffix}.png", f"{run} on {manifest}")
+    return {f"calibration{suffix}": path, f"reliability{suffix}": png}

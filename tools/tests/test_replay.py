@@ -73,6 +73,14 @@ def test_runs_always_include_the_paper_methods_at_paper_thresholds() -> None:
         "pairwise@paper",
         "reference@paper",
     ]
+    # The LALM judge, like auto, is one run: its decision threshold is the server's.
+    assert [r.name for r in plan_runs(["lalm", "auto"], ["default"])] == [
+        "lalm",
+        "auto",
+        "pairwise@paper",
+        "centroid@paper",
+        "reference@paper",
+    ]
 
 
 def test_instances_derived_from_a_line() -> None:

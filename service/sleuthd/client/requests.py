@@ -16,7 +16,7 @@ from typing import Any
 from sleuthd.v1 import sleuthd_pb2 as pb
 
 THRESHOLD_SETS = {"default": pb.THRESHOLD_SET_DEFAULT, "paper": pb.THRESHOLD_SET_PAPER}
-METHODS = ("pairwise", "centroid", "reference", "auto")
+METHODS = ("pairwise", "centroid", "reference", "auto", "lalm")
 MAX_CHANNELS = 8  # the server's limit; a wider array is most likely (channels, frames)
 
 # Audio as accepted everywhere: a file path (str or PathLike), an encoded file's bytes (WAV, FLAC, OGG,

@@ -107,7 +107,7 @@ class Verdict:
     turns: tuple[TurnVerdict, ...]  # one per turn with audio, dialogue order
     speakers: tuple[SpeakerVerdict, ...]  # order of first appearance
     encoder: str
-    method: str  # "pairwise", "centroid", "reference" or "auto"
+    method: str  # "pairwise", "centroid", "reference", "auto" or "lalm"
     threshold_set: str  # "default" or "paper"
 
     @property

@@ -1,7 +1,8 @@
-"""``python -m sleuthd.lalm``: judge model helpers until the ``sleuthd models`` CLI wires them.
+"""``python -m sleuthd.lalm``: judge model helpers (the first two are also ``sleuthd models tiny-judge|judge-hash``).
 
 python -m sleuthd.lalm tiny-judge DIR --arch qwen2-audio|qwen2.5-omni   # a tiny random checkpoint
 python -m sleuthd.lalm judge-hash DIR                                    # the weights hash calibrations key on
+python -m sleuthd.lalm bench DIR                                         # prompts/s at batch sizes 1-32
 """
 
 from __future__ import annotations

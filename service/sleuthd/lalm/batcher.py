@@ -38,7 +38,7 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class PromptBatcherConfig:
-    """How prompts are grouped into model calls (see :class:`~sleuthd.lalm.config.JudgeConfig`)."""
+    """How prompts are grouped into model calls (see :class:`~sleuthd.config.JudgeConfig`)."""
 
     max_batch_tokens: int = 16384  # padded tokens per call: prompts × the longest prompt
     max_batch_prompts: int = 32

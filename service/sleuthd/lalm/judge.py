@@ -8,7 +8,7 @@ turn one :class:`~sleuthd.lalm.prompts.Prompt` into :class:`~sleuthd.lalm.types.
               → scorer (batched in-process model, or HTTP) → raw answer probabilities
               → calibration for these weights (or none, and every result says so) → results
 
-:func:`load_judge` builds one from a :class:`~sleuthd.lalm.config.JudgeConfig`.
+:func:`load_judge` builds one from a :class:`~sleuthd.config.JudgeConfig`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from sleuthd.config import JudgeConfig
 from sleuthd.errors import InvalidRequest
 from sleuthd.lalm import prompts
 from sleuthd.lalm.batcher import JudgeObserver, PromptBatcherConfig
 from sleuthd.lalm.calibration import JudgeCalibration, select, weights_sha256
-from sleuthd.lalm.config import JudgeConfig
 from sleuthd.lalm.types import AnswerScores, Clip, JudgeInfo, JudgeProbability, JudgeRanking, RankedOption
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class Judge(Protocol):
     """What the engine calls. Waveforms are 16 kHz mono float32; ``deadline`` is on ``loop.time()``."""
 
     info: JudgeInfo
+    max_context_clips: int  # other turns heard with each turn by detect_turns (the nearest in the dialogue)
 
     async def detect(
         self,

@@ -23,6 +23,7 @@ class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METHOD_CENTROID: _ClassVar[Method]
     METHOD_REFERENCE: _ClassVar[Method]
     METHOD_AUTO: _ClassVar[Method]
+    METHOD_LALM: _ClassVar[Method]
 
 class ThresholdSet(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -51,6 +52,7 @@ METHOD_PAIRWISE: Method
 METHOD_CENTROID: Method
 METHOD_REFERENCE: Method
 METHOD_AUTO: Method
+METHOD_LALM: Method
 THRESHOLD_SET_UNSPECIFIED: ThresholdSet
 THRESHOLD_SET_DEFAULT: ThresholdSet
 THRESHOLD_SET_PAPER: ThresholdSet
@@ -132,7 +134,7 @@ class CheckDialogueRequest(_message.Message):
     def __init__(self, dialogue_id: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., references: _Optional[_Iterable[_Union[SpeakerReference, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
 
 class TurnVerdict(_message.Message):
-    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail", "inconsistency_probability", "reason", "closest_speaker", "closest_speaker_margin", "drift_segments", "drift_score")
+    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail", "inconsistency_probability", "reason", "closest_speaker", "closest_speaker_margin", "drift_segments", "drift_score", "judge_probability", "judge_answer_mass", "judge_model", "judge_calibrated")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +153,10 @@ class TurnVerdict(_message.Message):
     CLOSEST_SPEAKER_MARGIN_FIELD_NUMBER: _ClassVar[int]
     DRIFT_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     DRIFT_SCORE_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_ANSWER_MASS_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_CALIBRATED_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     speaker: str
     status: TurnStatus
@@ -169,7 +175,11 @@ class TurnVerdict(_message.Message):
     closest_speaker_margin: float
     drift_segments: _containers.RepeatedCompositeFieldContainer[DriftSegment]
     drift_score: float
-    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ..., inconsistency_probability: _Optional[float] = ..., reason: _Optional[_Union[FlagReason, str]] = ..., closest_speaker: _Optional[str] = ..., closest_speaker_margin: _Optional[float] = ..., drift_segments: _Optional[_Iterable[_Union[DriftSegment, _Mapping]]] = ..., drift_score: _Optional[float] = ...) -> None: ...
+    judge_probability: float
+    judge_answer_mass: float
+    judge_model: str
+    judge_calibrated: bool
+    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ..., inconsistency_probability: _Optional[float] = ..., reason: _Optional[_Union[FlagReason, str]] = ..., closest_speaker: _Optional[str] = ..., closest_speaker_margin: _Optional[float] = ..., drift_segments: _Optional[_Iterable[_Union[DriftSegment, _Mapping]]] = ..., drift_score: _Optional[float] = ..., judge_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_model: _Optional[str] = ..., judge_calibrated: _Optional[bool] = ...) -> None: ...
 
 class DriftSegment(_message.Message):
     __slots__ = ("start_seconds", "end_seconds", "score")
@@ -238,7 +248,7 @@ class RankCandidatesRequest(_message.Message):
     def __init__(self, speaker: _Optional[str] = ..., context: _Optional[_Iterable[_Union[Audio, _Mapping]]] = ..., reference: _Optional[_Union[Audio, _Mapping]] = ..., reference_voice_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
 
 class RankedCandidate(_message.Message):
-    __slots__ = ("candidate_id", "rank", "score", "score_scale", "higher_is_better", "speech_seconds", "fit_probability")
+    __slots__ = ("candidate_id", "rank", "score", "score_scale", "higher_is_better", "speech_seconds", "fit_probability", "judge_answer_mass", "judge_calibrated", "judge_model")
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +256,9 @@ class RankedCandidate(_message.Message):
     HIGHER_IS_BETTER_FIELD_NUMBER: _ClassVar[int]
     SPEECH_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FIT_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_ANSWER_MASS_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_CALIBRATED_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_MODEL_FIELD_NUMBER: _ClassVar[int]
     candidate_id: str
     rank: int
     score: float
@@ -253,7 +266,10 @@ class RankedCandidate(_message.Message):
     higher_is_better: bool
     speech_seconds: float
     fit_probability: float
-    def __init__(self, candidate_id: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., higher_is_better: _Optional[bool] = ..., speech_seconds: _Optional[float] = ..., fit_probability: _Optional[float] = ...) -> None: ...
+    judge_answer_mass: float
+    judge_calibrated: bool
+    judge_model: str
+    def __init__(self, candidate_id: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., higher_is_better: _Optional[bool] = ..., speech_seconds: _Optional[float] = ..., fit_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_calibrated: _Optional[bool] = ..., judge_model: _Optional[str] = ...) -> None: ...
 
 class RankCandidatesResponse(_message.Message):
     __slots__ = ("candidates", "encoder", "method", "usable_context")
@@ -371,7 +387,7 @@ class EncoderInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., min_speech_seconds: _Optional[float] = ..., default_thresholds: _Optional[_Mapping[str, float]] = ..., default_method: _Optional[str] = ..., execution_provider: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("version", "encoders", "default_encoder", "max_message_bytes", "paper_thresholds", "registry")
+    __slots__ = ("version", "encoders", "default_encoder", "max_message_bytes", "paper_thresholds", "registry", "judge")
     class PaperThresholdsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -385,13 +401,45 @@ class GetServerInfoResponse(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAPER_THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
     REGISTRY_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_FIELD_NUMBER: _ClassVar[int]
     version: str
     encoders: _containers.RepeatedCompositeFieldContainer[EncoderInfo]
     default_encoder: str
     max_message_bytes: int
     paper_thresholds: _containers.ScalarMap[str, float]
     registry: VoiceRegistryInfo
-    def __init__(self, version: _Optional[str] = ..., encoders: _Optional[_Iterable[_Union[EncoderInfo, _Mapping]]] = ..., default_encoder: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., paper_thresholds: _Optional[_Mapping[str, float]] = ..., registry: _Optional[_Union[VoiceRegistryInfo, _Mapping]] = ...) -> None: ...
+    judge: JudgeInfo
+    def __init__(self, version: _Optional[str] = ..., encoders: _Optional[_Iterable[_Union[EncoderInfo, _Mapping]]] = ..., default_encoder: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., paper_thresholds: _Optional[_Mapping[str, float]] = ..., registry: _Optional[_Union[VoiceRegistryInfo, _Mapping]] = ..., judge: _Optional[_Union[JudgeInfo, _Mapping]] = ...) -> None: ...
+
+class JudgeInfo(_message.Message):
+    __slots__ = ("model_name", "backend", "architecture", "device", "dtype", "max_clip_seconds", "weights_sha256", "calibrated_detection", "calibrated_discrimination", "prompt_version", "max_context_clips", "orderings", "decision_threshold")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATED_DETECTION_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATED_DISCRIMINATION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_CLIPS_FIELD_NUMBER: _ClassVar[int]
+    ORDERINGS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    backend: str
+    architecture: str
+    device: str
+    dtype: str
+    max_clip_seconds: float
+    weights_sha256: str
+    calibrated_detection: bool
+    calibrated_discrimination: bool
+    prompt_version: str
+    max_context_clips: int
+    orderings: int
+    decision_threshold: float
+    def __init__(self, model_name: _Optional[str] = ..., backend: _Optional[str] = ..., architecture: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_clip_seconds: _Optional[float] = ..., weights_sha256: _Optional[str] = ..., calibrated_detection: _Optional[bool] = ..., calibrated_discrimination: _Optional[bool] = ..., prompt_version: _Optional[str] = ..., max_context_clips: _Optional[int] = ..., orderings: _Optional[int] = ..., decision_threshold: _Optional[float] = ...) -> None: ...
 
 class RegisterVoiceRequest(_message.Message):
     __slots__ = ("voice_id", "clips", "metadata", "replace", "keep_audio")
