@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from sleuthd.export.models import export_campplus_model
 from sleuthd.features import make_windows
 from sleuthd.manifest import EncoderManifest, load_encoder_manifest, sha256_of
 
-from .support import FSDD_SUBSET, MODELS_DIR, VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech
+from .support import FSDD_SUBSET, VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +24,6 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> EncoderManifest:
     """One export per test session, into a temporary models folder, through the code `make models` runs."""
     models = tmp_path_factory.mktemp("models")
     (models / "campplus").mkdir()
-    shutil.copy(MODELS_DIR / "campplus" / "card.json", models / "campplus" / "card.json")
     export_campplus_model(models, FSDD_SUBSET)
     return load_encoder_manifest(models / "campplus")
 

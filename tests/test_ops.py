@@ -12,13 +12,15 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sleuthd import logs
-from sleuthd.config import BatcherConfig, EngineConfig
+from sleuthd.config import EngineConfig
 from sleuthd.engine import Engine
 from sleuthd.servicer import _STATUS_OF
 from sleuthd.v1 import sleuthd_pb2 as pb
@@ -109,7 +111,7 @@ async def test_echoed_client_strings_are_bounded(stub: pb_grpc.SleuthStub, speec
     unknown_speaker = pb.CheckDialogueRequest()
     unknown_speaker.turns.add(turn_id="t", speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 0)))
     unknown_speaker.references.add(speaker=LONG, audio=enc(speech.wav_bytes(VOICE_A, 1)))
-    for req, ending in ((unknown_encoder, "this server has: ge2e"), (unknown_speaker, "in this dialogue")):
+    for req, ending in ((unknown_encoder, "this server has: campplus, ge2e"), (unknown_speaker, "in this dialogue")):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.CheckDialogue(req, timeout=30)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()[:200]
@@ -144,8 +146,16 @@ async def test_malformed_protobuf_is_invalid_argument_and_counted(engine: Engine
 async def test_deadline_expiry_and_vanished_stream_clients_are_labelled_truthfully(
     models_dir: Path, speech: Speech
 ) -> None:
-    # Batches wait up to 2 s for company, so a 0.3 s deadline passes while the request is queued.
-    slow = Engine.load(EngineConfig(models_dir=models_dir, device="cpu", batcher=BatcherConfig(max_wait_ms=2000)))
+    # Every model call takes over a second, so a 0.3 s deadline passes while the request is in the encoder.
+    slow = Engine.load(EngineConfig(models_dir=models_dir, device="cpu", embedding_cache_entries=0))
+    batcher = slow.encoders["ge2e"]
+    real_embed = batcher._embed  # type: ignore[attr-defined]
+
+    def slow_embed(windows: Any) -> Any:
+        time.sleep(1.2)
+        return real_embed(windows)
+
+    batcher._embed = slow_embed  # type: ignore[attr-defined]
     try:
         async with own_server(slow) as (running, metrics), grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
             stub = pb_grpc.SleuthStub(ch)

@@ -231,13 +231,40 @@ async def test_the_registry_survives_a_server_restart(engine: Engine, tmp_path: 
         await second.stop()
 
 
+async def test_a_locked_registry_is_unavailable_for_now_and_the_server_stays_healthy(
+    engine: Engine, tmp_path: Path, speech: Speech
+) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    location = tmp_path / "locked.sqlite3"
+    server = await start_voice_server(engine, str(location), registry_busy_timeout_ms=200)
+    try:
+        async with AsyncSleuthClient(server.target, timeout=60) as c:
+            await c.register_voice("ann", speech.clips[VOICE_A][5:6])
+            holder = sqlite3.connect(location, isolation_level=None)
+            holder.execute("BEGIN EXCLUSIVE")  # another process holds the database's write lock
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await c.register_voice("bob", speech.clips[VOICE_B][5:6])
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+                async with grpc.aio.insecure_channel(server.target) as ch:
+                    health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                assert health.status == health_pb2.HealthCheckResponse.SERVING  # not the server's own failure
+            finally:
+                holder.execute("ROLLBACK")
+                holder.close()
+            assert (await c.register_voice("bob", speech.clips[VOICE_B][5:6])).voice_id == "bob"
+    finally:
+        await server.stop()
+
+
 async def test_registration_bounds_refuse_before_any_work(engine: Engine, tmp_path: Path, speech: Speech) -> None:
     server = await start_voice_server(engine, str(tmp_path / "small.sqlite3"), registry_max_clips_per_voice=2)
     try:
         async with AsyncSleuthClient(server.target, timeout=60) as c:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.register_voice("many", speech.clips[VOICE_A][:3])
-            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # send less; not "busy"
             assert "registry_max_clips_per_voice" in err.value.details()
     finally:
         await server.stop()

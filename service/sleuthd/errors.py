@@ -36,5 +36,11 @@ class DeadlineExceeded(TimeoutError):
     """The request's deadline passed before its embeddings were ready; queued work was dropped (DEADLINE_EXCEEDED)."""
 
 
+class DependencyUnavailable(RuntimeError):
+    """A service the server relies on (the voice registry's database) cannot be reached or stayed locked
+    for now; retry later (UNAVAILABLE). Unlike EngineFailure it says nothing about this server's own health,
+    so the health service stays SERVING."""
+
+
 class EngineFailure(RuntimeError):
     """The engine itself is broken (a model failed to run); not the client's fault (UNAVAILABLE)."""

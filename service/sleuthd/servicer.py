@@ -14,6 +14,7 @@ from sleuthd import __version__, convert, voice_convert
 from sleuthd.engine import Engine
 from sleuthd.errors import (
     DeadlineExceeded,
+    DependencyUnavailable,
     Duplicate,
     EngineFailure,
     InvalidRequest,
@@ -45,6 +46,8 @@ _STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    # The registry's database is unreachable or locked: retry later, but this server is healthy.
+    (DependencyUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
 
 

@@ -418,7 +418,7 @@ async def test_remote_startup_checks_the_model_and_refuses_long_clips(
 async def test_a_stream_keeps_bounded_audio_for_the_judge(
     engine: Engine, endpoint: TinyOpenAIServer, speech: Speech
 ) -> None:
-    """A stream keeps its turns' waveforms (the judge hears them again): beyond the bound, RESOURCE_EXHAUSTED."""
+    """A stream keeps its turns' waveforms (the judge hears them again): beyond the bound, INVALID_ARGUMENT."""
     small = JudgeConfig(
         judge_endpoint=endpoint.url, judge_model_name=endpoint.name, judge_max_stream_audio_mb=0.5
     )  # 0.5 MiB: the reference (about 5 s, 0.3 MiB as float32) and nothing much more
@@ -427,7 +427,7 @@ async def test_a_stream_keeps_bounded_audio_for_the_judge(
         turns, refs = _dialogue(speech)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _stream(served.stub, turns, refs, [t for t, _, _ in turns])
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "(--judge-max-stream-audio-mb): open a new stream" in (err.value.details() or "")
     finally:
         await _stop(served, channel)

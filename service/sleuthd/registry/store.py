@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from sleuthd.config import ConfigError, RegistryConfig
-from sleuthd.errors import EngineFailure
+from sleuthd.errors import DependencyUnavailable
 from sleuthd.registry.model import ClipInput, Embedding, Voice, VoicePage
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 
 
-class RegistryUnavailable(EngineFailure):
+class RegistryUnavailable(DependencyUnavailable):
     """The registry's database cannot be reached or stayed locked; not the client's fault (UNAVAILABLE)."""
 
 
