@@ -1,0 +1,198 @@
+"""Every server and engine option, written once.
+
+Each option is a field of a frozen dataclass, with its default and its help text. :func:`add_cli_args`
+makes the command-line flags from those fields and :func:`from_cli_args` builds the dataclass back from
+the parsed arguments (the pattern of vLLM's ``EngineArgs``), so a default is never repeated in the CLI.
+Every flag's default can also come from the environment: ``SLEUTHD_<FIELD>``, e.g.
+``SLEUTHD_MAX_WAIT_MS=2`` or ``SLEUTHD_MODELS_DIR=/srv/models``; an explicit flag wins.
+
+Only the standard library is imported here: the client and the tools read these defaults too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sleuthd.config.base import (
+    ENV_PREFIX,
+    SAMPLE_RATE,
+    ConfigError,
+    _at_least,
+    add_cli_args,
+    default_models_dir,
+    from_cli_args,
+    option,
+)
+from sleuthd.config.judge import JudgeConfig
+from sleuthd.config.registry import RegistryConfig
+
+__all__ = [
+    "ENV_PREFIX",
+    "SAMPLE_RATE",
+    "BatcherConfig",
+    "ConfigError",
+    "ConnectConfig",
+    "EngineConfig",
+    "JudgeConfig",
+    "RegistryConfig",
+    "ServerConfig",
+    "add_cli_args",
+    "default_models_dir",
+    "from_cli_args",
+    "option",
+]
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    """How encoder windows of concurrent requests are grouped into model calls (sleuthd.batcher)."""
+
+    max_batch_windows: int = option(
+        64,
+        help="encoder windows per model call; a request with more is split across calls, never refused",
+    )
+    max_wait_ms: float = option(
+        5.0, help="longest wait of the oldest queued request before its batch runs, milliseconds"
+    )
+    max_queue_windows: int = option(
+        4096, help="windows allowed to wait; a request that would go over gets RESOURCE_EXHAUSTED at once"
+    )
+    max_concurrent_batches: int = option(
+        1, help="model calls in flight at once (1 on a few CPU cores; 2 on a GPU overlaps copy and compute)"
+    )
+
+    def __post_init__(self) -> None:
+        _at_least(self, "max_batch_windows", 1)
+        _at_least(self, "max_wait_ms", 0)
+        _at_least(self, "max_queue_windows", 1)
+        _at_least(self, "max_concurrent_batches", 1)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine loads and the limits it enforces on every request."""
+
+    models_dir: Path = option(factory=default_models_dir, help="folder of model manifests")  # noqa: RUF009
+    default_encoder: str = option("ge2e", help="encoder used when a request names none", flag="encoder")
+    device: Literal["auto", "cpu", "cuda"] = option(
+        "auto", help="where encoders run; auto = the CUDA execution provider when onnxruntime-gpu has it"
+    )
+    vad: Literal["energy", "silero"] = option(
+        "energy",
+        help="speech detection for silence trimming: energy (fast, clean synthesized audio) or silero "
+        "(robust to background noise, about 2.4 ms per audio second)",
+    )
+    batching: Literal["on", "off"] = option(
+        "on",
+        help="on: merge the windows of all concurrent requests into shared model calls; off: one model call "
+        "per clip, nothing shared (a baseline for `sleuthd-bench throughput`)",
+    )
+    batcher: BatcherConfig = option(factory=BatcherConfig, help="micro-batcher knobs")  # noqa: RUF009
+    workers: int = option(0, help="threads for decoding and silence detection; 0 = the CPU count")
+    embedding_cache_entries: int = option(
+        4096, help="clip embeddings remembered by audio hash (about 2 KB each); 0 = off"
+    )
+    max_clip_seconds: float = option(300.0, help="longest single clip accepted, seconds")
+    max_turns: int = option(1000, help="turns per dialogue and per stream")
+    max_candidates: int = option(64, help="candidates per RankCandidates request")
+    max_context: int = option(256, help="context clips per RankCandidates request")
+    max_stream_buffer_mb: float = option(
+        64.0, help="audio of a stream's unfinished turns held at once, MiB; finish turns to free it"
+    )
+    voice_registry: RegistryConfig = option(  # noqa: RUF009
+        factory=RegistryConfig, help="voice registry (RegisterVoice, voice ids in place of reference audio)"
+    )
+    judge: JudgeConfig = option(factory=JudgeConfig, help="the LALM judge (method lalm)")  # noqa: RUF009
+
+    def __post_init__(self) -> None:
+        for name in ("max_clip_seconds", "max_turns", "max_candidates", "max_context", "max_stream_buffer_mb"):
+            _at_least(self, name, 1e-9)
+        _at_least(self, "workers", 0)
+        _at_least(self, "embedding_cache_entries", 0)
+
+    @property
+    def max_stream_buffer_bytes(self) -> int:
+        return int(self.max_stream_buffer_mb * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where the gRPC server listens and what it accepts."""
+
+    host: str = option("127.0.0.1", help="interface to bind")
+    port: int = option(50051, help="port; 0 picks a free one and prints `sleuthd listening on HOST:PORT`")
+    max_message_mb: float = option(
+        64.0,
+        help="largest request accepted, MiB (INVALID_ARGUMENT above it; gRPC refuses twice that unread)",
+    )
+    shutdown_grace_seconds: float = option(
+        10.0,
+        help="on SIGTERM, health says NOT_SERVING and new RPCs get UNAVAILABLE while in-flight RPCs (streams "
+        "included) get this long to finish; then the rest are cancelled",
+    )
+    metrics_port: int = option(9464, help="HTTP port for /metrics, /healthz and /readyz; 0 = any free port, -1 = off")
+    metrics_host: str = option("127.0.0.1", help="interface for the metrics HTTP port")
+    metrics_auth: Literal["token", "open"] = option(
+        "token",
+        help="with auth_token_file: /metrics needs the bearer token (token) or not (open); "
+        "/healthz and /readyz are always open",
+    )
+    tls_cert: str = option("", help="PEM certificate chain; with tls_key the server speaks only TLS")
+    tls_key: str = option("", help="PEM private key of tls_cert")
+    tls_client_ca: str = option("", help="PEM CA bundle: clients must present a certificate it signed (mutual TLS)")
+    auth_token_file: str = option(
+        "",
+        help="file of accepted bearer tokens, one per line (# comments); RPCs without `authorization: Bearer "
+        "<token>` get UNAUTHENTICATED; gRPC health stays open",
+    )
+    reflection: Literal["on", "off"] = option(
+        "on", help="gRPC reflection for grpcurl (needs the token when auth is on)"
+    )
+    log_format: Literal["text", "json"] = option(
+        "text", help="log lines as text or as one JSON object each; every RPC gets a request id and an access-log line"
+    )
+
+    def __post_init__(self) -> None:
+        _at_least(self, "max_message_mb", 1e-6)
+        _at_least(self, "shutdown_grace_seconds", 0)
+        if not -1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be -1 (off), 0 (any) or a port number, got {self.metrics_port}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: set both (TLS) or neither (plaintext)")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key too")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
+
+    @property
+    def max_message_bytes(self) -> int:
+        return int(self.max_message_mb * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class ConnectConfig:
+    """How a client reaches a server (`sleuthd health`; sleuthd.credentials builds the channel from it)."""
+
+    target: str = option("127.0.0.1:50051", help="server host:port")
+    tls: Literal["off", "on"] = option(
+        "off", help="on: TLS with gRPC's bundled roots; any tls_* file below turns TLS on as well"
+    )
+    tls_root_ca: str = option("", help="PEM CA bundle to verify the server's certificate with")
+    tls_client_cert: str = option("", help="PEM client certificate, for servers that require mutual TLS")
+    tls_client_key: str = option("", help="PEM private key of tls_client_cert")
+    tls_server_name: str = option("", help="name to expect in the server's certificate instead of the target host")
+    auth_token_file: str = option("", help="file whose first token line is sent as `authorization: Bearer <token>`")
+    timeout_seconds: float = option(5.0, help="how long to wait for the server's answer, seconds")
+
+    def __post_init__(self) -> None:
+        _at_least(self, "timeout_seconds", 1e-3)
+        if bool(self.tls_client_cert) != bool(self.tls_client_key):
+            raise ConfigError("tls_client_cert and tls_client_key go together: set both or neither")
+
+    @property
+    def use_tls(self) -> bool:
+        return self.tls == "on" or bool(self.tls_root_ca or self.tls_client_cert or self.tls_server_name)
