@@ -72,6 +72,47 @@ class BatcherConfig:
 
 
 @dataclass(frozen=True)
+class AdmissionConfig:
+    """Bounds that keep the process's memory and queues finite under overload and abuse (sleuthd.admission).
+
+    Refusals here mean "busy, retry later" (RESOURCE_EXHAUSTED), except the stream timeouts, which end
+    one stream that broke a per-stream bound.
+    """
+
+    max_audio_in_flight_mb: float = option(
+        64.0,
+        help="request audio held at once across all RPCs (being decoded and scored, or buffered by streams), "
+        "MiB; a request that would go over is refused at once with RESOURCE_EXHAUSTED, before any decoding",
+    )
+    max_queued_decodes: int = option(
+        2048,
+        help="clips waiting for a decode thread; a clip beyond it fails its request at once with RESOURCE_EXHAUSTED "
+        "(at least max-turns + max-references, so one request of the largest size always fits)",
+    )
+    max_streams: int = option(64, help="StreamDialogue calls open at once; the next gets RESOURCE_EXHAUSTED")
+    stream_idle_seconds: float = option(
+        60.0, help="a stream that sends no message for this long is ended (with turns open or not), seconds"
+    )
+    stream_lifetime_seconds: float = option(3600.0, help="longest a stream may stay open, seconds")
+    stream_message_overhead_bytes: int = option(
+        1024,
+        help="bytes counted for every audio message on top of its data, against the stream's buffer bound and "
+        "the audio in flight (so empty or tiny chunks are not free)",
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_audio_in_flight_mb", "stream_idle_seconds", "stream_lifetime_seconds"):
+            _at_least(self, name, 1e-9)
+        _at_least(self, "max_queued_decodes", 1)
+        _at_least(self, "max_streams", 1)
+        _at_least(self, "stream_message_overhead_bytes", 0)
+
+    @property
+    def max_audio_in_flight_bytes(self) -> int:
+        return int(self.max_audio_in_flight_mb * 1024 * 1024)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """What the engine loads and the limits it enforces on every request."""
 
@@ -99,15 +140,26 @@ class EngineConfig:
     max_turns: int = option(1000, help="turns per dialogue and per stream")
     max_candidates: int = option(64, help="candidates per RankCandidates request")
     max_context: int = option(256, help="context clips per RankCandidates request")
+    max_references: int = option(256, help="speaker references per CheckDialogue request and per stream")
     max_stream_buffer_mb: float = option(
         64.0, help="audio of a stream's unfinished turns held at once, MiB; finish turns to free it"
     )
+    admission: AdmissionConfig = option(factory=AdmissionConfig, help="overload and abuse bounds")  # noqa: RUF009
 
     def __post_init__(self) -> None:
         for name in ("max_clip_seconds", "max_turns", "max_candidates", "max_context", "max_stream_buffer_mb"):
             _at_least(self, name, 1e-9)
+        _at_least(self, "max_references", 0)
         _at_least(self, "workers", 0)
         _at_least(self, "embedding_cache_entries", 0)
+        largest = max(self.max_turns + self.max_references, self.max_candidates + self.max_context + 1)
+        if self.admission.max_queued_decodes < largest:
+            # Otherwise the largest request allowed would be refused as "busy" even on an idle server.
+            raise ConfigError(
+                f"max_queued_decodes must be at least {largest} (the clips of the largest request allowed by "
+                "max_turns + max_references or max_candidates + max_context + 1), "
+                f"got {self.admission.max_queued_decodes}"
+            )
 
     @property
     def max_stream_buffer_bytes(self) -> int:
@@ -122,23 +174,47 @@ class ServerConfig:
     port: int = option(50051, help="port; 0 picks a free one and prints `sleuthd listening on HOST:PORT`")
     max_message_mb: float = option(
         64.0,
-        help="largest request accepted, MiB (INVALID_ARGUMENT above it; gRPC refuses twice that unread)",
+        help="largest request accepted, MiB (INVALID_ARGUMENT above it, refused before it is parsed; gRPC "
+        "refuses a message over 1/8 more than this unread)",
     )
     shutdown_grace_seconds: float = option(
         10.0, help="on SIGTERM, how long in-flight RPCs may run before they are cancelled"
     )
     metrics_port: int = option(9464, help="Prometheus /metrics port; 0 = any free port, -1 = off")
     metrics_host: str = option("127.0.0.1", help="interface for /metrics")
+    max_streams_per_connection: int = option(
+        100, help="concurrent calls one client connection may have open (HTTP/2 max concurrent streams)"
+    )
+    keepalive_seconds: float = option(
+        60.0, help="ping a client connection after this long without traffic, to find peers that vanished"
+    )
+    keepalive_timeout_seconds: float = option(
+        20.0, help="close the connection (and cancel its calls) when a ping is not answered within this long"
+    )
+    min_client_ping_seconds: float = option(
+        60.0,
+        help="clients may ping at most this often while no data flows; a client that pings more often is "
+        "disconnected (GOAWAY too_many_pings)",
+    )
 
     def __post_init__(self) -> None:
         _at_least(self, "max_message_mb", 1e-6)
         _at_least(self, "shutdown_grace_seconds", 0)
+        _at_least(self, "max_streams_per_connection", 1)
+        for name in ("keepalive_seconds", "keepalive_timeout_seconds", "min_client_ping_seconds"):
+            _at_least(self, name, 1e-3)
         if not -1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be -1 (off), 0 (any) or a port number, got {self.metrics_port}")
 
     @property
     def max_message_bytes(self) -> int:
         return int(self.max_message_mb * 1024 * 1024)
+
+    @property
+    def transport_limit_bytes(self) -> int:
+        """What gRPC itself accepts: a little over max_message_bytes, so a request slightly too large is read
+        (never parsed) and answered with advice, while one far too large is refused before it is read."""
+        return self.max_message_bytes + max(64 * 1024, self.max_message_bytes // 8)
 
 
 def _at_least(config: Any, name: str, low: float) -> None:

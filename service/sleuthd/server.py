@@ -13,7 +13,9 @@ from grpc_reflection.v1alpha import reflection
 
 from sleuthd.config import ServerConfig
 from sleuthd.engine import Engine
+from sleuthd.guard import RequestGuard
 from sleuthd.metrics import ServiceMetrics
+from sleuthd.request_limits import RequestLimits
 from sleuthd.servicer import SleuthServicer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
@@ -43,6 +45,25 @@ class RunningServer:
         await self.server.stop(grace)
 
 
+def server_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """gRPC channel arguments: message size limits, keepalive both ways, streams per connection."""
+    ms = 1000
+    return [
+        ("grpc.max_receive_message_length", config.transport_limit_bytes),
+        ("grpc.max_send_message_length", config.transport_limit_bytes),
+        # Calls beyond this on one connection wait on the client's side, holding nothing here.
+        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+        # Ping quiet connections (with calls open or not) and drop those whose peer stopped answering:
+        # a client that vanished without closing its socket would otherwise hold its streams for hours.
+        ("grpc.keepalive_time_ms", int(config.keepalive_seconds * ms)),
+        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_seconds * ms)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # And the other way: a client pinging more often than this without sending data gets GOAWAY.
+        ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_client_ping_seconds * ms)),
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+
+
 async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMetrics | None = None) -> RunningServer:
     """Start a server for ``engine`` on ``config.host:config.port``; returns it with its bound port.
 
@@ -51,20 +72,6 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     loaded and warmed up by then). ``config.metrics_port`` -1 serves no /metrics.
     """
     metrics = metrics or ServiceMetrics()
-    # The servicer answers a request up to the limit with advice (INVALID_ARGUMENT); the transport limit
-    # is twice that, so a moderately oversized request still gets the advice; beyond it gRPC itself
-    # answers RESOURCE_EXHAUSTED before the request is read.
-    transport_limit = 2 * config.max_message_bytes
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", transport_limit),
-            ("grpc.max_send_message_length", transport_limit),
-        ]
-    )
-    health_servicer = health.aio.HealthServicer()
-    running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics)
-    await running.set_serving(False)
-
     pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run
 
     def on_engine_failure() -> None:
@@ -73,6 +80,15 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         task.add_done_callback(pending.discard)
 
     servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics)
+    # Requests are checked (size, field counts) before gRPC parses them; a request a little over the
+    # limit is read and answered with advice (INVALID_ARGUMENT), one far over it (transport limit) is
+    # refused by gRPC before it is read (RESOURCE_EXHAUSTED, its own message).
+    limits = RequestLimits.from_config(engine.config, config.max_message_bytes)
+    guard = RequestGuard(limits, servicer.status_of, metrics)
+    server = grpc.aio.server(interceptors=[guard], options=server_options(config))
+    health_servicer = health.aio.HealthServicer()
+    running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics)
+    await running.set_serving(False)
     pb_grpc.add_SleuthServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
