@@ -32,17 +32,18 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
 import numpy as np
 import soundfile as sf
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from loadtest.speech import dialogues, tag_wav
+from loadtest.speech import _TAG_BITS, _data_chunk, dialogues, tag_wav
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +72,31 @@ def long_turns(turns: int, turn_seconds: float) -> list[tuple[str, bytes]]:
 
 
 def make_request(turns: Sequence[tuple[str, bytes]], nonce: int) -> pb.CheckDialogueRequest:
-    req = pb.CheckDialogueRequest(dialogue_id=f"overload-{nonce}")
+    req = pb.CheckDialogueRequest(dialogue_id="overload")
     for k, (speaker, wav) in enumerate(turns):
-        req.turns.add(turn_id=f"t{k}", speaker=speaker, audio=pb.Audio(encoded=tag_wav(wav, nonce * 64 + k)))
+        req.turns.add(turn_id=f"t{k}", speaker=speaker, audio=pb.Audio(encoded=tag_wav(wav, nonce * len(turns) + k)))
     return req
+
+
+class RequestBytes:
+    """Serialized requests with fresh audio each, cheaply: one template, the tag bits patched in place
+    (building and serializing a 4 MB message per call would make the load generator the bottleneck)."""
+
+    def __init__(self, turns: Sequence[tuple[str, bytes]]) -> None:
+        self.template = make_request(turns, 0).SerializeToString()
+        self.starts = []  # where each turn's samples begin in the serialized request
+        for k, (_, wav) in enumerate(turns):
+            at = self.template.find(tag_wav(wav, k))  # the template's turn k carries tag k
+            self.starts.append(at + _data_chunk(wav)[0])
+
+    def make(self, nonce: int) -> bytes:
+        out = bytearray(self.template)
+        for k, start in enumerate(self.starts):
+            tag = nonce * len(self.starts) + k  # distinct for every turn of every request
+            for bit in range(_TAG_BITS):
+                i = start + 2 * bit  # the low byte of a little-endian int16 sample
+                out[i] = (out[i] & 0xFE) | ((tag >> bit) & 1)
+        return bytes(out)
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -182,11 +204,14 @@ class OverloadResult:
     exhausted_latency_p50_s: float | None = None  # time to RESOURCE_EXHAUSTED
     exhausted_latency_p95_s: float | None = None
     exhausted_latency_max_s: float | None = None
+    health_p50_s: float | None = None  # health checks during the run (every 100 ms, own connection)
+    health_max_s: float | None = None
     rss_before_mb: float | None = None  # idle, after one warm-up call
     rss_peak_mb: float | None = None  # sampled every 50 ms during the run
     rss_hwm_mb: float | None = None  # the kernel's high-water mark (VmHWM) over the process's life
     rss_after_mb: float | None = None  # idle, ``settle_s`` after the last call ended
     killed_by_watchdog: bool = False
+    after_status: str = ""  # what the ``after`` probe returned
     server_details: list[str] = field(default_factory=list)  # distinct non-OK details (first few)
 
 
@@ -194,40 +219,56 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
     return float(np.quantile(values, q)) if values else None
 
 
-async def drive(
-    target: str,
-    clients: int,
-    seconds: float,
-    deadline_s: float,
-    turns: Sequence[tuple[str, bytes]],
-) -> tuple[list[tuple[str, float]], list[str]]:
-    """``clients`` closed-loop clients, each on its own connection, sending for ``seconds``: every call's
-    (status code name, latency seconds), and the distinct details of non-OK answers."""
+@dataclass
+class _Calls:
+    results: list[tuple[str, float]] = field(default_factory=list)  # (status code name, latency seconds)
+    details: dict[str, None] = field(default_factory=dict)  # distinct non-OK details
+    health: list[float] = field(default_factory=list)  # health-check latencies, seconds
+
+
+async def drive(target: str, clients: int, seconds: float, deadline_s: float, requests: RequestBytes) -> _Calls:
+    """``clients`` closed-loop clients, each on its own connection, sending for ``seconds``; meanwhile one
+    more connection asks for health every 100 ms."""
     limit = 256 * 1024 * 1024
     options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
-    results: list[tuple[str, float]] = []
-    details: dict[str, None] = {}
+    calls = _Calls()
     stop_at = time.perf_counter() + seconds
     nonce = iter(range(1, 1 << 40))
 
     async def client() -> None:
         async with grpc.aio.insecure_channel(target, options=options) as ch:
-            stub = pb_grpc.SleuthStub(ch)
+            check = ch.unary_unary(
+                "/sleuthd.v1.Sleuth/CheckDialogue",
+                request_serializer=None,
+                response_deserializer=pb.DialogueVerdict.FromString,
+            )
             while time.perf_counter() < stop_at:
-                req = make_request(turns, next(nonce))
+                req = requests.make(next(nonce))
                 t0 = time.perf_counter()
                 try:
-                    await stub.CheckDialogue(req, timeout=deadline_s)
+                    await check(req, timeout=deadline_s)
                     code = "OK"
                 except grpc.aio.AioRpcError as err:
                     code = err.code().name
-                    details.setdefault(f"{code}: {err.details()}"[:160])
-                results.append((code, time.perf_counter() - t0))
+                    calls.details.setdefault(f"{code}: {err.details()}"[:160])
+                calls.results.append((code, time.perf_counter() - t0))
                 if code == "UNAVAILABLE":
                     await asyncio.sleep(0.1)  # the server is gone (or going): do not spin
 
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return results, list(details)[:8]
+    async def health() -> None:
+        async with grpc.aio.insecure_channel(target) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                try:
+                    await stub.Check(health_pb2.HealthCheckRequest(), timeout=60)
+                except grpc.aio.AioRpcError:
+                    pass
+                calls.health.append(time.perf_counter() - t0)
+                await asyncio.sleep(0.1)
+
+    await asyncio.gather(health(), *(client() for _ in range(clients)))
+    return calls
 
 
 async def _warm_up(target: str, turns: Sequence[tuple[str, bytes]]) -> None:
@@ -247,10 +288,13 @@ def run(
     log: Path = Path("runs/overload/server.log"),
     kill_rss_mb: float | None = 6000.0,
     settle_s: float = 5.0,
+    after: Callable[[str], str] | None = None,
 ) -> OverloadResult:
-    """One overload run; starts (and stops) a server unless ``target`` is given (then RSS is not measured)."""
+    """One overload run; starts (and stops) a server unless ``target`` is given (then RSS is not measured).
+    ``after(target)``, if given, runs once the clients have stopped; what it returns is ``after_status``."""
     audio = long_turns(turns, turn_seconds)
-    result = OverloadResult(clients, seconds, deadline_s, make_request(audio, 0).ByteSize() / 2**20)
+    requests = RequestBytes(audio)
+    result = OverloadResult(clients, seconds, deadline_s, len(requests.template) / 2**20)
     server = ServerProcess(serve_args, log) if target is None else None
     sampler = RssSampler(server.proc.pid, kill_mb=kill_rss_mb) if server else None
     try:
@@ -262,12 +306,15 @@ def run(
             sampler.reset_peak()
             sampler.start()
         started = time.perf_counter()
-        calls, result.server_details = asyncio.run(drive(addr, clients, seconds, deadline_s, audio))
+        calls = asyncio.run(drive(addr, clients, seconds, deadline_s, requests))
         wall = time.perf_counter() - started
-        result.requests = len(calls)
-        result.codes = dict(Counter(code for code, _ in calls).most_common())
-        ok = [s for code, s in calls if code == "OK"]
-        exhausted = [s for code, s in calls if code == "RESOURCE_EXHAUSTED"]
+        result.server_details = list(calls.details)[:8]
+        result.requests = len(calls.results)
+        result.codes = dict(Counter(code for code, _ in calls.results).most_common())
+        ok = [s for code, s in calls.results if code == "OK"]
+        exhausted = [s for code, s in calls.results if code == "RESOURCE_EXHAUSTED"]
+        result.health_p50_s = _quantile(calls.health, 0.5)
+        result.health_max_s = max(calls.health) if calls.health else None
         result.ok_per_s = len(ok) / wall
         result.audio_s_per_s = len(ok) * turns * turn_seconds / wall
         result.ok_latency_p50_s = _quantile(ok, 0.5)
@@ -281,6 +328,8 @@ def run(
                 result.rss_after_mb = sampler.rss_mb()
                 result.rss_hwm_mb = sampler.hwm_mb()
             result.rss_peak_mb = sampler.peak_mb
+        if after is not None:
+            result.after_status = after(addr)
     finally:
         if sampler:
             sampler.stop()
@@ -300,6 +349,7 @@ def table(r: OverloadResult) -> str:
             f"goodput {r.ok_per_s:.2f} OK/s ({r.audio_s_per_s:.1f} audio s/s), OK p50 {f(r.ok_latency_p50_s)} s",
             f"time to RESOURCE_EXHAUSTED p50 {f(r.exhausted_latency_p50_s, '.3f')} s, "
             f"p95 {f(r.exhausted_latency_p95_s, '.3f')} s, max {f(r.exhausted_latency_max_s, '.3f')} s",
+            f"health check p50 {f(r.health_p50_s, '.3f')} s, max {f(r.health_max_s, '.3f')} s",
             f"server RSS before {f(r.rss_before_mb, '.0f')} MB, peak {f(r.rss_peak_mb, '.0f')} MB "
             f"(VmHWM {f(r.rss_hwm_mb, '.0f')}), after {f(r.rss_after_mb, '.0f')} MB"
             + (" [killed by the watchdog]" if r.killed_by_watchdog else ""),

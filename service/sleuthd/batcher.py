@@ -195,6 +195,9 @@ class MicroBatcher:
         self.start()
         assert self._wakeup is not None
         req = _Request(windows, loop.create_future(), now, deadline)
+        # Only the request holds the windows from here, so a withdrawn one lets go of them at once (this
+        # frame can outlive the call, kept by the traceback of the cancellation).
+        del windows
         if self._queued_windows == 0 or self._queued_windows + n >= self.config.max_batch_windows:
             # The loop's decision changes only when work appears or a full batch is ready; otherwise it
             # is already waiting for the oldest request's max_wait to run out.

@@ -57,7 +57,11 @@ def server_options(config: ServerConfig) -> list[tuple[str, int]]:
         # a client that vanished without closing its socket would otherwise hold its streams for hours.
         ("grpc.keepalive_time_ms", int(config.keepalive_seconds * ms)),
         ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_seconds * ms)),
+        ("grpc.http2.ping_timeout_ms", int(config.keepalive_timeout_seconds * ms)),
         ("grpc.keepalive_permit_without_calls", 1),
+        # Keep pinging a quiet connection: by default a server sends at most 2 pings without data, 5 min apart.
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_time_between_pings_ms", int(config.keepalive_seconds * ms)),
         # And the other way: a client pinging more often than this without sending data gets GOAWAY.
         ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_client_ping_seconds * ms)),
         ("grpc.http2.max_ping_strikes", 2),
@@ -80,11 +84,11 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         task.add_done_callback(pending.discard)
 
     servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics)
-    # Requests are checked (size, field counts) before gRPC parses them; a request a little over the
-    # limit is read and answered with advice (INVALID_ARGUMENT), one far over it (transport limit) is
-    # refused by gRPC before it is read (RESOURCE_EXHAUSTED, its own message).
+    # Requests are refused before they are read when the server is busy, and checked (size, field counts)
+    # before gRPC parses them; a request a little over the size limit is read and answered with advice
+    # (INVALID_ARGUMENT), one far over it (transport limit) is refused by gRPC itself, unread.
     limits = RequestLimits.from_config(engine.config, config.max_message_bytes)
-    guard = RequestGuard(limits, servicer.status_of, metrics)
+    guard = RequestGuard(limits, servicer.status_of, metrics, servicer.audio_budget, servicer.stream_slots)
     server = grpc.aio.server(interceptors=[guard], options=server_options(config))
     health_servicer = health.aio.HealthServicer()
     running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics)

@@ -11,7 +11,7 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from sleuthd import __version__, convert
-from sleuthd.admission import AudioBudget, Slots
+from sleuthd.admission import AudioBudget, HeapTrimmer, Slots
 from sleuthd.engine import Engine
 from sleuthd.errors import (
     DeadlineExceeded,
@@ -73,7 +73,7 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         # bytes and open streams bounded before any work; going over a bound is "busy" at once.
         bounds = engine.config.admission
         self.limits = RequestLimits.from_config(engine.config, max_message_bytes)
-        self.audio_budget = AudioBudget(bounds.max_audio_in_flight_bytes)
+        self.audio_budget = AudioBudget(bounds.max_audio_in_flight_bytes, on_idle=HeapTrimmer())
         self.stream_slots = Slots(bounds.max_streams, "streams")
 
     # ------------------------------------------------------------------ error and metric plumbing
@@ -114,7 +114,9 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         started = time.perf_counter()
         try:
             self._check_size(request_bytes)
-            with self.audio_budget.hold(request_bytes):  # before any conversion or decoding
+            # Before any conversion or decoding: "busy" at once when the audio in flight is at its bound or
+            # would outlast this call's deadline.
+            with self.audio_budget.hold(request_bytes, seconds_left=context.time_remaining()):
                 result = await work()
         except _Abort as abort:
             await self._finish(context, method, started, abort)

@@ -117,12 +117,14 @@ class StreamSession:
         data = b"".join(turn.chunks)
         turn.chunks.clear()
         self._buffered -= turn.size
+        done = False
         try:  # the turn's bytes stay counted in the audio budget until its embedding is done
             clip, dense = await self.engine.embed_turn(
                 state.opts, AudioInput(data, turn.pcm), f"turn {turn_id!r}", deadline
             )
+            done = True
         finally:
-            self._budget.release(turn.size)
+            self._budget.release(turn.size, done)
         self._done.add(turn_id)
         state.add_turn(turn_id, turn.speaker, turn.position, clip, dense)
         return state.updates(turn_id)
