@@ -31,6 +31,7 @@ from sleuthd.errors import Overloaded
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_MIN_SHED_SECONDS = 1.0  # refuse on the pace only when at least this much work is ahead
 
 
 class AudioBudget:
@@ -89,10 +90,13 @@ class AudioBudget:
                 f"over the limit of {self.limit}; retry with backoff"
             )
         pace = self.pace
-        if seconds_left is not None and pace is not None and (self.held + n) / pace > seconds_left:
+        ahead = None if pace is None else (self.held + n) / pace
+        # Below a second of work ahead the estimate is within its own noise (batching waits, the pace's
+        # granularity): such a request is let in and its deadline, if too short, ends it as usual.
+        if seconds_left is not None and ahead is not None and ahead > max(seconds_left, _MIN_SHED_SECONDS):
             self.refused += 1
             return Overloaded(
-                f"the server is busy: the audio in flight with {what} takes about {(self.held + n) / pace:.1f} s "
+                f"the server is busy: the audio in flight with {what} takes about {ahead:.1f} s "
                 f"at the recent pace, and its deadline leaves {seconds_left:.1f} s; retry with backoff or a "
                 "longer deadline"
             )

@@ -15,7 +15,6 @@ from sleuthd.config import ServerConfig
 from sleuthd.engine import Engine
 from sleuthd.guard import RequestGuard
 from sleuthd.metrics import ServiceMetrics
-from sleuthd.request_limits import RequestLimits
 from sleuthd.servicer import SleuthServicer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
@@ -87,8 +86,7 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     # Requests are refused before they are read when the server is busy, and checked (size, field counts)
     # before gRPC parses them; a request a little over the size limit is read and answered with advice
     # (INVALID_ARGUMENT), one far over it (transport limit) is refused by gRPC itself, unread.
-    limits = RequestLimits.from_config(engine.config, config.max_message_bytes)
-    guard = RequestGuard(limits, servicer.status_of, metrics, servicer.audio_budget, servicer.stream_slots)
+    guard = RequestGuard(servicer.limits, servicer.status_of, metrics, servicer.audio_budget, servicer.stream_slots)
     server = grpc.aio.server(interceptors=[guard], options=server_options(config))
     health_servicer = health.aio.HealthServicer()
     running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics)
