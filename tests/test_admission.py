@@ -215,6 +215,14 @@ def test_wire_walk_bounds_repeats_unknown_fields_and_groups() -> None:
         LIMITS.check_wire(b"\xfb\x07\xfc\x07" + b"\x12\x00" * 1001, desc)
 
 
+async def test_bytes_that_are_not_a_request_are_invalid_argument(channel: grpc.aio.Channel) -> None:
+    call = channel.unary_unary("/sleuthd.v1.Sleuth/CheckDialogue", request_serializer=None, response_deserializer=None)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(b"\x12\xff\xff\xff\xff\x0f", timeout=60)  # a turn longer than the request
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid CheckDialogueRequest message" in err.value.details()
+
+
 def test_wire_walk_leaves_malformed_bytes_to_the_parser_and_refuses_size_unparsed() -> None:
     desc = pb.CheckDialogueRequest.DESCRIPTOR
     for junk in (b"\x12\xff\xff\xff\xff\x0f", b"\x12", b"\xff" * 20, b"\x0f\x00", b"\xfb\x07\x12\x00"):

@@ -12,9 +12,10 @@ acts at both points:
   read (the bytes already in flight are dropped by the transport). The servicer still makes the exact
   check on the requests that get through;
 - **before parsing** (every method whose request is a protobuf message): the bytes are checked (size,
-  field counts) and parsed only when they pass. A refused request reaches the method as a
-  :class:`Refused` marker, never as a half-parsed message: unary methods are answered here, streaming
-  methods get the error raised from their request iterator, inside the servicer's own error handling.
+  field counts) and parsed only when they pass; bytes that do not parse are INVALID_ARGUMENT. A refused
+  request reaches the method as a :class:`Refused` marker, never as a half-parsed message: unary methods
+  are answered here, streaming methods get the error raised from their request iterator, inside the
+  servicer's own error handling.
 
 Every refusal gets the status the servicer gives the same error, and is counted in the RPC metrics.
 """
@@ -27,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from sleuthd.admission import AudioBudget, Slots
 from sleuthd.errors import InvalidRequest
@@ -163,9 +165,12 @@ class RequestGuard(grpc.aio.ServerInterceptor):
             recent.append(len(data))
             try:
                 limits.check_wire(data, descriptor)
+                return parse(data)
             except InvalidRequest as exc:
                 return Refused(exc)
-            return parse(data)
+            except DecodeError as exc:
+                # Raised from here, gRPC would log a traceback per request and answer UNKNOWN.
+                return Refused(InvalidRequest(f"the request is not a valid {descriptor.name} message: {exc}"))
 
         return deserialize
 
