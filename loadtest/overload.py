@@ -112,6 +112,7 @@ class RssSampler:
         self.kill_mb = kill_mb
         self.peak_mb = 0.0
         self.killed = False
+        self.killed_at: float | None = None  # time.perf_counter() of the kill
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -141,6 +142,7 @@ class RssSampler:
             if self.kill_mb is not None and rss > self.kill_mb and not self.killed:
                 logger.error("server RSS %.0f MB passed the watchdog's %.0f MB: killing it", rss, self.kill_mb)
                 self.killed = True
+                self.killed_at = time.perf_counter()
                 os.kill(self.pid, 9)
 
 
@@ -211,6 +213,7 @@ class OverloadResult:
     rss_hwm_mb: float | None = None  # the kernel's high-water mark (VmHWM) over the process's life
     rss_after_mb: float | None = None  # idle, ``settle_s`` after the last call ended
     killed_by_watchdog: bool = False
+    killed_after_s: float | None = None  # seconds into the run when the watchdog killed the server
     after_status: str = ""  # what the ``after`` probe returned
     server_details: list[str] = field(default_factory=list)  # distinct non-OK details (first few)
 
@@ -324,6 +327,8 @@ def run(
         if sampler and server:
             time.sleep(settle_s)
             result.killed_by_watchdog = sampler.killed
+            if sampler.killed_at is not None:
+                result.killed_after_s = sampler.killed_at - started
             if server.proc.poll() is None:
                 result.rss_after_mb = sampler.rss_mb()
                 result.rss_hwm_mb = sampler.hwm_mb()
@@ -352,7 +357,7 @@ def table(r: OverloadResult) -> str:
             f"health check p50 {f(r.health_p50_s, '.3f')} s, max {f(r.health_max_s, '.3f')} s",
             f"server RSS before {f(r.rss_before_mb, '.0f')} MB, peak {f(r.rss_peak_mb, '.0f')} MB "
             f"(VmHWM {f(r.rss_hwm_mb, '.0f')}), after {f(r.rss_after_mb, '.0f')} MB"
-            + (" [killed by the watchdog]" if r.killed_by_watchdog else ""),
+            + (f" [killed by the watchdog {r.killed_after_s:.1f} s in]" if r.killed_after_s is not None else ""),
         ]
     )
 
