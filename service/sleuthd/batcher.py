@@ -108,7 +108,7 @@ class MicroBatcher:
         self._executor = executor
         self._observer: BatchObserver = observer or NullObserver()
         # Requests in arrival order. Withdrawn requests (cancelled, expired, failed) are marked
-        # ``queued=False`` and left in place until they reach the head: removal stays O(1).
+        # ``queued=False``, drop their windows and are left in place until they reach the head: removal stays O(1).
         self._queue: deque[_Request] = deque()
         self._queued_windows = 0  # rows of live requests not yet in a batch; what the bound applies to
         self._stats = BatcherStats()
@@ -197,6 +197,9 @@ class MicroBatcher:
         self.start()
         assert self._wakeup is not None
         req = _Request(windows, loop.create_future(), now, deadline)
+        # Only the request holds the windows from here, so a withdrawn one lets go of them at once (this
+        # frame can outlive the call, kept by the traceback of the cancellation).
+        del windows
         if self._queued_windows == 0 or self._queued_windows + n >= self.config.max_batch_windows:
             # The loop's decision changes only when work appears or a full batch is ready; otherwise it
             # is already waiting for the oldest request's max_wait to run out.
@@ -379,11 +382,17 @@ class MicroBatcher:
         self._stats.expired += 1
 
     def _withdraw(self, req: _Request) -> None:
-        """Stop counting ``req``'s untaken rows; the loop skips it when it reaches the head."""
+        """Stop counting ``req``'s untaken rows and let go of its windows at once; the loop skips the
+        (now small) entry when it reaches the head. A request none of whose rows were batched gives up
+        its array here: left in place, the windows of cancelled requests piled up behind the head
+        (gigabytes under overload) while the counted queue stayed under its bound. Rows already in a
+        batch are kept: that batch reads them."""
         if req.queued:
             req.queued = False
             self._queued_windows -= req.waiting
             self._observer.queue_depth(self._queued_windows)
+            if req.taken == 0:
+                req.windows = np.empty((0, req.windows.shape[1]), np.float32)
 
     def _drop_withdrawn_head(self) -> None:
         while self._queue and (not self._queue[0].queued or self._queue[0].future.done()):

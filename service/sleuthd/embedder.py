@@ -9,8 +9,9 @@ Concurrent requests for the same clip share one computation.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from concurrent.futures import Executor
+from typing import TypeVar
 
 from sleuthd.audio import AudioError
 from sleuthd.clips import ClipEmbedding, PreparedClip, embedded_clip, prepare_placements
@@ -25,6 +26,7 @@ from sleuthd.vad import Vad
 
 # A clip under each window placement asked for; None is the encoder manifest's own placement.
 Placements = Sequence[WindowSpec | None]
+T = TypeVar("T")
 
 
 class ClipEmbedder:
@@ -59,15 +61,8 @@ class ClipEmbedder:
         """
         if deadline is not None and asyncio.get_running_loop().time() >= deadline:
             raise DeadlineExceeded("the deadline passed before the request could be started")
-        tasks = [asyncio.ensure_future(self._one(encoder, a, label, deadline, placements)) for a, label in audios]
-        try:
-            found = await asyncio.gather(*tasks)
-        except BaseException:
-            # One clip failed (or the RPC was cancelled): withdraw the others' queued work too.
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        # One clip failed (or the RPC was cancelled): the others' queued work is withdrawn too.
+        found = await gather_or_cancel(self._one(encoder, a, label, deadline, placements) for a, label in audios)
         for (clip, cached), *_ in found:
             self.observer.clip_embedded(clip.audio_seconds, cached=cached)
         return [[clip for clip, _ in clips] for clips in found]
@@ -97,9 +92,11 @@ class ClipEmbedder:
                 if base:  # a concurrent request for the same clip and placements shares the work
                     loop = asyncio.get_running_loop()
                     timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
-                    computed, joined = await self._in_flight.run(
-                        "|".join(todo_keys), lambda: self._compute(encoder, audio, todo, None, todo_keys), timeout
-                    )
+
+                    def start() -> asyncio.Task[list[ClipEmbedding]]:
+                        return _retrieving(asyncio.ensure_future(self._compute(encoder, audio, todo, None, todo_keys)))
+
+                    computed, joined = await self._in_flight.run("|".join(todo_keys), start, timeout)
                 else:
                     computed = await self._compute(encoder, audio, todo, deadline, todo_keys)
             except AudioError as exc:
@@ -126,11 +123,33 @@ class ClipEmbedder:
         prepared = await loop.run_in_executor(
             self._prep_pool, prepare_placements, audio, encoder.manifest, self.vad, self.max_clip_seconds, placements
         )
-        embedded = await asyncio.gather(*(embed_prepared(encoder, clip, deadline) for clip in prepared))
+        embedded = await gather_or_cancel(embed_prepared(encoder, clip, deadline) for clip in prepared)
         for key, result in zip(keys, embedded, strict=True):
             if key:
                 self.cache.put(key, result)
         return list(embedded)
+
+
+async def gather_or_cancel(work: Iterable[Awaitable[T]]) -> list[T]:
+    """Run ``work`` concurrently, results in order. The first failure (or the caller's cancellation)
+    cancels the rest, which are awaited, so none keeps decoding or holding batcher rows for a request
+    that has already failed, and none is left with an exception nobody retrieved."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _retrieving(task: asyncio.Task[T]) -> asyncio.Task[T]:
+    """``task``, with its exception marked as retrieved when it ends. A shared (single-flight) computation
+    can fail after every caller has stopped waiting for it, e.g. refused by a full queue just as the last
+    caller's deadline passed; asyncio would then log "Task exception was never retrieved"."""
+    task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+    return task
 
 
 async def embed_prepared(encoder: WindowEncoder, clip: PreparedClip, deadline: float | None = None) -> ClipEmbedding:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sleuthd.admission import BoundedThreadPool
 from sleuthd.batcher import MicroBatcher
 from sleuthd.config import EngineConfig, JudgeConfig, RegistryConfig
 from sleuthd.encoder import OnnxEncoder, PerClipEncoder, WindowEncoder
@@ -35,7 +36,7 @@ class LoadedModels:
 
     encoders: dict[str, WindowEncoder]
     vad: Vad
-    prep_pool: ThreadPoolExecutor  # decoding, resampling, VAD, windowing
+    prep_pool: ThreadPoolExecutor  # decoding, resampling, VAD, windowing (a BoundedThreadPool when loaded here)
     model_pool: ThreadPoolExecutor  # model calls
 
     async def aclose(self) -> None:
@@ -55,7 +56,11 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
     # Two pools, so model calls never queue behind a backlog of decoding/VAD jobs: with one shared FIFO
     # pool a batch ready to run would wait for every clip queued before it.
     cpus = os.cpu_count() or 1
-    prep_pool = ThreadPoolExecutor(max_workers=config.workers or cpus, thread_name_prefix="prep")
+    # The decode queue is bounded (a job beyond it fails its request with Overloaded at once): clips
+    # waiting there hold their request's audio, and under overload they would wait past every deadline.
+    prep_pool = BoundedThreadPool(
+        config.workers or cpus, config.admission.max_queued_decodes, thread_name_prefix="prep"
+    )
     batched = config.batching == "on"
     model_threads = config.batcher.max_concurrent_batches if batched else cpus
     model_pool = ThreadPoolExecutor(max_workers=model_threads, thread_name_prefix="model")

@@ -17,6 +17,7 @@ from sleuthd.access import RpcGate
 from sleuthd.auth import TokenSet, server_credentials, warn_if_exposed
 from sleuthd.config import ServerConfig
 from sleuthd.engine import Engine
+from sleuthd.guard import RequestGuard
 from sleuthd.metrics import ServiceMetrics
 from sleuthd.ops_http import OpsHttpServer
 from sleuthd.servicer import SleuthServicer
@@ -102,6 +103,32 @@ def check_ports(config: ServerConfig) -> None:
                      "another sleuthd? --metrics-port 0 picks a free port, -1 serves none")  # fmt: skip
 
 
+def server_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """gRPC channel arguments: message size limits, keepalive both ways, streams per connection."""
+    ms = 1000
+    return [
+        ("grpc.max_receive_message_length", config.transport_limit_bytes),
+        ("grpc.max_send_message_length", config.transport_limit_bytes),
+        # Calls beyond this on one connection wait on the client's side, holding nothing here.
+        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+        # Ping quiet connections (with calls open or not) and drop those whose peer stopped answering:
+        # a client that vanished without closing its socket would otherwise hold its streams for hours.
+        ("grpc.keepalive_time_ms", int(config.keepalive_seconds * ms)),
+        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_seconds * ms)),
+        ("grpc.http2.ping_timeout_ms", int(config.keepalive_timeout_seconds * ms)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # Keep pinging a quiet connection: by default a server sends at most 2 pings without data, 5 min apart.
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_time_between_pings_ms", int(config.keepalive_seconds * ms)),
+        # And the other way: a client pinging more often than this without sending data gets GOAWAY.
+        ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_client_ping_seconds * ms)),
+        ("grpc.http2.max_ping_strikes", 2),
+        # gRPC turns SO_REUSEPORT on by default: a second server on the same port would start silently and
+        # take part of the traffic. Off, the second one fails to bind.
+        ("grpc.so_reuseport", 0),
+    ]
+
+
 async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMetrics | None = None) -> RunningServer:
     """Start a server for ``engine`` on ``config.host:config.port``; returns it with its bound port.
 
@@ -115,24 +142,6 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     credentials = server_credentials(config) if config.tls else None
     warn_if_exposed(config)
     gate = RpcGate(metrics, tokens)
-    # The servicer answers a request up to the limit with advice (INVALID_ARGUMENT); the transport limit
-    # is twice that, so a moderately oversized request still gets the advice; beyond it gRPC itself
-    # answers RESOURCE_EXHAUSTED before the request is read.
-    transport_limit = 2 * config.max_message_bytes
-    server = grpc.aio.server(
-        interceptors=[gate],
-        options=[
-            ("grpc.max_receive_message_length", transport_limit),
-            ("grpc.max_send_message_length", transport_limit),
-            # gRPC turns SO_REUSEPORT on by default: a second server on the same port would start
-            # silently and take part of the traffic. Off, the second one fails to bind.
-            ("grpc.so_reuseport", 0),
-        ],
-    )
-    health_servicer = health.aio.HealthServicer()
-    running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics, gate=gate)
-    await running.set_serving(False)
-
     pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run
 
     def on_engine_failure() -> None:
@@ -142,6 +151,17 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         task.add_done_callback(pending.discard)
 
     servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics)
+    # Requests are refused before they are read when the server is busy, and checked (size, field counts)
+    # before gRPC parses them; a request a little over the size limit is read and answered with advice
+    # (INVALID_ARGUMENT), one far over it (transport limit) is refused by gRPC itself, unread.
+    # The gate (sleuthd.access: request ids, auth, draining, the outcome of every call in the metrics and
+    # the access log) wraps the guard, which wraps the methods: refusals by the guard are counted once, by
+    # the gate.
+    guard = RequestGuard(servicer.limits, servicer.status_of, None, servicer.audio_budget, servicer.stream_slots)
+    server = grpc.aio.server(interceptors=[gate, guard], options=server_options(config))
+    health_servicer = health.aio.HealthServicer()
+    running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics, gate=gate)
+    await running.set_serving(False)
     pb_grpc.add_SleuthServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.reflection == "on":

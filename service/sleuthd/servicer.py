@@ -11,6 +11,7 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from sleuthd import __version__, convert, voice_convert
+from sleuthd.admission import AudioBudget, HeapTrimmer, Slots
 from sleuthd.engine import Engine
 from sleuthd.errors import (
     DeadlineExceeded,
@@ -27,7 +28,8 @@ from sleuthd.errors import (
 from sleuthd.logs import clip
 from sleuthd.manifest import PAPER_THRESHOLDS
 from sleuthd.metrics import ServiceMetrics
-from sleuthd.stream import StreamSession
+from sleuthd.request_limits import RequestLimits, oversize_advice
+from sleuthd.stream import StreamSession, paced
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -72,6 +74,12 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         self.max_message_bytes = max_message_bytes
         self.metrics = metrics
         self._on_engine_failure = on_engine_failure
+        # Admission (sleuthd.admission, sleuthd.request_limits): shape checked before converting, audio
+        # bytes and open streams bounded before any work; going over a bound is "busy" at once.
+        bounds = engine.config.admission
+        self.limits = RequestLimits.from_config(engine.config, max_message_bytes)
+        self.audio_budget = AudioBudget(bounds.max_audio_in_flight_bytes, on_idle=HeapTrimmer())
+        self.stream_slots = Slots(bounds.max_streams, "streams")
 
     # ------------------------------------------------------------------ error and metric plumbing
 
@@ -88,13 +96,14 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         logger.error("unexpected error", exc_info=exc)
         return _Abort(grpc.StatusCode.INTERNAL, "internal error; the server log has the details")
 
+    def status_of(self, exc: BaseException) -> tuple[grpc.StatusCode, str]:
+        """The status an RPC failing with ``exc`` ends with (sleuthd.guard refuses with it before parsing)."""
+        abort = self._status_for(exc)
+        return abort.code, abort.details
+
     def _check_size(self, request_bytes: int) -> None:
         if request_bytes > self.max_message_bytes:
-            raise _Abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"request is {request_bytes} bytes; this server accepts at most {self.max_message_bytes} bytes "
-                "per request: send compressed audio (FLAC/OGG), fewer turns per call, or shorter clips",
-            )
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, oversize_advice(request_bytes, self.max_message_bytes))
 
     @staticmethod
     def _deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -111,7 +120,10 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         started = time.perf_counter()
         try:
             self._check_size(request_bytes)
-            result = await work()
+            # Before any conversion or decoding: "busy" at once when the audio in flight is at its bound or
+            # would outlast this call's deadline.
+            with self.audio_budget.hold(request_bytes, seconds_left=context.time_remaining()):
+                result = await work()
         except _Abort as abort:
             await self._finish(context, method, started, abort)
         except Exception as exc:
@@ -124,6 +136,7 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         self, request: pb.CheckDialogueRequest, context: grpc.aio.ServicerContext
     ) -> pb.DialogueVerdict:
         async def work() -> pb.DialogueVerdict:
+            self.limits.check_message(request)  # counts, before converting
             result = await self.engine.check_dialogue(convert.dialogue_from_pb(request), self._deadline(context))
             return convert.verdict_to_pb(result)
 
@@ -133,6 +146,7 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         self, request: pb.RankCandidatesRequest, context: grpc.aio.ServicerContext
     ) -> pb.RankCandidatesResponse:
         async def work() -> pb.RankCandidatesResponse:
+            self.limits.check_message(request)  # counts, before converting
             result = await self.engine.rank_candidates(convert.rank_from_pb(request), self._deadline(context))
             return convert.rank_to_pb(result)
 
@@ -215,14 +229,16 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         self, request_iterator: AsyncIterator[pb.StreamDialogueRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamDialogueResponse]:
         started = time.perf_counter()
-        session = StreamSession(self.engine)
+        session = StreamSession(self.engine, self.audio_budget)
         self.metrics.streams_active.inc()
         try:
-            async for message in request_iterator:
-                self._check_size(message.ByteSize())
-                for response in await self._stream_step(session, message, context):
-                    yield response
-            final = session.close()  # its turns' verdicts were counted as each turn completed
+            with self.stream_slots.take():
+                async for message in paced(request_iterator, self.engine.config.admission):
+                    self._check_size(message.ByteSize())
+                    self.limits.check_message(message)
+                    for response in await self._stream_step(session, message, context):
+                        yield response
+                final = session.close()  # its turns' verdicts were counted as each turn completed
             yield pb.StreamDialogueResponse(final=convert.verdict_to_pb(final))
         except _Abort as abort:
             await self._finish(context, "StreamDialogue", started, abort)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from sleuthd.config.admission import AdmissionConfig
 from sleuthd.config.base import (
     ENV_PREFIX,
     SAMPLE_RATE,
@@ -31,6 +32,7 @@ from sleuthd.config.registry import RegistryConfig
 __all__ = [
     "ENV_PREFIX",
     "SAMPLE_RATE",
+    "AdmissionConfig",
     "BatcherConfig",
     "ConfigError",
     "ConnectConfig",
@@ -98,6 +100,7 @@ class EngineConfig:
     max_turns: int = option(1000, help="turns per dialogue and per stream")
     max_candidates: int = option(64, help="candidates per RankCandidates request")
     max_context: int = option(256, help="context clips per RankCandidates request")
+    max_references: int = option(256, help="speaker references per CheckDialogue request and per stream")
     max_stream_buffer_mb: float = option(
         64.0, help="audio of a stream's unfinished turns held at once, MiB; finish turns to free it"
     )
@@ -105,12 +108,22 @@ class EngineConfig:
         factory=RegistryConfig, help="voice registry (RegisterVoice, voice ids in place of reference audio)"
     )
     judge: JudgeConfig = option(factory=JudgeConfig, help="the LALM judge (method lalm)")  # noqa: RUF009
+    admission: AdmissionConfig = option(factory=AdmissionConfig, help="overload and abuse bounds")  # noqa: RUF009
 
     def __post_init__(self) -> None:
         for name in ("max_clip_seconds", "max_turns", "max_candidates", "max_context", "max_stream_buffer_mb"):
             _at_least(self, name, 1e-9)
+        _at_least(self, "max_references", 0)
         _at_least(self, "workers", 0)
         _at_least(self, "embedding_cache_entries", 0)
+        largest = max(self.max_turns + self.max_references, self.max_candidates + self.max_context + 1)
+        if self.admission.max_queued_decodes < largest:
+            # Otherwise the largest request allowed would be refused as "busy" even on an idle server.
+            raise ConfigError(
+                f"max_queued_decodes must be at least {largest} (the clips of the largest request allowed by "
+                "max_turns + max_references or max_candidates + max_context + 1), "
+                f"got {self.admission.max_queued_decodes}"
+            )
 
     @property
     def max_stream_buffer_bytes(self) -> int:
@@ -125,7 +138,8 @@ class ServerConfig:
     port: int = option(50051, help="port; 0 picks a free one and prints `sleuthd listening on HOST:PORT`")
     max_message_mb: float = option(
         64.0,
-        help="largest request accepted, MiB (INVALID_ARGUMENT above it; gRPC refuses twice that unread)",
+        help="largest request accepted, MiB (INVALID_ARGUMENT above it, refused before it is parsed; gRPC "
+        "refuses a message over 1/8 more than this unread)",
     )
     shutdown_grace_seconds: float = option(
         10.0,
@@ -153,10 +167,27 @@ class ServerConfig:
     log_format: Literal["text", "json"] = option(
         "text", help="log lines as text or as one JSON object each; every RPC gets a request id and an access-log line"
     )
+    max_streams_per_connection: int = option(
+        100, help="concurrent calls one client connection may have open (HTTP/2 max concurrent streams)"
+    )
+    keepalive_seconds: float = option(
+        60.0, help="ping a client connection after this long without traffic, to find peers that vanished"
+    )
+    keepalive_timeout_seconds: float = option(
+        20.0, help="close the connection (and cancel its calls) when a ping is not answered within this long"
+    )
+    min_client_ping_seconds: float = option(
+        60.0,
+        help="clients may ping at most this often while no data flows; a client that pings more often is "
+        "disconnected (GOAWAY too_many_pings)",
+    )
 
     def __post_init__(self) -> None:
         _at_least(self, "max_message_mb", 1e-6)
         _at_least(self, "shutdown_grace_seconds", 0)
+        _at_least(self, "max_streams_per_connection", 1)
+        for name in ("keepalive_seconds", "keepalive_timeout_seconds", "min_client_ping_seconds"):
+            _at_least(self, name, 1e-3)
         if not -1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be -1 (off), 0 (any) or a port number, got {self.metrics_port}")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -171,6 +202,12 @@ class ServerConfig:
     @property
     def max_message_bytes(self) -> int:
         return int(self.max_message_mb * 1024 * 1024)
+
+    @property
+    def transport_limit_bytes(self) -> int:
+        """What gRPC itself accepts: a little over max_message_bytes, so a request slightly too large is read
+        (never parsed) and answered with advice, while one far too large is refused before it is read."""
+        return self.max_message_bytes + max(64 * 1024, self.max_message_bytes // 8)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,48 @@
+"""Admission and abuse bounds (sleuthd.admission, sleuthd.guard, sleuthd.stream): memory and queues stay finite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sleuthd.config.base import _at_least, option
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Bounds that keep the process's memory and queues finite under overload and abuse (sleuthd.admission).
+
+    Refusals here mean "busy, retry later" (RESOURCE_EXHAUSTED), except the stream timeouts, which end
+    one stream that broke a per-stream bound.
+    """
+
+    max_audio_in_flight_mb: float = option(
+        64.0,
+        help="request audio held at once across all RPCs (being decoded and scored, or buffered by streams), "
+        "MiB; a request that would go over is refused at once with RESOURCE_EXHAUSTED, before any decoding",
+    )
+    max_queued_decodes: int = option(
+        2048,
+        help="clips waiting for a decode thread; a clip beyond it fails its request at once with RESOURCE_EXHAUSTED "
+        "(at least max-turns + max-references, so one request of the largest size always fits)",
+    )
+    max_streams: int = option(64, help="StreamDialogue calls open at once; the next gets RESOURCE_EXHAUSTED")
+    stream_idle_seconds: float = option(
+        60.0, help="a stream that sends no message for this long is ended (with turns open or not), seconds"
+    )
+    stream_lifetime_seconds: float = option(3600.0, help="longest a stream may stay open, seconds")
+    stream_message_overhead_bytes: int = option(
+        1024,
+        help="bytes counted for every audio message on top of its data, against the stream's buffer bound and "
+        "the audio in flight (so empty or tiny chunks are not free)",
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_audio_in_flight_mb", "stream_idle_seconds", "stream_lifetime_seconds"):
+            _at_least(self, name, 1e-9)
+        _at_least(self, "max_queued_decodes", 1)
+        _at_least(self, "max_streams", 1)
+        _at_least(self, "stream_message_overhead_bytes", 0)
+
+    @property
+    def max_audio_in_flight_bytes(self) -> int:
+        return int(self.max_audio_in_flight_mb * 1024 * 1024)

@@ -1,0 +1,323 @@
+"""Admission before work (issue 17, finding 1): a request's size and the count of every repeated field are
+checked before it is parsed or converted, so a request small on the wire but huge in count costs neither
+memory nor event-loop time; plus the admission primitives (audio budget, decode queue) on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.message import Message
+from sleuthd import servicer
+from sleuthd.admission import AudioBudget, BoundedThreadPool
+from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig
+from sleuthd.errors import InvalidRequest, LimitExceeded, Overloaded
+from sleuthd.request_limits import RequestLimits
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from .support import TEST_MAX_MESSAGE_BYTES, VOICE_A, Speech, enc
+
+HUGE = 300_000  # entries of an over-limit request (2-9 bytes each on the wire), some hundred MB once converted
+
+
+def over_limit_code() -> grpc.StatusCode:
+    """The status of a request over a per-request bound (LimitExceeded), as the servicer maps it."""
+    return next(code for kind, code in servicer._STATUS_OF if issubclass(LimitExceeded, kind))
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return float(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+@contextmanager
+def rss_growth() -> Iterator[list[float]]:
+    """Samples this process's RSS every 10 ms; yields a list that holds the peak growth (MB) afterwards."""
+    base = _rss_mb()
+    peak = [base]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.01):
+            peak[0] = max(peak[0], _rss_mb())
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    out: list[float] = []
+    try:
+        yield out
+    finally:
+        stop.set()
+        thread.join()
+        out.append(max(peak[0], _rss_mb()) - base)
+
+
+def _many(message: Message, field: str, n: int) -> bytes:
+    """``message`` serialized with ``n`` small entries of repeated ``field`` appended (built as bytes: a
+    message object with that many entries would cost the test itself hundreds of MB). Serialized
+    messages concatenate: the parser appends repeated fields."""
+    kind = type(message)
+    if field == "references":  # each for a speaker of its own, so none is refused as a duplicate first
+        entries = b"".join(
+            kind(references=[pb.SpeakerReference(speaker=f"{k:x}", audio=enc(b"x"))]).SerializeToString()  # type: ignore[call-arg]
+            for k in range(n)
+        )
+    else:
+        one = kind()
+        if field == "context":
+            one.context.add(encoded=b"x")  # type: ignore[attr-defined]
+        else:
+            getattr(one, field).add()
+        entries = one.SerializeToString() * n
+    return message.SerializeToString() + entries
+
+
+def two_candidates() -> pb.RankCandidatesRequest:
+    req = pb.RankCandidatesRequest(speaker="A")
+    for k in range(2):
+        req.candidates.add(candidate_id=f"c{k}", audio=enc(b"x"))
+    return req
+
+
+# method, request bytes, the field's name in the refusal, its limit in the default engine config
+COUNT_CASES: dict[str, tuple[str, Callable[[], bytes], str, int]] = {
+    "dialogue turns": ("CheckDialogue", lambda: _many(pb.CheckDialogueRequest(), "turns", 5 * HUGE), "turns", 1000),
+    "dialogue references": (
+        "CheckDialogue",
+        lambda: _many(pb.CheckDialogueRequest(turns=[pb.Turn(turn_id="t", speaker="A")]), "references", HUGE),
+        "references",
+        256,
+    ),
+    "rank context": ("RankCandidates", lambda: _many(two_candidates(), "context", 2 * HUGE), "context", 256),
+    "rank candidates": (
+        "RankCandidates",
+        lambda: _many(pb.RankCandidatesRequest(), "candidates", 5 * HUGE),
+        "candidates",
+        64,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(COUNT_CASES))
+async def test_huge_counts_are_refused_before_parsing(channel: grpc.aio.Channel, case: str) -> None:
+    method, make, field, limit = COUNT_CASES[case]
+    raw = make()
+    assert len(raw) <= TEST_MAX_MESSAGE_BYTES  # small enough to be read: only its count is wrong
+    call = channel.unary_unary(f"/sleuthd.v1.Sleuth/{method}", request_serializer=None, response_deserializer=None)
+    with rss_growth() as grown, pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(raw, timeout=60)
+    # Parsed, the entries cost ~80 B each, converted a few hundred: the walk over the bytes stops at the
+    # first entry over the limit, so the server (this process) holds little more than the bytes themselves.
+    assert grown[0] < 20 + 4 * len(raw) / 2**20, f"RSS grew {grown[0]:.0f} MB for a {len(raw) / 2**20:.1f} MB request"
+    assert err.value.code() == over_limit_code()
+    assert f".{field} has more than {limit} entries; the limit is {limit}" in err.value.details()
+
+
+async def test_huge_reference_count_in_a_stream_is_refused_before_parsing(channel: grpc.aio.Channel) -> None:
+    refs = pb.StreamOpen(
+        dialogue_id="d", references=[pb.SpeakerReference(speaker=f"{k:x}", audio=enc(b"x")) for k in range(HUGE)]
+    )
+    raw = pb.StreamDialogueRequest(open=refs).SerializeToString()
+    call = channel.stream_stream(
+        "/sleuthd.v1.Sleuth/StreamDialogue", request_serializer=None, response_deserializer=None
+    )
+    stream = call(timeout=60)
+    with rss_growth() as grown, pytest.raises(grpc.aio.AioRpcError) as err:
+        await stream.write(raw)
+        await asyncio.wait_for(stream.read(), 60)
+    assert err.value.code() == over_limit_code()
+    assert "StreamOpen.references has more than 256 entries" in err.value.details()
+    assert grown[0] < 20 + 4 * len(raw) / 2**20
+
+
+async def test_request_over_the_size_limit_gets_advice_and_far_over_it_is_refused_unread(
+    channel: grpc.aio.Channel,
+) -> None:
+    # The transport limit is now 1/8 over the configured limit (it was twice it): a request between the
+    # two is read but refused before parsing, with advice; one past the transport limit is refused by gRPC
+    # before it is read. 1.9x used to be read, parsed and converted in full.
+    call = channel.unary_unary("/sleuthd.v1.Sleuth/CheckDialogue", request_serializer=None, response_deserializer=None)
+
+    def one_turn(size: int) -> bytes:
+        req = pb.CheckDialogueRequest(turns=[pb.Turn(turn_id="t", speaker="A", audio=enc(b""))])
+        req.turns[0].audio.encoded = b"\x00" * (size - req.ByteSize() - 8)
+        return req.SerializeToString()
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(one_turn(TEST_MAX_MESSAGE_BYTES + 100_000), timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"at most {TEST_MAX_MESSAGE_BYTES} bytes" in err.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(one_turn(int(TEST_MAX_MESSAGE_BYTES * 1.9)), timeout=60)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "larger than max" in err.value.details()
+
+
+async def test_requests_within_every_limit_are_served(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
+    req = pb.CheckDialogueRequest(dialogue_id="fine")
+    for k in range(3):
+        req.turns.add(turn_id=f"t{k}", speaker="A", audio=enc(speech.wav_bytes(VOICE_A, k)))
+    req.references.add(speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 4)))
+    verdict = await stub.CheckDialogue(req, timeout=60)
+    assert [t.status for t in verdict.turns] == [pb.CONSISTENT] * 3
+
+
+# ---------------------------------------------------------------------------------------------- the wire walk
+
+
+LIMITS = RequestLimits.from_config(EngineConfig(models_dir=Path("unused")), max_bytes=1 << 20)
+
+
+def test_wire_walk_counts_like_the_parsed_message() -> None:
+    at_limit = pb.CheckDialogueRequest(
+        dialogue_id="d",
+        turns=[pb.Turn(turn_id=str(k), speaker="A", audio=enc(b"abc")) for k in range(1000)],
+        references=[pb.SpeakerReference(speaker=str(k), audio=enc(b"x")) for k in range(256)],
+        options=pb.CheckOptions(threshold=0.5),
+    )
+    data = at_limit.SerializeToString()
+    LIMITS.check_wire(data, at_limit.DESCRIPTOR)  # exactly at every limit: fine both ways
+    LIMITS.check_message(at_limit)
+    at_limit.turns.add(turn_id="one too many", speaker="A")
+    with pytest.raises(LimitExceeded, match=r"CheckDialogueRequest\.turns has more than 1000"):
+        LIMITS.check_wire(at_limit.SerializeToString(), at_limit.DESCRIPTOR)
+    with pytest.raises(LimitExceeded, match=r"CheckDialogueRequest\.turns has 1001 entries"):
+        LIMITS.check_message(at_limit)
+
+
+def test_wire_walk_bounds_repeats_unknown_fields_and_groups() -> None:
+    desc = pb.CheckDialogueRequest.DESCRIPTOR
+    options = pb.CheckDialogueRequest(options=pb.CheckOptions(detect_drift=True)).SerializeToString()
+    LIMITS.check_wire(options * 16, desc)  # protobuf merges repeats of a singular field: a few are fine
+    with pytest.raises(InvalidRequest, match="options is sent 17 times"):
+        LIMITS.check_wire(options * 17, desc)
+    unknown = b"\xf8\x07\x01"  # field 127, varint 1: not in the .proto
+    LIMITS.check_wire(unknown * 256, desc)
+    with pytest.raises(LimitExceeded, match="more than 256 fields this server does not know"):
+        LIMITS.check_wire(unknown * 257, desc)
+    # A (deprecated) group hides its fields from a naive walk: each counts as an unknown field.
+    group = b"\xfb\x07" + unknown * 300 + b"\xfc\x07"  # start group 127, fields, end group 127
+    with pytest.raises(LimitExceeded, match="does not know"):
+        LIMITS.check_wire(group, desc)
+    # Entries after a group are still counted.
+    with pytest.raises(LimitExceeded, match="turns has more than 1000"):
+        LIMITS.check_wire(b"\xfb\x07\xfc\x07" + b"\x12\x00" * 1001, desc)
+
+
+async def test_bytes_that_are_not_a_request_are_invalid_argument(channel: grpc.aio.Channel) -> None:
+    call = channel.unary_unary("/sleuthd.v1.Sleuth/CheckDialogue", request_serializer=None, response_deserializer=None)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(b"\x12\xff\xff\xff\xff\x0f", timeout=60)  # a turn longer than the request
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid CheckDialogueRequest message" in err.value.details()
+
+
+def test_wire_walk_leaves_malformed_bytes_to_the_parser_and_refuses_size_unparsed() -> None:
+    desc = pb.CheckDialogueRequest.DESCRIPTOR
+    for junk in (b"\x12\xff\xff\xff\xff\x0f", b"\x12", b"\xff" * 20, b"\x0f\x00", b"\xfb\x07\x12\x00"):
+        LIMITS.check_wire(junk, desc)  # no verdict: FromString says what is wrong
+    with pytest.raises(InvalidRequest, match="at most 1048576 bytes"):
+        LIMITS.check_wire(b"\x00" * (1 << 20 | 1), desc)
+
+
+def test_every_repeated_request_field_has_a_configured_limit() -> None:
+    named = set(LIMITS.repeated)
+    service = pb.DESCRIPTOR.services_by_name["Sleuth"]
+    seen: set[str] = set()
+
+    def walk(desc: object) -> None:
+        for f in desc.fields:  # type: ignore[attr-defined]
+            if f.is_repeated:
+                seen.add(f.full_name)
+            if f.message_type is not None:
+                walk(f.message_type)
+
+    for method in service.methods:
+        walk(method.input_type)
+    assert seen == named, f"repeated request fields without a limit from the config: {seen - named}"
+
+
+# ---------------------------------------------------------------------------------------------- primitives
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_audio_budget_admits_a_lone_request_and_refuses_past_the_limit() -> None:
+    budget = AudioBudget(100)
+    with budget.hold(500):  # larger than the whole budget, but nothing else is held: let in
+        with pytest.raises(Overloaded, match="500 bytes of audio are in flight"):
+            budget.acquire(1)
+    budget.acquire(60)
+    budget.acquire(40)
+    with pytest.raises(Overloaded, match="retry with backoff"):
+        budget.acquire(1)
+    budget.release(100)
+    assert budget.held == 0 and budget.refused == 2
+
+
+def test_audio_budget_refuses_a_request_whose_deadline_is_shorter_than_the_work_ahead() -> None:
+    clock = FakeClock()
+    budget = AudioBudget(10_000, half_life_s=30.0, clock=clock)
+    with budget.hold(1000, seconds_left=0.001):  # no pace known yet: admitted
+        clock.now += 2.0  # 1000 bytes done in 2 s of busy time: 500 B/s
+    assert budget.pace == pytest.approx(500, rel=0.05)
+    budget.acquire(1000)
+    # 1000 held + 1000 more at 500 B/s is about 4 s of work
+    with pytest.raises(Overloaded, match=r"about 4\.0 s .* its deadline leaves 3\.0 s"):
+        budget.acquire(1000, seconds_left=3.0)
+    budget.acquire(1000, seconds_left=5.0)
+    budget.release(2000)
+    budget.acquire(1000, seconds_left=0.1)  # nothing held: always let in
+    budget.release(1000)
+    budget.acquire(100)
+    # 0.4 s of work ahead is within the estimate's noise: let in, its own deadline decides
+    budget.acquire(100, seconds_left=0.1)
+
+
+def test_decode_pool_queue_is_bounded_and_cancelled_jobs_leave_it() -> None:
+    pool = BoundedThreadPool(max_workers=1, max_queued=2)
+    gate = threading.Event()
+    try:
+        running = pool.submit(gate.wait, 5)
+        for _ in range(100):  # until the worker has taken the first job off the queue
+            if pool.waiting == 0:
+                break
+            time.sleep(0.01)
+        queued: list[Future[object]] = [pool.submit(time.sleep, 0), pool.submit(time.sleep, 0)]
+        with pytest.raises(Overloaded, match="2 clips are waiting to be decoded"):
+            pool.submit(time.sleep, 0)
+        assert queued[1].cancel()  # its request went away: its place is free again
+        assert pool.waiting == 1
+        pool.submit(time.sleep, 0)
+        gate.set()
+        running.result(5)
+    finally:
+        gate.set()
+        pool.shutdown(wait=True)
+    assert pool.waiting == 0
+
+
+def test_decode_queue_must_hold_the_largest_request() -> None:
+    with pytest.raises(ConfigError, match="max_queued_decodes must be at least 1256"):
+        EngineConfig(models_dir=Path("unused"), admission=AdmissionConfig(max_queued_decodes=1000))
+    EngineConfig(models_dir=Path("unused"), admission=AdmissionConfig(max_queued_decodes=1256))
+    with pytest.raises(ConfigError, match="at least 3"):
+        replace(EngineConfig(models_dir=Path("unused")), max_turns=1, max_references=1, max_candidates=1,
+                max_context=1, admission=AdmissionConfig(max_queued_decodes=2))  # fmt: skip
