@@ -16,11 +16,14 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.message import Message
-from sleuthd import servicer
+from sleuthd import audio, clips, servicer
 from sleuthd.admission import AudioBudget, BoundedThreadPool
-from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig
+from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig, ServerConfig
+from sleuthd.engine import Engine
 from sleuthd.errors import InvalidRequest, LimitExceeded, Overloaded
+from sleuthd.metrics import ServiceMetrics
 from sleuthd.request_limits import RequestLimits
+from sleuthd.server import create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -321,3 +324,41 @@ def test_decode_queue_must_hold_the_largest_request() -> None:
     with pytest.raises(ConfigError, match="at least 3"):
         replace(EngineConfig(models_dir=Path("unused")), max_turns=1, max_references=1, max_candidates=1,
                 max_context=1, admission=AdmissionConfig(max_queued_decodes=2))  # fmt: skip
+
+
+async def test_a_request_whose_clips_would_decode_too_large_is_refused_from_their_headers(
+    engine: Engine, speech: Speech
+) -> None:
+    """Issue 17 finding 3: the bound on decoded samples is per request, not only per clip, and it is read from
+    the headers before anything is decoded."""
+    clip = speech.wav_bytes(VOICE_A, 0)
+    one = audio.probe(clip, None, 300.0).samples
+    config = replace(engine.config, admission=replace(engine.config.admission, max_request_decoded_samples=2 * one))
+    small = Engine(engine.models, config)  # the loaded models, with a budget of two of these clips
+    running = await create_server(small, ServerConfig(port=0, metrics_port=-1), ServiceMetrics())
+    decoded: list[int] = []
+    real_decode = clips.decode
+
+    def counting_decode(*args: object, **kwargs: object) -> object:
+        decoded.append(1)
+        return real_decode(*args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            stub = pb_grpc.SleuthStub(ch)
+            three = pb.CheckDialogueRequest(dialogue_id="big")
+            for k in range(3):
+                three.turns.add(turn_id=f"t{k}", speaker="A", audio=enc(clip))
+            clips.decode = counting_decode  # type: ignore[assignment]
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.CheckDialogue(three, timeout=60)
+            finally:
+                clips.decode = real_decode  # type: ignore[assignment]
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "decode" in err.value.details() and decoded == []  # refused before any decoding
+            del three.turns[2]
+            verdict = await stub.CheckDialogue(three, timeout=60)  # two clips fit the budget
+            assert len(verdict.turns) == 2
+    finally:
+        await running.stop(grace=1.0)

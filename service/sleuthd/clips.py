@@ -12,7 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sleuthd.audio import Waveform, decode_encoded, decode_pcm, normalize_loudness, to_model_rate
+from sleuthd.audio import (
+    AudioError,
+    Waveform,
+    check_request_budget,
+    decode_encoded,
+    decode_pcm,
+    normalize_loudness,
+    probe,
+    to_model_rate,
+)
 from sleuthd.config import SAMPLE_RATE
 from sleuthd.domain import AudioInput
 from sleuthd.features import WindowSpec, make_windows
@@ -39,6 +48,19 @@ def decode(audio: AudioInput, max_seconds: float) -> Waveform:
     """Decode and resample to 16 kHz mono."""
     wave = decode_pcm(audio.data, audio.pcm, max_seconds) if audio.pcm else decode_encoded(audio.data, max_seconds)
     return to_model_rate(wave)
+
+
+def check_request_audio(audios: Sequence[tuple[AudioInput, str]], max_clip_seconds: float, max_samples: int) -> None:
+    """Refuse, from the clips' headers alone (nothing is decoded), a request whose clips would decode to
+    more than ``max_samples`` samples in all, or a clip that breaks the per-clip bounds: a small compressed
+    file can decode to hundreds of MiB. Raises AudioError naming the clip, or LimitExceeded."""
+    probes = []
+    for audio, label in audios:
+        try:
+            probes.append((label, probe(audio.data, audio.pcm, max_clip_seconds)))
+        except AudioError as exc:
+            raise AudioError(f"{label}: {exc}") from exc
+    check_request_budget(probes, max_samples)
 
 
 def prepare_placements(

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import TypeVar
 
-from sleuthd.audio import AudioError
-from sleuthd.clips import ClipEmbedding, PreparedClip, embedded_clip, prepare_placements
+from sleuthd.audio import DEFAULT_REQUEST_SAMPLES, AudioError
+from sleuthd.clips import ClipEmbedding, PreparedClip, check_request_audio, embedded_clip, prepare_placements
 from sleuthd.domain import AudioInput
 from sleuthd.embedding_cache import LruCache, audio_key
 from sleuthd.encoder import WindowEncoder
@@ -37,10 +37,12 @@ class ClipEmbedder:
         observer: EngineObserver,
         max_clip_seconds: float,
         cache_entries: int,
+        max_request_samples: int = DEFAULT_REQUEST_SAMPLES,
     ) -> None:
         self.vad = vad
         self.observer = observer
         self.max_clip_seconds = max_clip_seconds
+        self.max_request_samples = max_request_samples
         self.cache: LruCache[ClipEmbedding] = LruCache(cache_entries)
         self._prep_pool = prep_pool
         # Cache misses in flight, by cache key(s): concurrent requests for the same clip share one computation.
@@ -61,11 +63,21 @@ class ClipEmbedder:
         """
         if deadline is not None and asyncio.get_running_loop().time() >= deadline:
             raise DeadlineExceeded("the deadline passed before the request could be started")
+        await self.admit(audios)
         # One clip failed (or the RPC was cancelled): the others' queued work is withdrawn too.
         found = await gather_or_cancel(self._one(encoder, a, label, deadline, placements) for a, label in audios)
         for (clip, cached), *_ in found:
             self.observer.clip_embedded(clip.audio_seconds, cached=cached)
         return [[clip for clip, _ in clips] for clips in found]
+
+    async def admit(self, audios: Sequence[tuple[AudioInput, str]]) -> None:
+        """Refuse before any decoding a batch of clips that would decode to more than the per-request bound
+        (headers only; on a worker thread: an MP3 header costs about 5 ms)."""
+        if audios:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(
+                self._prep_pool, check_request_audio, audios, self.max_clip_seconds, self.max_request_samples
+            )
 
     async def embed_audio(
         self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], deadline: float | None = None

@@ -60,14 +60,19 @@ class Engine:
         self.observer: EngineObserver = observer or NullObserver()
         self.entries = {name: EncoderEntry.from_encoder(enc) for name, enc in models.encoders.items()}
         self.embedder = ClipEmbedder(
-            models.vad, models.prep_pool, self.observer, config.max_clip_seconds, config.embedding_cache_entries
+            models.vad,
+            models.prep_pool,
+            self.observer,
+            config.max_clip_seconds,
+            config.embedding_cache_entries,
+            config.admission.max_request_decoded_samples,
         )
         self.registry = (
             None
             if registry is None
             else VoiceRegistry(AsyncVoiceStore(registry), models.encoders, self.embedder, config.default_encoder)
         )
-        self.lalm = LalmJudging(config.judge, models.vad, models.prep_pool, self.observer, config.max_clip_seconds)
+        self.lalm = LalmJudging(config.judge, models.vad, models.prep_pool, self.observer, self.embedder)
 
     @classmethod
     def load(cls, config: EngineConfig, observer: EngineObserver | None = None) -> Engine:

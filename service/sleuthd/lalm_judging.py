@@ -37,7 +37,7 @@ from sleuthd.domain import (
     VoiceRef,
 )
 from sleuthd.drift import drift_window
-from sleuthd.embedder import Placements, embed_prepared
+from sleuthd.embedder import ClipEmbedder, Placements, embed_prepared
 from sleuthd.encoder import WindowEncoder
 from sleuthd.errors import DeadlineExceeded, InvalidRequest, Unsupported
 from sleuthd.lalm.batcher import JudgeObserver
@@ -66,7 +66,7 @@ class LalmJudging:
     """The judge of this server (None until :meth:`start`, and when none is configured) and the hearing stage."""
 
     def __init__(
-        self, config: JudgeConfig, vad: Vad, prep_pool: Executor, observer: EngineObserver, max_clip_seconds: float
+        self, config: JudgeConfig, vad: Vad, prep_pool: Executor, observer: EngineObserver, embedder: ClipEmbedder
     ) -> None:
         self.config = config
         self.judge: Judge | None = None
@@ -74,7 +74,8 @@ class LalmJudging:
         self._vad = vad
         self._prep_pool = prep_pool
         self._observer = observer
-        self._max_clip_seconds = max_clip_seconds
+        self._embedder = embedder  # its per-request bound on decoded audio applies here too
+        self._max_clip_seconds = embedder.max_clip_seconds
 
     async def start(self, observer: JudgeObserver | None = None) -> None:
         """Load the configured judge (on a thread: weights take minutes) and check a remote one serves its
@@ -132,6 +133,7 @@ class LalmJudging:
         deadline: float | None,
         placements: Placements = (None,),
     ) -> list[Heard]:
+        await self._embedder.admit(audios)
         return await gather_or_cancel([self.hear(encoder, a, label, deadline, placements) for a, label in audios])
 
     @staticmethod
@@ -170,6 +172,7 @@ class LalmJudging:
         placements = self._placements(opts)
 
         async def hear(audio: AudioInput, label: str, turn_deadline: float | None) -> Heard:
+            await self._embedder.admit([(audio, label)])
             return await self.hear(opts.encoder, audio, label, turn_deadline, placements)
 
         return LalmDialogue(

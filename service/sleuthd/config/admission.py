@@ -25,6 +25,11 @@ class AdmissionConfig:
         help="clips waiting for a decode thread; a clip beyond it fails its request at once with RESOURCE_EXHAUSTED "
         "(at least max-turns + max-references, so one request of the largest size always fits)",
     )
+    max_request_decoded_samples: int = option(
+        64 * 1024 * 1024,
+        help="decoded samples (frames x channels) the clips of one call may come to, read from their headers "
+        "before anything is decoded (64 Mi: about 23 min of 48 kHz mono); over it: INVALID_ARGUMENT",
+    )
     max_streams: int = option(64, help="StreamDialogue calls open at once; the next gets RESOURCE_EXHAUSTED")
     stream_idle_seconds: float = option(
         60.0, help="a stream that sends no message for this long is ended (with turns open or not), seconds"
@@ -41,6 +46,7 @@ class AdmissionConfig:
             _at_least(self, name, 1e-9)
         _at_least(self, "max_queued_decodes", 1)
         _at_least(self, "max_streams", 1)
+        _at_least(self, "max_request_decoded_samples", 1)
         _at_least(self, "stream_message_overhead_bytes", 0)
 
     @property
