@@ -132,7 +132,7 @@ async def test_malformed_protobuf_is_invalid_argument_and_counted(engine: Engine
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await unary(garbage, timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "not a valid sleuthd.v1.CheckDialogueRequest message" in err.value.details()
+        assert "not a valid" in err.value.details() and "CheckDialogueRequest message" in err.value.details()
         stream = ch.stream_stream("/sleuthd.v1.Sleuth/StreamDialogue", request_serializer=None)
         call = stream(iter([garbage]), timeout=10)
         with pytest.raises(grpc.aio.AioRpcError) as err:

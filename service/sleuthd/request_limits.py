@@ -65,6 +65,8 @@ class RequestLimits:
                 _PACKAGE + "StreamOpen.references": config.max_references,
                 _PACKAGE + "RankCandidatesRequest.candidates": config.max_candidates,
                 _PACKAGE + "RankCandidatesRequest.context": config.max_context,
+                _PACKAGE + "RegisterVoiceRequest.clips": config.voice_registry.registry_max_clips_per_voice,
+                _PACKAGE + "RegisterVoiceRequest.metadata": config.voice_registry.registry_max_metadata_entries,
             },
             advice={
                 _PACKAGE + "CheckDialogueRequest.turns": per_dialogue,
@@ -72,6 +74,8 @@ class RequestLimits:
                 _PACKAGE + "StreamOpen.references": refs,
                 _PACKAGE + "RankCandidatesRequest.candidates": "rank fewer candidates per call",
                 _PACKAGE + "RankCandidatesRequest.context": "send fewer context clips",
+                _PACKAGE + "RegisterVoiceRequest.clips": "enrol the voice from fewer clips",
+                _PACKAGE + "RegisterVoiceRequest.metadata": "send fewer metadata keys",
             },
         )
 
