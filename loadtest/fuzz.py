@@ -593,9 +593,10 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def _start_server(models_dir: Path, log: Path) -> tuple[subprocess.Popen[str], str]:
+def start_server(models_dir: Path, log: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """`sleuthd serve` on a free loopback port (``extra``: more serve flags); (process, target)."""
     cmd = [sys.executable, "-m", "sleuthd.cli", "--log-level", "warning", "serve", "--host", "127.0.0.1",
-           "--port", "0", "--metrics-port", "-1", "--models-dir", str(models_dir)]  # fmt: skip
+           "--port", "0", "--metrics-port", "-1", "--models-dir", str(models_dir), *extra]  # fmt: skip
     # stderr goes to a file, never an undrained pipe: libmpg123 writes a line per corrupt MP3 frame.
     log.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
@@ -616,7 +617,7 @@ async def _long_run(args: argparse.Namespace) -> int:
     proc = None
     target = args.target
     if not target:
-        proc, target = _start_server(args.models_dir, args.server_log)
+        proc, target = start_server(args.models_dir, args.server_log)
     try:
         async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
             pid = proc.pid if proc else 0

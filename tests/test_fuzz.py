@@ -10,21 +10,17 @@ answered correctly afterwards. The longer run against a `sleuthd serve` process 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
-import gc
-import os
 from pathlib import Path
 
 import grpc
 import pytest
-from sleuthd.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from loadtest.fuzz import BROKEN, CaseFactory, HealthProbe, Seeds, run_cases
+from loadtest.fuzz import BROKEN, CHANNEL_OPTIONS, CaseFactory, HealthProbe, Seeds, run_cases, start_server
+from loadtest.fuzz import rss_mib as server_rss_mib
 
-from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, enc
+from .support import TEST_MAX_MESSAGE_BYTES, VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, enc
 
 REQUESTS = 2500
 CLIENTS = 16
@@ -32,24 +28,14 @@ SEED = 17
 # Every case is cheap (the slowest take about 2 s here), so a call that runs into this deadline lost
 # its answer: the server never sent a status.
 CALL_TIMEOUT_S = 30.0
-# The server runs in this process, so its memory is this process's. Decodable cases are short and
-# the embedding cache is bounded: measured, the process settles about 100 MiB above where it started
-# (caches, ONNX Runtime's arena, thread stacks) and peaks about 200 MiB above it. One decompression
-# bomb decoded in full would add 439 MiB on its own.
-MAX_PEAK_GROWTH_MIB = 400
-MAX_GROWTH_MIB = 250
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def settled_rss_mib() -> float:
-    """RSS after handing freed heap back to the OS, so what is counted is what is still held."""
-    gc.collect()
-    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
-    return rss_mib()
+# The server runs in a process of its own. Measured with this seed and 16 clients: it peaks 450-500 MiB
+# above its idle size (up to 64 MiB of request audio admitted at once, its decoded samples, windows and
+# ONNX Runtime's arena) and, once the heap trimmer has run after the burst, settles about 100-250 MiB
+# above it (caches, the arena, thread stacks). A run of 7,500 cases peaked no higher, so the working set
+# is bounded, not leaking. Decompression bombs are refused from their headers (tests/test_audio_limits.py);
+# before that, the fuzz cases drove this process 1,744 MiB up.
+MAX_PEAK_GROWTH_MIB = 800
+MAX_GROWTH_MIB = 350
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +55,25 @@ def test_cases_are_seeded_and_cover_every_rpc(seeds: Seeds) -> None:
     assert {"wav", "flac", "ogg", "opus", "mp3"} <= formats
 
 
-async def test_fuzz_every_rpc(channel: grpc.aio.Channel, server: RunningServer, seeds: Seeds, speech: Speech) -> None:
+async def test_fuzz_every_rpc(models_dir: Path, tmp_path: Path, seeds: Seeds, speech: Speech) -> None:
+    # A server process of its own, so its memory is measured alone (not the test process's heap, which
+    # other tests leave in different states) and the run cannot disturb the session's server.
+    limit_mb = str(TEST_MAX_MESSAGE_BYTES / 2**20)
+    proc, target = start_server(models_dir, tmp_path / "server.log", "--max-message-mb", limit_mb)
+    try:
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+            await _fuzz_and_check(channel, target, proc.pid, seeds, speech)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def _fuzz_and_check(channel: grpc.aio.Channel, target: str, pid: int, seeds: Seeds, speech: Speech) -> None:
     cases = CaseFactory(seeds, SEED).cases(REQUESTS)  # built as they are sent
-    before = settled_rss_mib()
-    result = await run_cases(channel, f"127.0.0.1:{server.port}", cases, CLIENTS, CALL_TIMEOUT_S, rss=rss_mib)
-    growth = settled_rss_mib() - before
+    before = server_rss_mib(pid)
+    result = await run_cases(channel, target, cases, CLIENTS, CALL_TIMEOUT_S, rss=lambda: server_rss_mib(pid))
+    await asyncio.sleep(11.0)  # cancelled work drains and the heap trimmer (at most every 10 s) runs
+    growth = server_rss_mib(pid) - before
     peak = result.peak_rss_mib - before
     summary = (
         f"{dict(result.counts)} in {result.seconds:.1f} s; RSS {before:.0f} MiB, peak +{peak:.0f}, after "
