@@ -3,6 +3,8 @@
 python -m sleuthd.lalm tiny-judge DIR --arch qwen2-audio|qwen2.5-omni   # a tiny random checkpoint
 python -m sleuthd.lalm judge-hash DIR                                    # the weights hash calibrations key on
 python -m sleuthd.lalm bench DIR                                         # prompts/s at batch sizes 1-32
+python -m sleuthd.lalm bench --random-7b --device cuda                   # the same for Qwen2-Audio-7B's sizes,
+                                                                         # random weights built on the GPU
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     hashing = sub.add_parser("judge-hash", help="print the SHA-256 of a model folder's weights")
     hashing.add_argument("dir", type=Path)
     bench = sub.add_parser("bench", help="prompts/s of a judge folder at batch sizes 1–32, side by side")
-    bench.add_argument("dir", type=Path)
+    bench.add_argument("dir", type=Path, nargs="?")
+    bench.add_argument(
+        "--random-7b",
+        action="store_true",
+        help="instead of a folder: Qwen2-Audio at the 7B checkpoint's sizes with random weights (timing only)",
+    )
     bench.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     bench.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     bench.add_argument("--batches", default="1,2,4,8,16,32", help="comma-separated batch sizes")
@@ -39,9 +46,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = build_tiny_judge(args.dir, args.arch, args.seed)
             sys.stdout.write(f"{out}\n")
         elif args.command == "bench":
-            from sleuthd.lalm.bench import throughput
+            from sleuthd.lalm.bench import model_throughput, throughput
 
-            rows = throughput(args.dir, args.device, args.dtype, [int(b) for b in args.batches.split(",")])
+            batches = [int(b) for b in args.batches.split(",")]
+            if args.random_7b:
+                from sleuthd.lalm.tiny import random_full_size_judge
+
+                dtype = "bfloat16" if args.dtype == "auto" else args.dtype
+                device = "cuda" if args.device == "auto" else args.device
+                rows = model_throughput(random_full_size_judge(device, dtype), batches)
+            elif args.dir is None:
+                raise ConfigError("bench needs a judge folder, or --random-7b")
+            else:
+                rows = throughput(args.dir, args.device, args.dtype, batches)
             base = rows[0].prompts_per_second
             sys.stdout.write("batch  prompts/s  ×batch-1  padded tokens/call  peak CUDA MiB\n")
             for r in rows:

@@ -34,9 +34,16 @@ def throughput(
     repeats: int = 3,
 ) -> list[BenchRow]:
     """prompts/s of ``folder``'s model per batch size (after one warm-up call per size)."""
+    model = LocalModel.load(folder, device=device, dtype=dtype, encoder_cache_entries=0)
+    return model_throughput(model, batches, repeats)
+
+
+def model_throughput(
+    model: LocalModel, batches: Sequence[int] = (1, 2, 4, 8, 16, 32), repeats: int = 3
+) -> list[BenchRow]:
+    """prompts/s of a loaded judge per batch size (after one warm-up call per size)."""
     import torch
 
-    model = LocalModel.load(folder, device=device, dtype=dtype, encoder_cache_entries=0)
     n = max(batches)
     voices = [Clip.of(synthetic_voice(100.0 + 7 * i, 3.0, i)) for i in range(n + 2)]
     batch = [model.prepare(prompts.detection(voices[i + 2], voices[0], [voices[1]])) for i in range(n)]

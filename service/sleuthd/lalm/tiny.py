@@ -211,6 +211,57 @@ def _prime_answers(judge: LocalModel, head: Any, generator: Any) -> None:
             head[token] = direction * (_ANSWER_LOGIT / hidden.norm()) + noise
 
 
+# Qwen2-Audio-7B's published sizes (its config.json): a Whisper-large-v3 audio encoder and a Qwen-7B language
+# model. Used only to time the real architecture at its real size on a GPU with random weights: a judge's
+# cost is one forward pass over the prompt, which does not depend on the weights' values.
+QWEN2_AUDIO_7B = {
+    "audio": dict(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120, num_mel_bins=128),
+    "text": dict(
+        vocab_size=156_032,
+        hidden_size=4096,
+        intermediate_size=11_008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def random_full_size_judge(device: str = "cuda", dtype: str = "bfloat16", seed: int = 0) -> LocalModel:
+    """A Qwen2-Audio judge at the 7B checkpoint's sizes with random weights, built in memory on ``device``
+    (about 16 GiB in bf16), for throughput figures only: its answers are meaningless."""
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise ConfigError(f"a full-size random judge needs {exc.name}: pip install 'sleuthd[judge]'") from exc
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda was asked for but torch sees no CUDA device")
+    torch.manual_seed(seed)
+    config = transformers.Qwen2AudioConfig(
+        audio_config={"model_type": "qwen2_audio_encoder", **QWEN2_AUDIO_7B["audio"], "max_source_positions": 1500},
+        text_config={"model_type": "qwen2", **QWEN2_AUDIO_7B["text"]},
+        audio_token_index=151646,
+    )
+    config._attn_implementation = "sdpa"
+    torch_dtype = getattr(torch, dtype)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with torch.device(device):
+            model = transformers.Qwen2AudioForConditionalGeneration(config).eval().requires_grad_(False)
+    finally:
+        torch.set_default_dtype(previous)
+    features = transformers.WhisperFeatureExtractor(feature_size=128, chunk_length=30)
+    tok = tiny_tokenizer("qwen2-audio")
+    template = _TEMPLATES["qwen2-audio"]
+    folder = Path("random-qwen2-audio-7b")
+    return LocalModel(folder, "qwen2-audio", model, tok, features, template, torch.device(device), torch_dtype, 0, "")
+
+
 def build_tiny_judge(out_dir: Path, arch: str, seed: int = 0) -> Path:
     """Write a tiny random judge checkpoint of ``arch`` ("qwen2-audio" or "qwen2.5-omni") to ``out_dir``."""
     if arch not in ARCHITECTURES:
