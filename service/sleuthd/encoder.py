@@ -22,13 +22,21 @@ from sleuthd.manifest import EncoderManifest
 logger = logging.getLogger(__name__)
 
 
-def choose_providers(device: str) -> list[str]:
+# cuDNN convolution algorithm choice on the CUDA provider. ONNX Runtime's default, EXHAUSTIVE, benchmarks
+# every algorithm the first time it sees an input shape; the micro-batcher sends batches of every size from
+# 1 to max_batch_windows, so a convolutional encoder (CAM++) paid that search again and again: measured on an
+# H200, CAM++ served 2.3 windows/s to one client and 29 to 32 clients while shapes were new, against 126 and
+# 2,592 for the model at a fixed batch (docs/serving.md, GPU). HEURISTIC picks from cuDNN's heuristics.
+CUDA_CONV_ALGO_SEARCH = os.environ.get("SLEUTHD_CUDNN_CONV_ALGO_SEARCH", "HEURISTIC")
+
+
+def choose_providers(device: str) -> list[str | tuple[str, dict[str, str]]]:
     """ONNX Runtime providers for ``device``: "cpu", "cuda" or "auto" (CUDA when available)."""
     available = ort.get_available_providers()
     if device == "cpu":
         return ["CPUExecutionProvider"]
     if "CUDAExecutionProvider" in available:
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return [("CUDAExecutionProvider", {"cudnn_conv_algo_search": CUDA_CONV_ALGO_SEARCH}), "CPUExecutionProvider"]
     if device == "cuda":
         raise EngineFailure(
             "device 'cuda' was asked for but this onnxruntime has no CUDA provider "
