@@ -98,6 +98,7 @@ def main() -> int:
     result: dict[str, dict[str, object]] = {}
     for name, manifest in manifests.items():
         gpu = OnnxEncoder(manifest, device=args.device)
+        gpu.warm_up(256)  # every padded batch size, as the server does at start (up to its max batch)
         cpu = OnnxEncoder(manifest, device="cpu")
         print(f"== {name}: providers {gpu.provider} / {cpu.provider}", flush=True)
         row: dict[str, object] = {"provider": gpu.provider}

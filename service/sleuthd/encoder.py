@@ -22,21 +22,25 @@ from sleuthd.manifest import EncoderManifest
 logger = logging.getLogger(__name__)
 
 
-# cuDNN convolution algorithm choice on the CUDA provider. ONNX Runtime's default, EXHAUSTIVE, benchmarks
-# every algorithm the first time it sees an input shape; the micro-batcher sends batches of every size from
-# 1 to max_batch_windows, so a convolutional encoder (CAM++) paid that search again and again: measured on an
-# H200, CAM++ served 2.3 windows/s to one client and 29 to 32 clients while shapes were new, against 126 and
-# 2,592 for the model at a fixed batch (docs/serving.md, GPU). HEURISTIC picks from cuDNN's heuristics.
-CUDA_CONV_ALGO_SEARCH = os.environ.get("SLEUTHD_CUDNN_CONV_ALGO_SEARCH", "HEURISTIC")
+def padded_batch_size(n: int) -> int:
+    """The batch size a batch of ``n`` windows is padded to on a GPU: the next power of two.
+
+    The CUDA provider prepares a graph's kernels (cuDNN's algorithm search, memory plans) for each input
+    shape it has not seen, and the micro-batcher sends batches of every size from 1 to max_batch_windows.
+    Measured on an H200 (docs/serving.md, GPU): CAM++ through the micro-batcher served 2.3 windows/s to one
+    client and 29 to 32 clients, against 126 and 2,592 for the same model at a fixed batch size, because
+    nearly every call met a new shape. Powers of two bound the shapes to log2(max) + 1, all prepared at
+    warm-up; the padding costs at most 2x the rows on a device with compute to spare."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
-def choose_providers(device: str) -> list[str | tuple[str, dict[str, str]]]:
+def choose_providers(device: str) -> list[str]:
     """ONNX Runtime providers for ``device``: "cpu", "cuda" or "auto" (CUDA when available)."""
     available = ort.get_available_providers()
     if device == "cpu":
         return ["CPUExecutionProvider"]
     if "CUDAExecutionProvider" in available:
-        return [("CUDAExecutionProvider", {"cudnn_conv_algo_search": CUDA_CONV_ALGO_SEARCH}), "CPUExecutionProvider"]
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     if device == "cuda":
         raise EngineFailure(
             "device 'cuda' was asked for but this onnxruntime has no CUDA provider "
@@ -59,6 +63,7 @@ class OnnxEncoder:
         self.manifest = manifest
         self._session = ort.InferenceSession(str(manifest.path), so, providers=choose_providers(device))
         self.provider = self._session.get_providers()[0]
+        self.pads_batches = self.provider == "CUDAExecutionProvider"
         logger.info("encoder %s runs on %s", manifest.name, self.provider)
 
     def embed(self, windows: np.ndarray) -> np.ndarray:
@@ -67,15 +72,27 @@ class OnnxEncoder:
             raise ValueError(f"expected (batch, {self.manifest.window.window_samples}) windows, got {windows.shape}")
         if len(windows) == 0:
             return np.zeros((0, self.manifest.embedding_size), np.float32)
+        n = len(windows)
+        if self.pads_batches and padded_batch_size(n) > n:
+            # Repeats of the last window, not zeros: padding rows are computed and dropped, and real audio
+            # keeps every row's arithmetic ordinary.
+            windows = np.concatenate([windows, np.repeat(windows[-1:], padded_batch_size(n) - n, axis=0)])
         try:
             (out,) = self._session.run([self.manifest.output_name], {self.manifest.input_name: windows})
         except Exception as exc:  # onnxruntime raises its own exception types
             raise EngineFailure(f"encoder {self.manifest.name} failed: {exc}") from exc
-        result: np.ndarray = out
+        result: np.ndarray = out[:n]
         return result
 
-    def warm_up(self) -> None:
-        self.embed(np.zeros((2, self.manifest.window.window_samples), np.float32))
+    def warm_up(self, max_batch: int = 2) -> None:
+        """Run the model once; on a GPU once per padded batch size up to ``max_batch`` (each shape's kernels
+        are prepared on first use, which must not happen inside a request)."""
+        sizes = [2]
+        if self.pads_batches:
+            sizes = sorted({padded_batch_size(b) for b in range(1, max_batch + 1)})
+        rng = np.random.default_rng(0)
+        for size in sizes:
+            self.embed((0.05 * rng.standard_normal((size, self.manifest.window.window_samples))).astype(np.float32))
 
 
 class WindowEncoder(Protocol):

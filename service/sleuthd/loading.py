@@ -69,7 +69,7 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         encoders: dict[str, WindowEncoder] = {}
         for model_dir in find_encoders(config.models_dir):
             runner = OnnxEncoder(load_encoder_manifest(model_dir), device=config.device)
-            runner.warm_up()
+            runner.warm_up(config.batcher.max_batch_windows)
             if batched:
                 encoders[runner.manifest.name] = MicroBatcher(runner, model_pool, config.batcher, observer)
             else:
