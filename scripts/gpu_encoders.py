@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
 from sleuthd.batcher import MicroBatcher
 from sleuthd.config import BatcherConfig
 from sleuthd.encoder import OnnxEncoder
@@ -54,9 +53,7 @@ async def serve_rate(enc: OnnxEncoder, config: BatcherConfig, threads: int, clie
     rng = np.random.default_rng(1)
     # A turn of 2-6 s: as many windows as the manifest's placement cuts from it.
     turns = [
-        (0.1 * rng.standard_normal((max(1, int(round(s * spec.rate_per_second))), spec.window_samples))).astype(
-            np.float32
-        )
+        (0.1 * rng.standard_normal((max(1, round(s * spec.rate_per_second)), spec.window_samples))).astype(np.float32)
         for s in rng.uniform(2, 6, 64)
     ]
     done = 0
@@ -97,8 +94,9 @@ def main() -> int:
     rng = np.random.default_rng(0)
     result: dict[str, dict[str, object]] = {}
     for name, manifest in manifests.items():
-        gpu = OnnxEncoder(manifest, device=args.device)
-        gpu.warm_up(256)  # every padded batch size, as the server does at start (up to its max batch)
+        gpu = OnnxEncoder(manifest, device=args.device, gpu_batch=0)  # raw: every batch size as it is
+        served = OnnxEncoder(manifest, device=args.device)  # as the server loads it (batches padded to 64)
+        unpadded = OnnxEncoder(manifest, device=args.device, gpu_batch=1)  # unbatched: one window per call
         cpu = OnnxEncoder(manifest, device="cpu")
         print(f"== {name}: providers {gpu.provider} / {cpu.provider}", flush=True)
         row: dict[str, object] = {"provider": gpu.provider}
@@ -122,9 +120,9 @@ def main() -> int:
         serving: dict[str, dict[str, float]] = {}
         print("clients  batched w/s  unbatched w/s  batched/unbatched  batched/raw-best", flush=True)
         for c in (int(x) for x in args.clients.split(",")):
-            batched = asyncio.run(serve_rate(gpu, BatcherConfig(max_concurrent_batches=2), 2, c, args.seconds * 2))
+            batched = asyncio.run(serve_rate(served, BatcherConfig(max_concurrent_batches=2), 2, c, args.seconds * 2))
             unbatched = asyncio.run(
-                serve_rate(gpu, BatcherConfig(max_batch_windows=1, max_wait_ms=0, max_concurrent_batches=cpus),
+                serve_rate(unpadded, BatcherConfig(max_batch_windows=1, max_wait_ms=0, max_concurrent_batches=cpus),
                            cpus, c, args.seconds * 2)
             )  # fmt: skip
             serving[str(c)] = {"batched": batched, "unbatched": unbatched}
@@ -140,9 +138,7 @@ def main() -> int:
 def save_windows(manifests: dict, out: Path, per_encoder: int = 16) -> int:
     """Real speech windows (FSDD takes joined per speaker) for the parity check on another machine."""
     import soundfile as sf
-
-    from sleuthd.audio import to_model_rate
-    from sleuthd.audio import Waveform
+    from sleuthd.audio import Waveform, to_model_rate
     from sleuthd.features import make_windows
 
     root = Path("/work/shared/data/fsdd/recordings")

@@ -30,3 +30,19 @@ def test_manifest_records_parity_and_hash(models_dir: Path) -> None:
     assert m.raw["parity"]["measured"] and m.raw["parity"]["min_cosine"] >= 0.999
     assert m.raw["source"]["package"] == "resemblyzer" and len(m.raw["source"]["file_sha256"]) == 64
     assert m.embedding_size == 256 and m.window.window_samples == 25840
+
+
+def test_gpu_fixed_batch_padding_returns_the_unpadded_rows(models_dir: Path) -> None:
+    """On a GPU every call is padded to one batch size (sleuthd.encoder.OnnxEncoder): the caller still gets
+    exactly its own rows, equal to an unpadded call's. The padding is exercised here on the CPU provider."""
+    manifest = load_encoder_manifest(models_dir / "campplus")
+    plain = OnnxEncoder(manifest, device="cpu")
+    assert plain.fixed_batch == 0  # the CPU provider never pads
+    padded = OnnxEncoder(manifest, device="cpu")
+    padded.fixed_batch = 8
+    rng = np.random.default_rng(3)
+    windows = (0.1 * rng.standard_normal((3, manifest.window.window_samples))).astype(np.float32)
+    out = padded.embed(windows)
+    assert out.shape == (3, manifest.embedding_size)
+    np.testing.assert_allclose(out, plain.embed(windows), atol=1e-5)
+    assert padded.embed(np.concatenate([windows] * 4)).shape == (12, manifest.embedding_size)  # over: as is

@@ -22,18 +22,6 @@ from sleuthd.manifest import EncoderManifest
 logger = logging.getLogger(__name__)
 
 
-def padded_batch_size(n: int) -> int:
-    """The batch size a batch of ``n`` windows is padded to on a GPU: the next power of two.
-
-    The CUDA provider prepares a graph's kernels (cuDNN's algorithm search, memory plans) for each input
-    shape it has not seen, and the micro-batcher sends batches of every size from 1 to max_batch_windows.
-    Measured on an H200 (docs/serving.md, GPU): CAM++ through the micro-batcher served 2.3 windows/s to one
-    client and 29 to 32 clients, against 126 and 2,592 for the same model at a fixed batch size, because
-    nearly every call met a new shape. Powers of two bound the shapes to log2(max) + 1, all prepared at
-    warm-up; the padding costs at most 2x the rows on a device with compute to spare."""
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def choose_providers(device: str) -> list[str]:
     """ONNX Runtime providers for ``device``: "cpu", "cuda" or "auto" (CUDA when available)."""
     available = ort.get_available_providers()
@@ -52,7 +40,17 @@ def choose_providers(device: str) -> list[str]:
 class OnnxEncoder:
     """One ONNX Runtime session for an encoder manifest."""
 
-    def __init__(self, manifest: EncoderManifest, device: str = "auto", intra_op_threads: int = 0) -> None:
+    def __init__(
+        self, manifest: EncoderManifest, device: str = "auto", intra_op_threads: int = 0, gpu_batch: int = 64
+    ) -> None:
+        """``gpu_batch``: on the CUDA provider, every call of fewer windows is padded to this many.
+
+        Why: ONNX Runtime's CUDA convolutions redo their algorithm search whenever the input shape differs
+        from the previous call's, cached or not. Measured on an H200 (docs/research/gpu/README.md): each
+        change of batch size cost CAM++ about 2.2 s, so through the micro-batcher, whose batches vary from 1
+        to max_batch_windows, it served 2.3 windows/s to one client and 29 to 32 clients, against 126 and
+        2,600 at a fixed batch. One shape per session removes the search; padding a 64-row call costs CAM++
+        about 19 ms on that GPU. The server passes its max_batch_windows."""
         so = ort.SessionOptions()
         so.intra_op_num_threads = intra_op_threads or (os.cpu_count() or 1)
         so.inter_op_num_threads = 1
@@ -63,7 +61,7 @@ class OnnxEncoder:
         self.manifest = manifest
         self._session = ort.InferenceSession(str(manifest.path), so, providers=choose_providers(device))
         self.provider = self._session.get_providers()[0]
-        self.pads_batches = self.provider == "CUDAExecutionProvider"
+        self.fixed_batch = gpu_batch if self.provider == "CUDAExecutionProvider" else 0
         logger.info("encoder %s runs on %s", manifest.name, self.provider)
 
     def embed(self, windows: np.ndarray) -> np.ndarray:
@@ -73,10 +71,9 @@ class OnnxEncoder:
         if len(windows) == 0:
             return np.zeros((0, self.manifest.embedding_size), np.float32)
         n = len(windows)
-        if self.pads_batches and padded_batch_size(n) > n:
-            # Repeats of the last window, not zeros: padding rows are computed and dropped, and real audio
-            # keeps every row's arithmetic ordinary.
-            windows = np.concatenate([windows, np.repeat(windows[-1:], padded_batch_size(n) - n, axis=0)])
+        if n < self.fixed_batch:
+            # Repeats of the last window, not zeros: the padding rows are computed and dropped.
+            windows = np.concatenate([windows, np.repeat(windows[-1:], self.fixed_batch - n, axis=0)])
         try:
             (out,) = self._session.run([self.manifest.output_name], {self.manifest.input_name: windows})
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -84,15 +81,9 @@ class OnnxEncoder:
         result: np.ndarray = out[:n]
         return result
 
-    def warm_up(self, max_batch: int = 2) -> None:
-        """Run the model once; on a GPU once per padded batch size up to ``max_batch`` (each shape's kernels
-        are prepared on first use, which must not happen inside a request)."""
-        sizes = [2]
-        if self.pads_batches:
-            sizes = sorted({padded_batch_size(b) for b in range(1, max_batch + 1)})
-        rng = np.random.default_rng(0)
-        for size in sizes:
-            self.embed((0.05 * rng.standard_normal((size, self.manifest.window.window_samples))).astype(np.float32))
+    def warm_up(self) -> None:
+        """One model call, at the fixed batch on a GPU: its kernels are chosen here, not in a request."""
+        self.embed(np.zeros((max(self.fixed_batch, 2), self.manifest.window.window_samples), np.float32))
 
 
 class WindowEncoder(Protocol):

@@ -68,8 +68,9 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         vad: Vad = SileroVad(vad_model_path(config.models_dir)) if config.vad == "silero" else EnergyVad()
         encoders: dict[str, WindowEncoder] = {}
         for model_dir in find_encoders(config.models_dir):
-            runner = OnnxEncoder(load_encoder_manifest(model_dir), device=config.device)
-            runner.warm_up(config.batcher.max_batch_windows)
+            manifest = load_encoder_manifest(model_dir)
+            runner = OnnxEncoder(manifest, device=config.device, gpu_batch=config.batcher.max_batch_windows)
+            runner.warm_up()
             if batched:
                 encoders[runner.manifest.name] = MicroBatcher(runner, model_pool, config.batcher, observer)
             else:
