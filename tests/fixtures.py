@@ -62,7 +62,9 @@ def metrics() -> ServiceMetrics:
 
 @pytest_asyncio.fixture(loop_scope="session", scope="session")
 async def engine(models_dir: Path, metrics: ServiceMetrics) -> AsyncIterator[Engine]:
-    eng = Engine.load(EngineConfig(models_dir=models_dir, device="cpu"), observer=metrics)
+    # GE2E by default, as most tests were written for it (and it is the cheapest); tests/test_fusion.py names
+    # the fusion, and test_fusion.test_default_encoder_auto checks what `--encoder auto` picks.
+    eng = Engine.load(EngineConfig(models_dir=models_dir, device="cpu", default_encoder="ge2e"), observer=metrics)
     yield eng
     await eng.aclose()
 

@@ -169,7 +169,7 @@ def test_the_installed_wheel_serves_a_request_from_a_models_dir(
          "print(m.read_card('ge2e')['name'], m.card_names())"],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    assert where.startswith(str(fresh_venv)) and "ge2e ['campplus', 'ge2e', 'silero_vad']" in where
+    assert where.startswith(str(fresh_venv)) and "ge2e ['campplus', 'fused', 'ge2e', 'silero_vad']" in where
     server = subprocess.Popen(
         [str(bin_dir / "sleuthd"), "--log-level", "warning", "serve", "--port", "0", "--metrics-port", "-1",
          "--models-dir", str(models), "--vad", "silero"],

@@ -125,7 +125,7 @@ async def test_server_info(stub: pb_grpc.SleuthStub) -> None:
     info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
     assert info.default_encoder == "ge2e"
     by_name = {e.name: e for e in info.encoders}
-    assert set(by_name) == {"ge2e", "campplus"}  # what `make models` exports
+    assert set(by_name) == {"ge2e", "campplus", "fused"}  # what `make models` exports, and their fusion
     ge2e = by_name["ge2e"]
     assert by_name["campplus"].embedding_size == 192
     assert ge2e.embedding_size == 256 and ge2e.execution_provider == "CPUExecutionProvider"

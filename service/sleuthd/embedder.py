@@ -20,6 +20,7 @@ from sleuthd.embedding_cache import LruCache, audio_key
 from sleuthd.encoder import WindowEncoder
 from sleuthd.errors import DeadlineExceeded
 from sleuthd.features import WindowSpec
+from sleuthd.fusion import FusedEncoder
 from sleuthd.observe import EngineObserver
 from sleuthd.single_flight import SingleFlight
 from sleuthd.vad import Vad
@@ -91,6 +92,8 @@ class ClipEmbedder:
         """A clip's embedding under each placement, each with whether it was already there (cached, or
         being computed for a concurrent request). The placement is part of the cache key; the placements
         not cached are prepared together, from one decode and VAD pass."""
+        if isinstance(encoder, FusedEncoder):
+            return await self._fused(encoder, audio, label, deadline, placements)
         # Hashing costs ~1 ms per MB; skip it when the cache is off.
         base = audio_key(encoder.manifest.sha256, audio) if self.cache.max_entries > 0 else ""
         keys = [base + (f":{w}" if w else "") if base else "" for w in placements]
@@ -120,6 +123,21 @@ class ClipEmbedder:
             for i, result in zip(missing, computed, strict=True):
                 found[i] = result
         return [(clip, joined or i not in missing) for i, clip in enumerate(found) if clip is not None]
+
+    async def _fused(
+        self, encoder: FusedEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
+    ) -> list[tuple[ClipEmbedding, bool]]:
+        """The clip through every component encoder (each with its own windows, cache and batcher), joined.
+        Other placements (drift windows) are the first component's: drift is found in one encoder's windows."""
+        first, *rest = encoder.components
+        parts = await gather_or_cancel(
+            [self._one(first, audio, label, deadline, placements)]
+            + [self._one(c, audio, label, deadline, (None,)) for c in rest]
+        )
+        # The engine always asks for the manifest's placement (None) first; drift windows come beside it.
+        at_manifest = [parts[0][placements.index(None)]] + [found[0] for found in parts[1:]]
+        joined = (encoder.combine([clip for clip, _ in at_manifest]), all(cached for _, cached in at_manifest))
+        return [joined if p is None else parts[0][i] for i, p in enumerate(placements)]
 
     async def _compute(
         self,

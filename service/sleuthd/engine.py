@@ -70,7 +70,7 @@ class Engine:
         self.registry = (
             None
             if registry is None
-            else VoiceRegistry(AsyncVoiceStore(registry), models.encoders, self.embedder, config.default_encoder)
+            else VoiceRegistry(AsyncVoiceStore(registry), models.encoders, self.embedder, models.default_encoder)
         )
         self.lalm = LalmJudging(config.judge, models.vad, models.prep_pool, self.observer, self.embedder)
 
@@ -116,7 +116,7 @@ class Engine:
             await self.registry.store.close()
 
     def resolve(self, options: CheckOptions) -> ResolvedOptions:
-        return resolve(options, self.entries, self.config.default_encoder)
+        return resolve(options, self.entries, self.models.default_encoder)
 
     # ------------------------------------------------------------------ CheckDialogue
 

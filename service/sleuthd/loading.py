@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from sleuthd.admission import BoundedThreadPool
 from sleuthd.batcher import MicroBatcher
 from sleuthd.config import EngineConfig, JudgeConfig, RegistryConfig
 from sleuthd.encoder import OnnxEncoder, PerClipEncoder, WindowEncoder
+from sleuthd.fusion import FUSED, load_fusion
 from sleuthd.manifest import ManifestError, find_encoders, load_encoder_manifest, vad_model_path
 from sleuthd.observe import BatchObserver
 from sleuthd.registry.store import VoiceStore, open_store
@@ -38,6 +40,7 @@ class LoadedModels:
     vad: Vad
     prep_pool: ThreadPoolExecutor  # decoding, resampling, VAD, windowing (a BoundedThreadPool when loaded here)
     model_pool: ThreadPoolExecutor  # model calls
+    default_encoder: str  # what a request that names no encoder gets (``--encoder``, ``auto`` resolved)
 
     async def aclose(self) -> None:
         for encoder in self.encoders.values():
@@ -76,12 +79,17 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
             else:
                 encoders[runner.manifest.name] = PerClipEncoder(runner, model_pool)
             logger.info("encoder %s on %s, batching %s", runner.manifest.name, runner.provider, config.batching)
+        fused = load_fusion(encoders)
+        if fused is not None:
+            encoders[FUSED] = fused
+            logger.info("encoder fused = %s", " + ".join(fused.component_names))
         if not encoders:
             raise ManifestError(
                 f"no encoder manifests under {config.models_dir}: run `sleuthd models export ge2e` "
                 "(or point --models-dir / $SLEUTHD_MODELS_DIR at a folder that has them)"
             )
-        if config.default_encoder not in encoders:
+        default = pick_default_encoder(encoders) if config.default_encoder == "auto" else config.default_encoder
+        if default not in encoders:
             raise ManifestError(
                 f"default encoder {config.default_encoder!r} is not in {config.models_dir} "
                 f"(found: {', '.join(sorted(encoders))})"
@@ -90,7 +98,20 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         prep_pool.shutdown(wait=False)
         model_pool.shutdown(wait=False)
         raise
-    return LoadedModels(encoders, vad, prep_pool, model_pool)
+    return LoadedModels(encoders, vad, prep_pool, model_pool, default)
+
+
+# `--encoder auto` picks the first of these that is loaded: the fusion when GE2E and CAM++ are both there,
+# chosen by the dev benchmark's real-speech split (docs/encoders.md, "Fusion").
+DEFAULT_PREFERENCE = (FUSED, "ge2e")
+
+
+def pick_default_encoder(encoders: Mapping[str, WindowEncoder]) -> str:
+    """The encoder a request that names none gets under ``--encoder auto``."""
+    for name in DEFAULT_PREFERENCE:
+        if name in encoders:
+            return name
+    return sorted(encoders)[0]
 
 
 def open_registry(config: RegistryConfig) -> VoiceStore | None:

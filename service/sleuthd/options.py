@@ -17,6 +17,7 @@ from sleuthd.domain import CheckOptions, DialogueResult, SpeakerResult, Threshol
 from sleuthd.drift import DriftConfig
 from sleuthd.encoder import WindowEncoder
 from sleuthd.errors import InvalidRequest, UnknownName, Unsupported
+from sleuthd.fusion import FusedEncoder
 from sleuthd.judge import Judgment
 from sleuthd.manifest import PAPER_THRESHOLDS
 from sleuthd.scoring import METHODS, Method
@@ -84,8 +85,13 @@ def resolve(options: CheckOptions, entries: Mapping[str, EncoderEntry], default_
     if name not in entries:
         raise UnknownName(f"unknown encoder {name!r}; this server has: {', '.join(sorted(entries))}")
     entry = entries[name]
+    method = options.method or Method(entry.encoder.manifest.default_method)
+    if method is Method.LALM and isinstance(entry.encoder, FusedEncoder):
+        # The judge hears the audio itself; the encoder only trims silence and gates short clips, which the
+        # fusion's first component does as well as the fusion would.
+        name = entry.encoder.component_names[0]
+        entry = entries[name]
     manifest = entry.encoder.manifest
-    method = options.method or Method(manifest.default_method)
     info = METHODS[method]
     calibration = entry.calibration
     if method is Method.AUTO and isinstance(calibration, CalibrationError):

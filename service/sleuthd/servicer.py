@@ -25,6 +25,7 @@ from sleuthd.errors import (
     UnknownName,
     Unsupported,
 )
+from sleuthd.fusion import FusedEncoder
 from sleuthd.logs import clip
 from sleuthd.manifest import PAPER_THRESHOLDS
 from sleuthd.metrics import ServiceMetrics
@@ -165,6 +166,7 @@ class SleuthServicer(pb_grpc.SleuthServicer):
                     default_method=enc.manifest.default_method,
                     execution_provider=enc.provider,
                     sha256=enc.manifest.sha256,
+                    components=enc.component_names if isinstance(enc, FusedEncoder) else (),
                 )
                 for name, enc in sorted(self.engine.encoders.items())
             ]
@@ -174,7 +176,7 @@ class SleuthServicer(pb_grpc.SleuthServicer):
             return pb.GetServerInfoResponse(
                 version=__version__,
                 encoders=encoders,
-                default_encoder=self.engine.config.default_encoder,
+                default_encoder=self.engine.models.default_encoder,
                 max_message_bytes=self.max_message_bytes,
                 paper_thresholds=PAPER_THRESHOLDS,
                 registry=voice_convert.registry_info_to_pb(registry) if registry is not None else None,

@@ -428,7 +428,7 @@ def _jitter_words() -> str:
 def calibration_block(
     models: dict[str, LogisticModel], stats: dict[str, Any], manifest_raw: dict[str, Any], corpus: str, seed: int
 ) -> dict[str, Any]:
-    return {
+    block = {
         "version": CALIBRATION_VERSION,
         "fitted_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "encoder_weights_sha256": manifest_raw["source"]["file_sha256"],
@@ -453,6 +453,9 @@ def calibration_block(
         "models": {name: m.to_json() for name, m in models.items()},
         "fit_stats": stats,
     }
+    if "components" in manifest_raw["source"]:  # the fused encoder: the weights of each encoder it joins
+        block["encoder_components_weights_sha256"] = manifest_raw["source"]["components"]
+    return block
 
 
 def write_into_card(card_path: Path, block: dict[str, Any], make_default: bool) -> None:

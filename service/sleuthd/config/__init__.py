@@ -77,7 +77,11 @@ class EngineConfig:
     """What the engine loads and the limits it enforces on every request."""
 
     models_dir: Path = option(factory=default_models_dir, help="folder of model manifests")  # noqa: RUF009
-    default_encoder: str = option("ge2e", help="encoder used when a request names none", flag="encoder")
+    default_encoder: str = option(
+        "auto",
+        help="encoder used when a request names none; auto = fused when GE2E and CAM++ are both loaded, else ge2e",
+        flag="encoder",
+    )
     device: Literal["auto", "cpu", "cuda"] = option(
         "auto", help="where encoders run; auto = the CUDA execution provider when onnxruntime-gpu has it"
     )

@@ -24,6 +24,7 @@ from sleuthd.domain import AudioInput
 from sleuthd.embedder import ClipEmbedder
 from sleuthd.encoder import WindowEncoder
 from sleuthd.errors import DeadlineExceeded, Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
+from sleuthd.fusion import FusedEncoder
 from sleuthd.registry.model import ClipInput, Embedding, Voice, VoicePage, check_metadata, check_voice_id
 from sleuthd.registry.store import AsyncVoiceStore
 from sleuthd.single_flight import SingleFlight
@@ -61,10 +62,14 @@ class VoiceRegistry:
         embedder: ClipEmbedder,
         default_encoder: str,
     ) -> None:
+        """``encoders``: every loaded encoder; a voice is stored with an embedding per model (the fusion is
+        joined from its components' when asked for)."""
         self.store = store
-        self.encoders = encoders
+        self.encoders = {n: e for n, e in encoders.items() if not isinstance(e, FusedEncoder)}
         self.embedder = embedder
-        self.default_encoder = default_encoder
+        fused = encoders.get(default_encoder)
+        # Clip lengths are recorded as the default encoder measured them (the fusion's first component).
+        self.default_encoder = fused.component_names[0] if isinstance(fused, FusedEncoder) else default_encoder
         # Concurrent first uses of one voice under new weights share one re-embedding.
         self._reembedding: SingleFlight[tuple[str, str], np.ndarray] = SingleFlight()
 
@@ -152,6 +157,8 @@ class VoiceRegistry:
         """The voice's embedding under exactly ``encoder``'s weights: stored, or made now from the voice's
         stored clips. UnknownName when no such voice; Unsupported (with how to re-enrol) when it has no
         embedding for these weights and its clips were not kept."""
+        if isinstance(encoder, FusedEncoder):  # stored per component; joined as a clip's would be
+            return encoder.join([await self.embedding(voice_id, c, deadline) for c in encoder.components])
         name, sha = encoder.manifest.name, encoder.manifest.sha256
         found = await self.store.embedding(voice_id, name, sha)
         if found is not None:

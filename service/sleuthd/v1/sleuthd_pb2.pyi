@@ -362,7 +362,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EncoderInfo(_message.Message):
-    __slots__ = ("name", "embedding_size", "min_speech_seconds", "default_thresholds", "default_method", "execution_provider", "sha256")
+    __slots__ = ("name", "embedding_size", "min_speech_seconds", "default_thresholds", "default_method", "execution_provider", "sha256", "components")
     class DefaultThresholdsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +377,7 @@ class EncoderInfo(_message.Message):
     DEFAULT_METHOD_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     embedding_size: int
     min_speech_seconds: float
@@ -384,7 +385,8 @@ class EncoderInfo(_message.Message):
     default_method: str
     execution_provider: str
     sha256: str
-    def __init__(self, name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., min_speech_seconds: _Optional[float] = ..., default_thresholds: _Optional[_Mapping[str, float]] = ..., default_method: _Optional[str] = ..., execution_provider: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+    components: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., min_speech_seconds: _Optional[float] = ..., default_thresholds: _Optional[_Mapping[str, float]] = ..., default_method: _Optional[str] = ..., execution_provider: _Optional[str] = ..., sha256: _Optional[str] = ..., components: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
     __slots__ = ("version", "encoders", "default_encoder", "max_message_bytes", "paper_thresholds", "registry", "judge")
