@@ -188,24 +188,45 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_bench_compare(args: argparse.Namespace) -> int:
     from sleuthd_bench import paired
 
-    path = args.run_dir / "predictions.jsonl" if args.run_dir.is_dir() else args.run_dir
-    if not path.is_file():
-        return _error(f"{path}: no such file; give a replay's report folder or its predictions.jsonl")
+    paths = [d / "predictions.jsonl" if d.is_dir() else d for d in args.run_dir]
+    rows = []
+    for path in paths:
+        if not path.is_file():
+            return _error(f"{path}: no such file; give a replay's report folder or its predictions.jsonl")
+        try:
+            with path.open(encoding="utf-8") as fh:
+                found = [json.loads(line) for line in fh if line.strip()]
+        except json.JSONDecodeError as exc:
+            return _error(f"{path}: not a replay's predictions.jsonl ({exc})")
+        if len(paths) > 1:
+            # Replays of one manifest with different servers or encoders: runs are told apart by folder.
+            label = _compare_label(path, paths)
+            for row in found:
+                row["run"] = f"{label}:{row['run']}"
+        rows += found
     try:
-        with path.open(encoding="utf-8") as fh:
-            rows = [json.loads(line) for line in fh if line.strip()]
         records = paired.detection_records(rows)
         comparisons = paired.compare_with_all(records, args.run, args.resamples, args.seed, args.level)
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        return _error(f"{path}: not a replay's predictions.jsonl ({exc})")
+    except (KeyError, TypeError) as exc:
+        return _error(f"{', '.join(map(str, paths))}: not a replay's predictions.jsonl ({exc})")
     except ValueError as exc:
-        return _error(f"{path}: {exc}")
+        return _error(f"{', '.join(map(str, paths))}: {exc}")
     if not comparisons:
-        return _error(f"{path}: {args.run} is the only run; nothing to compare it with")
+        return _error(f"{args.run} is the only run; nothing to compare it with")
     print(paired.explanation(comparisons) + "\n")
     print(paired.markdown_table(comparisons), end="")
-    _write_json(args.json, {"predictions": str(path), "comparisons": [c.to_json() for c in comparisons]})
+    _write_json(args.json, {"predictions": [str(p) for p in paths], "comparisons": [c.to_json() for c in comparisons]})
     return 0
+
+
+def _compare_label(path: Path, paths: Sequence[Path]) -> str:
+    """The nearest folder name that tells ``path``'s replay apart from the others
+    (runs/fusion/ge2e/fsdd and runs/fusion/fused/fsdd -> "ge2e" and "fused")."""
+    for n in range(1, len(path.parent.parts) + 1):
+        names = [p.parent.parts[-n] if len(p.parent.parts) >= n else "" for p in paths]
+        if len(set(names)) == len(names):
+            return path.parent.parts[-n]
+    return str(path.parent)
 
 
 # ---------------------------------------------------------------------------------------------- throughput
@@ -617,8 +638,16 @@ def build_parser() -> argparse.ArgumentParser:
         "difference in balanced detection accuracy and balanced localization F1 (percentage points) with a "
         "paired bootstrap interval over dialogues. replay writes the same table for auto into report.md.",
     )
-    cp.add_argument("run_dir", type=Path, help="a replay's report folder (or its predictions.jsonl)")
-    cp.add_argument("--run", default="auto", help="the run compared with all others (default: auto)")
+    cp.add_argument(
+        "run_dir",
+        type=Path,
+        nargs="+",
+        help="a replay's report folder (or its predictions.jsonl); several replays of one manifest (e.g. one "
+        "per encoder) are compared together, each run named FOLDER:RUN",
+    )
+    cp.add_argument(
+        "--run", default="auto", help="the run compared with all others (default: auto; FOLDER:RUN with several)"
+    )
     cp.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: 2000)")
     cp.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     cp.add_argument("--level", type=float, default=0.95, help="interval level, 0-1 (default: 0.95)")

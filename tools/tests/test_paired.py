@@ -167,3 +167,19 @@ def test_bench_compare_command(tmp_path: Path) -> None:
     (tmp_path / "junk.jsonl").write_text("RIFF....WAVE\n")
     junk = _cli(str(tmp_path / "junk.jsonl"))
     assert junk.returncode == 2 and "not a replay's predictions.jsonl" in junk.stderr
+
+
+def test_bench_compare_across_replays_of_one_manifest(tmp_path: Path) -> None:
+    """One replay per encoder: runs are named FOLDER:RUN by the folder that tells the replays apart."""
+    base = _dialogue("d0", {0}, {1}, set()) + _perfect(IDS[1:])
+    for encoder, rows in (("ge2e", base), ("fused", _perfect(IDS))):
+        folder = tmp_path / encoder / "fsdd"
+        folder.mkdir(parents=True)
+        (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _prediction_rows("auto", rows)))
+    ok = _cli(
+        str(tmp_path / "fused" / "fsdd"), str(tmp_path / "ge2e" / "fsdd"), "--run", "fused:auto", "--resamples", "500"
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "| ge2e:auto | 4 | +18.75 [" in ok.stdout
+    missing = _cli(str(tmp_path / "fused" / "fsdd"), str(tmp_path / "ge2e" / "fsdd"))  # --run auto: named FOLDER:RUN
+    assert missing.returncode == 2 and "no run named 'auto'" in missing.stderr and "fused:auto" in missing.stderr
