@@ -32,7 +32,39 @@ from sleuthd.loading import LoadedModels, load_models
 from sleuthd.manifest import EncoderManifest
 from sleuthd.observe import NullObserver
 
-__all__ = ["ClipEmbedding", "SpeakerEncoder", "WindowSpec"]
+__all__ = ["ClipEmbedding", "SpeakerEncoder", "WindowSpec", "model_rate"]
+
+
+def model_rate(
+    encoder: str = "ge2e",
+    batches: Sequence[int] = (1, 4, 8, 16, 32, 64),
+    seconds: float = 2.0,
+    models_dir: Path | None = None,
+    device: str = "cpu",
+) -> dict[int, float]:
+    """Windows per second of one encoder's ONNX model alone at each batch size: no decoding, VAD, queueing
+    or gRPC, the ceiling a serving measurement is compared with. Windows are noise at speech level (the
+    models' cost does not depend on the content); each size gets two warm-up calls, then ``seconds``."""
+    import time
+
+    from sleuthd.encoder import OnnxEncoder
+    from sleuthd.manifest import load_encoder_manifest
+
+    runner = OnnxEncoder(
+        load_encoder_manifest((models_dir or default_models_dir()) / encoder), device=device, gpu_batch=0
+    )
+    rng = np.random.default_rng(0)
+    rates = {}
+    for batch in batches:
+        windows = (0.1 * rng.standard_normal((batch, runner.manifest.window.window_samples))).astype(np.float32)
+        runner.embed(windows)
+        runner.embed(windows)
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            runner.embed(windows)
+            done += batch
+        rates[batch] = done / (time.perf_counter() - start)
+    return rates
 
 
 class SpeakerEncoder:

@@ -244,16 +244,20 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
             print(message, file=sys.stderr, flush=True)
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    encoders = [e.strip() for e in args.encoders.split(",") if e.strip()]
+    reports = {}
     try:
-        report = throughput.run(
-            levels, args.seconds, args.dialogues, args.cache, args.device, args.server_arg or [], progress, modes
-        )
-    except ValueError as exc:
+        for encoder in encoders:
+            reports[encoder] = throughput.run(
+                levels, args.seconds, args.dialogues, args.cache, args.device, args.server_arg or [], progress, modes,
+                encoder,
+            )  # fmt: skip
+            print(throughput.table(reports[encoder]) + "\n", flush=True)
+    except (ValueError, RuntimeError) as exc:
         return _error(str(exc))
-    print(throughput.table(report))
     if args.json:
-        throughput.write_json(report, args.json)
-        print(f"\nwrote {args.json}")
+        throughput.write_json(reports[encoders[0]] if len(encoders) == 1 else reports, args.json)
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -669,7 +673,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="resemblyzer,unbatched,per_clip,batched",
         help="which to run, batched always among them (default: all four)",
     )
-    t.add_argument("--json", type=Path, help="write the results as JSON")
+    t.add_argument(
+        "--encoders",
+        default="ge2e",
+        help="encoders measured one after the other, each against its raw model rate, e.g. ge2e,campplus,fused "
+        "(default: ge2e; the resemblyzer baseline runs for ge2e only)",
+    )
+    t.add_argument("--json", type=Path, help="write the results as JSON (keyed by encoder when several)")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_bench_throughput)
 

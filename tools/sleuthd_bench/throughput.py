@@ -40,6 +40,9 @@ from typing import Any
 import grpc
 import numpy as np
 import soundfile as sf
+from sleuthd.api import model_rate
+from sleuthd.config import default_models_dir
+from sleuthd.manifest import load_encoder_manifest, read_card
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -234,6 +237,29 @@ class ServerProcess:
 # ------------------------------------------------------------------------------------------ the run
 
 
+RAW_BATCHES = (1, 4, 8, 16, 32, 64)
+
+
+def raw_model(encoder: str, device: str, seconds: float) -> dict[str, Any]:
+    """The encoder's model alone (sleuthd.api.model_rate) at each batch size, and its best rate in audio
+    seconds per second (windows/s over the manifest's windows per second of speech). The fusion runs every
+    component on the same audio, so its ceiling is 1 / (sum of 1 / each component's)."""
+    models = default_models_dir()
+    names = list(read_card("fused")["components"]) if encoder == "fused" else [encoder]
+    parts = {}
+    for name in names:
+        rates = model_rate(name, RAW_BATCHES, seconds, models, "cuda" if device == "cuda" else "cpu")
+        per_second = load_encoder_manifest(models / name).window.rate_per_second
+        best = max(rates, key=lambda b: rates[b])
+        parts[name] = {
+            "windows_per_second": {str(b): r for b, r in rates.items()},
+            "best_batch": best,
+            "audio_seconds_per_second": rates[best] / per_second,
+        }
+    ceiling = 1.0 / sum(1.0 / p["audio_seconds_per_second"] for p in parts.values())
+    return {"components": parts, "audio_seconds_per_second": ceiling}
+
+
 def run(
     concurrency: Sequence[int],
     seconds: float,
@@ -243,16 +269,23 @@ def run(
     server_args: Sequence[str],
     progress: Callable[[str], None],
     modes: Sequence[str] = MODES,
+    encoder: str = "ge2e",
 ) -> dict[str, Any]:
+    """One encoder's throughput in every mode, and its raw model rate measured in the same run."""
     unknown = [m for m in modes if m not in MODES]
     if unknown or "batched" not in modes:
         raise ValueError(f"modes must include batched and come from {', '.join(MODES)}; got {', '.join(modes)}")
+    if encoder != "ge2e" and "resemblyzer" in modes:
+        modes = [m for m in modes if m != "resemblyzer"]  # resemblyzer is GE2E: no baseline for other encoders
     dialogues = build_dialogues(cache_dir, n_dialogues, seed=7)
     total_audio = sum(d.audio_seconds for d in dialogues)
     progress(f"{len(dialogues)} dialogues of {TURNS} turns, {total_audio:.0f} s of audio in all")
     results: dict[str, dict[str, LevelResult]] = {m: {} for m in MODES if m in modes}
     agreement: dict[str, float] = {}
     load_start = os.getloadavg()
+    progress(f"{encoder}: raw model rate at batch {', '.join(map(str, RAW_BATCHES))} ...")
+    raw = raw_model(encoder, device, min(seconds, 3.0))
+    server_args = [*server_args, "--encoder", encoder]
     if "resemblyzer" in modes:
         for c in concurrency:
             progress(f"resemblyzer, concurrency {c} ...")
@@ -285,6 +318,10 @@ def run(
             if other != "batched"
         }
         | {
+            "batched_over_raw_model": results["batched"][str(c)].audio_seconds_per_second
+            / raw["audio_seconds_per_second"]
+        }
+        | {
             # Latency: how much longer the other mode's median request took than batched's.
             f"p50_{other}_over_batched": results[other][str(c)].p50_ms / results["batched"][str(c)].p50_ms
             for other in results
@@ -300,6 +337,8 @@ def run(
             "load_average_start": load_start,
             "load_average_end": os.getloadavg(),
         },
+        "encoder": encoder,
+        "raw_model": raw,
         "dialogues": len(dialogues),
         "turns_per_dialogue": TURNS,
         "seconds_per_level": seconds,
@@ -326,19 +365,32 @@ def table(report: dict[str, Any]) -> str:
                 f"| {r['p99_ms']:.0f} | {r['errors']} | {r['dialogues']} |"
             )
     others = [m for m in MODES if m in modes and m != "batched"]
+    raw = report["raw_model"]
+    lines[:0] = [
+        f"encoder {report['encoder']}: raw model "
+        + ", ".join(
+            f"{name} {p['audio_seconds_per_second']:.1f} audio s/s at batch {p['best_batch']}"
+            for name, p in raw["components"].items()
+        )
+        + (f" (together {raw['audio_seconds_per_second']:.1f})" if len(raw["components"]) > 1 else "")
+        + "; the model alone, no decoding, VAD, queueing or gRPC",
+        "",
+    ]
     lines += [
         "",
         "| concurrency | "
         + " | ".join(f"batched / {m} (audio s/s)" for m in others)
-        + " | "
+        + " | batched / raw model | "
         + " | ".join(f"p50 {m} / batched" for m in others)
         + " |",
-        "| ---: |" + " ---: |" * (2 * len(others)),
+        "| ---: |" + " ---: |" * (2 * len(others) + 1),
     ]
     for c, r in report["ratios"].items():
-        cells = [f"{r[f'batched_over_{m}']:.2f}x" for m in others] + [
-            f"{r[f'p50_{m}_over_batched']:.2f}x" for m in others
-        ]
+        cells = (
+            [f"{r[f'batched_over_{m}']:.2f}x" for m in others]
+            + [f"{r['batched_over_raw_model']:.2f}"]
+            + [f"{r[f'p50_{m}_over_batched']:.2f}x" for m in others]
+        )
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     agreement = report.get("agreement_batched_vs_unbatched") or {}
     if agreement:
