@@ -262,7 +262,7 @@ async def test_drift_reuses_the_judging_decode_and_both_placements_are_cached(
     from sleuthd.domain import AudioInput, CheckOptions, DialogueRequest, DialogueTurn
     from sleuthd.scoring import Method
 
-    own = Engine.load(EngineConfig(models_dir=models_dir, device="cpu"))  # its own, empty cache
+    own = Engine.load(EngineConfig(models_dir=models_dir, device="cpu", default_encoder="ge2e"))  # own, empty cache
     counting = _CountingVad(own.embedder.vad)
     own.embedder.vad = counting  # type: ignore[assignment]
     try:
