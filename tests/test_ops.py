@@ -111,7 +111,10 @@ async def test_echoed_client_strings_are_bounded(stub: pb_grpc.SleuthStub, speec
     unknown_speaker = pb.CheckDialogueRequest()
     unknown_speaker.turns.add(turn_id="t", speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 0)))
     unknown_speaker.references.add(speaker=LONG, audio=enc(speech.wav_bytes(VOICE_A, 1)))
-    for req, ending in ((unknown_encoder, "this server has: campplus, fused, ge2e"), (unknown_speaker, "in this dialogue")):
+    for req, ending in (
+        (unknown_encoder, "this server has: campplus, fused, ge2e"),
+        (unknown_speaker, "in this dialogue"),
+    ):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.CheckDialogue(req, timeout=30)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()[:200]

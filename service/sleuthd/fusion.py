@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +44,17 @@ def fused_weights_sha256(components: Sequence[EncoderManifest]) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass
 class FusedEncoder:
     """Not a model of its own: the embedder (sleuthd.embedder) embeds a clip with every component and
     :meth:`combine` joins the results."""
 
     manifest: EncoderManifest
     components: tuple[WindowEncoder, ...]
+    provider: str = field(init=False)  # the components' execution providers
 
-    @property
-    def provider(self) -> str:
-        return ",".join(sorted({c.provider for c in self.components}))
+    def __post_init__(self) -> None:
+        self.provider = ",".join(sorted({c.provider for c in self.components}))
 
     @property
     def component_names(self) -> tuple[str, ...]:

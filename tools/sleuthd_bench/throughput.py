@@ -246,7 +246,7 @@ def raw_model(encoder: str, device: str, seconds: float) -> dict[str, Any]:
     component on the same audio, so its ceiling is 1 / (sum of 1 / each component's)."""
     models = default_models_dir()
     names = list(read_card("fused")["components"]) if encoder == "fused" else [encoder]
-    parts = {}
+    parts: dict[str, dict[str, Any]] = {}
     for name in names:
         rates = model_rate(name, RAW_BATCHES, seconds, models, "cuda" if device == "cuda" else "cpu")
         per_second = load_encoder_manifest(models / name).window.rate_per_second

@@ -214,7 +214,7 @@ def _prime_answers(judge: LocalModel, head: Any, generator: Any) -> None:
 # Qwen2-Audio-7B's published sizes (its config.json): a Whisper-large-v3 audio encoder and a Qwen-7B language
 # model. Used only to time the real architecture at its real size on a GPU with random weights: a judge's
 # cost is one forward pass over the prompt, which does not depend on the weights' values.
-QWEN2_AUDIO_7B = {
+QWEN2_AUDIO_7B: dict[str, dict[str, Any]] = {
     "audio": dict(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120, num_mel_bins=128),
     "text": dict(
         vocab_size=156_032,
