@@ -11,11 +11,16 @@ import numpy as np
 import pytest
 import soundfile as sf
 from sleuthd.calibration import CalibrationError
+from sleuthd.client.results import TurnVerdict
+from sleuthd.clips import ClipEmbedding
 from sleuthd.config import EngineConfig
+from sleuthd.dialogue import DialogueState
 from sleuthd.domain import CheckOptions
+from sleuthd.engine import Engine
 from sleuthd.errors import Unsupported
 from sleuthd.fusion import FusedEncoder, load_fusion
 from sleuthd.loading import load_models
+from sleuthd.observe import NullObserver
 from sleuthd.options import EncoderEntry, resolve
 from sleuthd.scoring import Method
 from sleuthd.v1 import sleuthd_pb2 as pb
@@ -59,6 +64,18 @@ async def test_fused_cosines_are_the_mean_of_the_two_encoders(stub: pb_grpc.Sleu
         parts = [np.array([getattr(t, field) for t in verdicts[n].turns]) for n in ("ge2e", "campplus")]
         np.testing.assert_allclose(got, (parts[0] + parts[1]) / 2, atol=2e-4, err_msg=field)
         assert not np.allclose(parts[0], parts[1], atol=0.01)  # the encoders do disagree
+    # Every fused verdict also carries each encoder's own scores: those of a request to that encoder alone.
+    for k, turn in enumerate(verdicts["fused"].turns):
+        assert [e.encoder for e in turn.encoder_scores] == ["ge2e", "campplus"]
+        for e in turn.encoder_scores:
+            alone = verdicts[e.encoder].turns[k]
+            for field in ("pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine"):
+                assert getattr(e, field) == pytest.approx(getattr(alone, field), abs=2e-5), (k, e.encoder, field)
+    assert not verdicts["ge2e"].turns[0].encoder_scores  # a single encoder's verdict has none
+    typed = TurnVerdict.from_pb(verdicts["fused"].turns[0])  # the client library's typed result
+    assert [(e.encoder, e.reference_cosine) for e in typed.encoder_scores] == [
+        (e.encoder, pytest.approx(e.reference_cosine)) for e in verdicts["fused"].turns[0].encoder_scores
+    ]
 
 
 async def test_fused_auto_leaves_s1_alone_and_finds_the_intruders(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
@@ -137,3 +154,29 @@ def test_default_encoder_auto(models_dir: Path, tmp_path: Path) -> None:
         for m in (both, alone):
             m.prep_pool.shutdown()
             m.model_pool.shutdown()
+
+
+def test_fused_streamed_verdicts_equal_check_dialogue(engine: Engine) -> None:
+    """Each encoder's scores of a fused verdict are kept turn by turn (one pool per encoder); a stream's
+    verdicts, per-encoder scores included, equal a one-shot judgment of the same turns, bit for bit."""
+    opts = engine.resolve(CheckOptions(encoder="fused", method=Method.AUTO))
+    assert [name for name, _, _ in opts.judgment.components] == ["ge2e", "campplus"]
+    rng = np.random.default_rng(5)
+    voices = [(rng.standard_normal(256), rng.standard_normal(192)) for _ in range(3)]
+
+    def fused(voice: int) -> np.ndarray:
+        parts = [v + rng.standard_normal(len(v)) * 0.8 for v in voices[voice]]
+        return np.concatenate([p / np.linalg.norm(p) / np.sqrt(2) for p in parts]).astype(np.float32)
+
+    turns = [(f"t{i}", f"s{i % 3}", fused(i % 3 if rng.random() > 0.1 else (i + 1) % 3)) for i in range(40)]
+    streamed = DialogueState("d", opts, {}, NullObserver())
+    for position, (turn_id, speaker, e) in enumerate(turns):
+        streamed.add_turn(turn_id, speaker, position, ClipEmbedding(3.0, 2.5, e, None, None))
+        (first, *_) = streamed.updates(turn_id)
+        assert [s.encoder for s in first.verdict.encoder_scores] == ["ge2e", "campplus"]
+    once = DialogueState("d", opts, {}, NullObserver())
+    for position, (turn_id, speaker, e) in enumerate(turns):
+        once.add_turn(turn_id, speaker, position, ClipEmbedding(3.0, 2.5, e, None, None))
+    assert streamed.judge() == once.judge()
+    got, _ = once.judge()
+    assert all(len(t.encoder_scores) == 2 for t in got)

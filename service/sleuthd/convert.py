@@ -134,6 +134,15 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
         closest_speaker=t.closest_speaker,
         judge_model=t.judge_model,
         judge_calibrated=t.judge_calibrated,
+        encoder_scores=[
+            pb.EncoderScores(
+                encoder=e.encoder,
+                pairwise_mean_cosine=e.pairwise_mean_cosine,
+                centroid_cosine_distance=e.centroid_cosine_distance,
+                reference_cosine=e.reference_cosine,
+            )
+            for e in t.encoder_scores
+        ],
     )
     # Optional fields stay unset when the value does not exist: absence is not zero.
     for name in (

@@ -96,7 +96,9 @@ class DialogueState:
         self._turns[turn_id] = turn
         entry = self._speakers.get(speaker)
         if entry is None:
-            entry = self._speakers[speaker] = _Speaker(SpeakerPool(self.references.get(speaker)))
+            entry = self._speakers[speaker] = _Speaker(
+                SpeakerPool(self.references.get(speaker), self.opts.judgment.components)
+            )
         at = bisect.bisect(entry.positions, position)
         if clip.embedding is not None:
             k = entry.usable if at == len(entry.turns) else sum(t.usable for t in entry.turns[:at])

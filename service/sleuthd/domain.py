@@ -115,6 +115,16 @@ class DriftResult:
 
 
 @dataclass(frozen=True)
+class EncoderScores:
+    """One encoder's paper scores of a turn judged with a fused encoder (same scales as TurnResult's)."""
+
+    encoder: str
+    pairwise_mean_cosine: float | None
+    centroid_cosine_distance: float | None
+    reference_cosine: float | None
+
+
+@dataclass(frozen=True)
 class TurnResult:
     turn_id: str
     speaker: str
@@ -139,6 +149,9 @@ class TurnResult:
     judge_answer_mass: float | None = None
     judge_model: str = ""
     judge_calibrated: bool = False
+    # With a fused encoder: each component encoder's own scores (the fused ones above are their means,
+    # except the centroid distance, whose centroid is the fused one's).
+    encoder_scores: tuple[EncoderScores, ...] = ()
 
 
 @dataclass(frozen=True)

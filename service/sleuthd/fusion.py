@@ -60,6 +60,15 @@ class FusedEncoder:
     def component_names(self) -> tuple[str, ...]:
         return tuple(c.manifest.name for c in self.components)
 
+    @property
+    def layout(self) -> tuple[tuple[str, int, int], ...]:
+        """Each component's (name, first column, stop column) in the fused embedding."""
+        out, first = [], 0
+        for c in self.components:
+            out.append((c.manifest.name, first, first + c.manifest.embedding_size))
+            first += c.manifest.embedding_size
+        return tuple(out)
+
     async def encode(self, windows: np.ndarray, deadline: float | None = None) -> np.ndarray:
         # Windows belong to one component's placement; a fused clip is embedded per component instead.
         raise EngineFailure("the fused encoder has no windows of its own: embed clips through ClipEmbedder")

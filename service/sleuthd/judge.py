@@ -11,14 +11,14 @@ codes, and :func:`turn_result` makes a verdict object only for the turns someone
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from sleuthd import scoring
 from sleuthd.calibration import Calibration, OwnEvidence, features, own_evidence
 from sleuthd.clips import ClipEmbedding
-from sleuthd.domain import FlagReason, SpeakerResult, TurnResult, TurnStatus
+from sleuthd.domain import EncoderScores, FlagReason, SpeakerResult, TurnResult, TurnStatus
 from sleuthd.gram import SortedPairs, cosines, gram, products, quantize
 from sleuthd.scoring import METHODS, Method, unit
 
@@ -31,6 +31,9 @@ class Judgment:
     method: Method
     threshold: float
     calibration: Calibration | None = None
+    # A fused encoder's parts: (name, first, stop) column ranges of its embedding. Each turn verdict then
+    # also reports every part's paper scores (TurnResult.encoder_scores).
+    components: tuple[tuple[str, int, int], ...] = ()
 
 
 def stack_embeddings(clips: Sequence[ClipEmbedding]) -> np.ndarray:
@@ -45,8 +48,14 @@ class SpeakerPool:
     turn added since the last use costs one matrix-vector product and O(m^2) copying, never a rebuild; many
     turns added at once (CheckDialogue) are built in one go. Both ways give the same bits (sleuthd.gram)."""
 
-    def __init__(self, reference: np.ndarray | None) -> None:
+    def __init__(self, reference: np.ndarray | None, components: Sequence[tuple[str, int, int]] = ()) -> None:
+        """``components``: a fused embedding's parts; each keeps a pool of its own (one more matrix-vector
+        product per added turn each) for the per-encoder scores."""
         self.reference = reference
+        self.components = {
+            name: SpeakerPool(None if reference is None else _part(reference, a, b)) for name, a, b in components
+        }
+        self._slices = {name: (a, b) for name, a, b in components}
         self.r0 = 0 if reference is None else 1  # pool index of the first turn
         self._buf = np.zeros((0, 0), np.float32)  # rows [0, n): the turns' embeddings; grows by doubling
         self._seconds: list[float] = []  # speech seconds of each turn
@@ -88,6 +97,8 @@ class SpeakerPool:
         self._pending += 1
         self._last = k
         self._own = self._centroid = self._paper = self._own_cosine = None
+        for name, part in self.components.items():
+            part.add(k, _part(embedding, *self._slices[name]), speech_seconds)
 
     def gram(self) -> np.ndarray:
         """The pool's exact cosine matrix, brought up to date."""
@@ -170,6 +181,12 @@ class SpeakerPool:
         return np.asarray(products(pool, cohort).max(axis=1), dtype=np.float64)
 
 
+def _part(embedding: np.ndarray, first: int, stop: int) -> np.ndarray:
+    """One encoder's unit embedding from a fused one (its columns, scaled back to unit length)."""
+    part = np.asarray(embedding[first:stop], np.float32)
+    return np.asarray(part / max(float(np.linalg.norm(part)), 1e-12), np.float32)
+
+
 def _insert_row(g: np.ndarray, z: int, col: np.ndarray) -> np.ndarray:
     """``g`` with a new row and column at index z (``col``: the new member's cosines, itself included)."""
     m = len(g)
@@ -214,6 +231,10 @@ class SpeakerScores:
     rivals: list[str]  # the other speakers with usable turns
     closest: np.ndarray | None  # (n,) index into rivals of the closest other speaker; None: one voice only
     margin: np.ndarray | None  # (n,) cosine to own speaker minus to the closest rival; NaN: nothing own
+    # A fused encoder's parts: name -> (pairwise, centroid, reference) as above, each part's own.
+    components: Mapping[str, tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]] = field(
+        default_factory=dict
+    )
 
 
 def score_speakers(pools: Mapping[str, SpeakerPool], judgment: Judgment) -> dict[str, SpeakerScores]:
@@ -246,7 +267,8 @@ def score_speakers(pools: Mapping[str, SpeakerPool], judgment: Judgment) -> dict
             margin = pool.own_speaker_cosine() - rivals[np.arange(pool.n), best].astype(np.float64)
             if judgment.method is Method.AUTO:
                 codes = np.where(margin < 0, CONFUSED, codes)  # NaN (unattributed) compares False
-        out[s] = SpeakerScores(pw, cd, rc, prob, model, chosen, codes, others, best, margin)
+        parts = {name: part.paper_scores() for name, part in pool.components.items()}
+        out[s] = SpeakerScores(pw, cd, rc, prob, model, chosen, codes, others, best, margin, parts)
     return out
 
 
@@ -306,6 +328,10 @@ def turn_result(
         reason=REASON_OF_CODE[code],
         closest_speaker=closest,
         closest_speaker_margin=margin,
+        encoder_scores=tuple(
+            EncoderScores(name, *(None if a is None else float(a[k]) for a in arrays))
+            for name, arrays in scores.components.items()
+        ),
     )
 
 

@@ -121,5 +121,8 @@ def resolve(options: CheckOptions, entries: Mapping[str, EncoderEntry], default_
     if options.detect_drift and entry.drift is None:
         raise Unsupported(f"encoder {name!r} has no drift settings in its manifest, so detect_drift is unavailable")
     usable_calibration = calibration if isinstance(calibration, Calibration) else None
-    judgment = Judgment(method, threshold, usable_calibration)
+    components: tuple[tuple[str, int, int], ...] = ()
+    if isinstance(entry.encoder, FusedEncoder):
+        components = entry.encoder.layout
+    judgment = Judgment(method, threshold, usable_calibration, components)
     return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift)

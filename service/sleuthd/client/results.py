@@ -30,6 +30,16 @@ class DriftSegment:
 
 
 @dataclass(frozen=True)
+class EncoderScores:
+    """One encoder's own paper scores of a turn judged with the fused encoder."""
+
+    encoder: str
+    pairwise_mean_cosine: float | None
+    centroid_cosine_distance: float | None
+    reference_cosine: float | None
+
+
+@dataclass(frozen=True)
 class TurnVerdict:
     turn_id: str
     speaker: str
@@ -49,6 +59,7 @@ class TurnVerdict:
     closest_speaker_margin: float | None  # cosine: own speaker minus the closest other speaker
     drift_score: float | None  # only when drift detection was asked for
     drift_segments: tuple[DriftSegment, ...]
+    encoder_scores: tuple[EncoderScores, ...] = ()  # with the fused encoder: each encoder it joins
 
     @property
     def inconsistent(self) -> bool:
@@ -79,6 +90,15 @@ class TurnVerdict:
             closest_speaker_margin=_opt(t, "closest_speaker_margin"),
             drift_score=_opt(t, "drift_score"),
             drift_segments=tuple(DriftSegment(s.start_seconds, s.end_seconds, s.score) for s in t.drift_segments),
+            encoder_scores=tuple(
+                EncoderScores(
+                    e.encoder,
+                    _opt(e, "pairwise_mean_cosine"),
+                    _opt(e, "centroid_cosine_distance"),
+                    _opt(e, "reference_cosine"),
+                )
+                for e in t.encoder_scores
+            ),
         )
 
 

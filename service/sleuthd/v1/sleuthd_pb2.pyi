@@ -134,7 +134,7 @@ class CheckDialogueRequest(_message.Message):
     def __init__(self, dialogue_id: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., references: _Optional[_Iterable[_Union[SpeakerReference, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
 
 class TurnVerdict(_message.Message):
-    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail", "inconsistency_probability", "reason", "closest_speaker", "closest_speaker_margin", "drift_segments", "drift_score", "judge_probability", "judge_answer_mass", "judge_model", "judge_calibrated")
+    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail", "inconsistency_probability", "reason", "closest_speaker", "closest_speaker_margin", "drift_segments", "drift_score", "judge_probability", "judge_answer_mass", "judge_model", "judge_calibrated", "encoder_scores")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,7 @@ class TurnVerdict(_message.Message):
     JUDGE_ANSWER_MASS_FIELD_NUMBER: _ClassVar[int]
     JUDGE_MODEL_FIELD_NUMBER: _ClassVar[int]
     JUDGE_CALIBRATED_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_SCORES_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     speaker: str
     status: TurnStatus
@@ -179,7 +180,20 @@ class TurnVerdict(_message.Message):
     judge_answer_mass: float
     judge_model: str
     judge_calibrated: bool
-    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ..., inconsistency_probability: _Optional[float] = ..., reason: _Optional[_Union[FlagReason, str]] = ..., closest_speaker: _Optional[str] = ..., closest_speaker_margin: _Optional[float] = ..., drift_segments: _Optional[_Iterable[_Union[DriftSegment, _Mapping]]] = ..., drift_score: _Optional[float] = ..., judge_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_model: _Optional[str] = ..., judge_calibrated: _Optional[bool] = ...) -> None: ...
+    encoder_scores: _containers.RepeatedCompositeFieldContainer[EncoderScores]
+    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ..., inconsistency_probability: _Optional[float] = ..., reason: _Optional[_Union[FlagReason, str]] = ..., closest_speaker: _Optional[str] = ..., closest_speaker_margin: _Optional[float] = ..., drift_segments: _Optional[_Iterable[_Union[DriftSegment, _Mapping]]] = ..., drift_score: _Optional[float] = ..., judge_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_model: _Optional[str] = ..., judge_calibrated: _Optional[bool] = ..., encoder_scores: _Optional[_Iterable[_Union[EncoderScores, _Mapping]]] = ...) -> None: ...
+
+class EncoderScores(_message.Message):
+    __slots__ = ("encoder", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine")
+    ENCODER_FIELD_NUMBER: _ClassVar[int]
+    PAIRWISE_MEAN_COSINE_FIELD_NUMBER: _ClassVar[int]
+    CENTROID_COSINE_DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_COSINE_FIELD_NUMBER: _ClassVar[int]
+    encoder: str
+    pairwise_mean_cosine: float
+    centroid_cosine_distance: float
+    reference_cosine: float
+    def __init__(self, encoder: _Optional[str] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ...) -> None: ...
 
 class DriftSegment(_message.Message):
     __slots__ = ("start_seconds", "end_seconds", "score")
