@@ -143,9 +143,13 @@ class SpeakerEncoder:
 
     def embed_files(self, paths: Sequence[str | Path]) -> list[ClipEmbedding]:
         """:meth:`embed` for audio files, from synchronous code."""
+        return self.embed_sync([Path(p) for p in paths])
+
+    def embed_sync(self, audios: Sequence[bytes | Path]) -> list[ClipEmbedding]:
+        """:meth:`embed` from synchronous code (encoded audio as bytes, or files)."""
         if self._sync_loop is None:
             self._sync_loop = asyncio.new_event_loop()
-        return self._sync_loop.run_until_complete(self.embed([Path(p) for p in paths]))
+        return self._sync_loop.run_until_complete(self.embed(list(audios)))
 
     async def aclose(self) -> None:
         await self._models.aclose()

@@ -8,6 +8,7 @@ embed through exactly the same objects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from sleuthd.admission import BoundedThreadPool
 from sleuthd.batcher import MicroBatcher
-from sleuthd.config import EngineConfig, JudgeConfig, RegistryConfig
+from sleuthd.config import BatcherConfig, EngineConfig, JudgeConfig, RegistryConfig
 from sleuthd.encoder import OnnxEncoder, PerClipEncoder, WindowEncoder
 from sleuthd.fusion import FUSED, load_fusion
 from sleuthd.manifest import ManifestError, find_encoders, load_encoder_manifest, vad_model_path
@@ -75,7 +76,8 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
             runner = OnnxEncoder(manifest, device=config.device, gpu_batch=config.batcher.max_batch_windows)
             runner.warm_up()
             if batched:
-                encoders[runner.manifest.name] = MicroBatcher(runner, model_pool, config.batcher, observer)
+                batcher_config = encoder_batcher_config(config.batcher, runner)
+                encoders[runner.manifest.name] = MicroBatcher(runner, model_pool, batcher_config, observer)
             else:
                 encoders[runner.manifest.name] = PerClipEncoder(runner, model_pool)
             logger.info("encoder %s on %s, batching %s", runner.manifest.name, runner.provider, config.batching)
@@ -99,6 +101,16 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         model_pool.shutdown(wait=False)
         raise
     return LoadedModels(encoders, vad, prep_pool, model_pool, default)
+
+
+def encoder_batcher_config(config: BatcherConfig, runner: OnnxEncoder) -> BatcherConfig:
+    """The micro-batcher's settings for one encoder: on the CPU, a card may cap the batch below
+    ``--max-batch-windows`` where bigger calls are slower per window (CAM++: compute-bound convolutions,
+    measured in its card's ``batching.how``). GPUs keep the configured size."""
+    cap = runner.manifest.raw.get("batching", {}).get("cpu_max_batch_windows")
+    if cap is None or runner.provider != "CPUExecutionProvider" or cap >= config.max_batch_windows:
+        return config
+    return dataclasses.replace(config, max_batch_windows=int(cap))
 
 
 # `--encoder auto` picks the first of these that is loaded: the fusion when GE2E and CAM++ are both there,

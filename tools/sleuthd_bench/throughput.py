@@ -40,9 +40,9 @@ from typing import Any
 import grpc
 import numpy as np
 import soundfile as sf
-from sleuthd.api import model_rate
+from sleuthd.api import SpeakerEncoder, model_rate
 from sleuthd.config import default_models_dir
-from sleuthd.manifest import load_encoder_manifest, read_card
+from sleuthd.manifest import read_card
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -240,20 +240,31 @@ class ServerProcess:
 RAW_BATCHES = (1, 4, 8, 16, 32, 64)
 
 
-def raw_model(encoder: str, device: str, seconds: float) -> dict[str, Any]:
+def raw_model(encoder: str, device: str, seconds: float, dialogues: Sequence[Dialogue]) -> dict[str, Any]:
     """The encoder's model alone (sleuthd.api.model_rate) at each batch size, and its best rate in audio
-    seconds per second (windows/s over the manifest's windows per second of speech). The fusion runs every
-    component on the same audio, so its ceiling is 1 / (sum of 1 / each component's)."""
+    seconds of ``dialogues`` per second: windows/s over the windows these very dialogues make per second
+    of their audio (counted by embedding them once through sleuthd.api, which trims silence exactly as the
+    server does). The fusion runs every component on the same audio, so its ceiling is 1 / (sum of 1 /
+    each component's)."""
     models = default_models_dir()
     names = list(read_card("fused")["components"]) if encoder == "fused" else [encoder]
+    audio = [t for d in dialogues for t in d.turns]
+    total_seconds = sum(d.audio_seconds for d in dialogues)
     parts: dict[str, dict[str, Any]] = {}
     for name in names:
         rates = model_rate(name, RAW_BATCHES, seconds, models, "cuda" if device == "cuda" else "cpu")
-        per_second = load_encoder_manifest(models / name).window.rate_per_second
+        api = SpeakerEncoder.load(models, encoder=name, device="cuda" if device == "cuda" else "cpu")
+        try:
+            clips = api.embed_sync(audio)
+        finally:
+            api.close()
+        windows = sum(len(c.window_embeddings) for c in clips if c.window_embeddings is not None)
+        per_second = windows / total_seconds
         best = max(rates, key=lambda b: rates[b])
         parts[name] = {
             "windows_per_second": {str(b): r for b, r in rates.items()},
             "best_batch": best,
+            "windows_per_audio_second": per_second,
             "audio_seconds_per_second": rates[best] / per_second,
         }
     ceiling = 1.0 / sum(1.0 / p["audio_seconds_per_second"] for p in parts.values())
@@ -284,7 +295,7 @@ def run(
     agreement: dict[str, float] = {}
     load_start = os.getloadavg()
     progress(f"{encoder}: raw model rate at batch {', '.join(map(str, RAW_BATCHES))} ...")
-    raw = raw_model(encoder, device, min(seconds, 3.0))
+    raw = raw_model(encoder, device, min(seconds, 3.0), dialogues)
     server_args = [*server_args, "--encoder", encoder]
     if "resemblyzer" in modes:
         for c in concurrency:
