@@ -29,20 +29,8 @@ from pathlib import Path
 import numpy as np
 from sleuthd.batcher import MicroBatcher
 from sleuthd.config import BatcherConfig
-from sleuthd.encoder import OnnxEncoder
+from sleuthd.encoder import OnnxEncoder, windows_per_second
 from sleuthd.manifest import load_encoder_manifest
-
-
-def timed_rate(enc: OnnxEncoder, batch: int, seconds: float, rng: np.random.Generator) -> float:
-    """Windows per second at ``batch`` (after two warm-up calls)."""
-    w = (0.1 * rng.standard_normal((batch, enc.manifest.window.window_samples))).astype(np.float32)
-    enc.embed(w)
-    enc.embed(w)
-    n, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        enc.embed(w)
-        n += batch
-    return n / (time.perf_counter() - started)
 
 
 async def serve_rate(enc: OnnxEncoder, config: BatcherConfig, threads: int, clients: int, seconds: float) -> float:
@@ -107,8 +95,8 @@ def main() -> int:
             row["parity_min_cosine"] = float(cos.min())
             print(f"parity CUDA vs CPU on {len(real)} real windows: min cosine {cos.min():.7f}", flush=True)
         per_window = 1.0 / manifest.window.rate_per_second  # audio seconds per window
-        cuda_rates = {b: timed_rate(gpu, int(b), args.seconds, rng) for b in args.batches.split(",")}
-        cpu_rates = {b: timed_rate(cpu, int(b), args.seconds, rng) for b in args.cpu_batches.split(",")}
+        cuda_rates = {b: windows_per_second(gpu, int(b), args.seconds, rng) for b in args.batches.split(",")}
+        cpu_rates = {b: windows_per_second(cpu, int(b), args.seconds, rng) for b in args.cpu_batches.split(",")}
         print("batch  CUDA windows/s  CUDA audio-s/s  CPU windows/s", flush=True)
         for b, r in cuda_rates.items():
             c = f"{cpu_rates[b]:13.1f}" if b in cpu_rates else "            -"

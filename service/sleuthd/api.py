@@ -43,28 +43,15 @@ def model_rate(
     device: str = "cpu",
 ) -> dict[int, float]:
     """Windows per second of one encoder's ONNX model alone at each batch size: no decoding, VAD, queueing
-    or gRPC, the ceiling a serving measurement is compared with. Windows are noise at speech level (the
-    models' cost does not depend on the content); each size gets two warm-up calls, then ``seconds``."""
-    import time
-
-    from sleuthd.encoder import OnnxEncoder
+    or gRPC, the ceiling a serving measurement is compared with (sleuthd.encoder.windows_per_second)."""
+    from sleuthd.encoder import OnnxEncoder, windows_per_second
     from sleuthd.manifest import load_encoder_manifest
 
     runner = OnnxEncoder(
         load_encoder_manifest((models_dir or default_models_dir()) / encoder), device=device, gpu_batch=0
     )
     rng = np.random.default_rng(0)
-    rates = {}
-    for batch in batches:
-        windows = (0.1 * rng.standard_normal((batch, runner.manifest.window.window_samples))).astype(np.float32)
-        runner.embed(windows)
-        runner.embed(windows)
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            runner.embed(windows)
-            done += batch
-        rates[batch] = done / (time.perf_counter() - start)
-    return rates
+    return {batch: windows_per_second(runner, batch, seconds, rng) for batch in batches}
 
 
 class SpeakerEncoder:

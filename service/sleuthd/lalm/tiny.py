@@ -145,17 +145,23 @@ def _audio_config() -> dict[str, Any]:
     return dict(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=128)
 
 
+def _qwen2_audio_config(audio: dict[str, Any], text: dict[str, Any]) -> Any:
+    """A Qwen2-Audio config from its audio-encoder and language-model sizes (real token ids)."""
+    import transformers
+
+    return transformers.Qwen2AudioConfig(
+        audio_config={"model_type": "qwen2_audio_encoder", **audio, "max_source_positions": 1500},
+        text_config={"model_type": "qwen2", **text},
+        audio_token_index=151646,
+    )
+
+
 def _build_model(arch: str) -> Any:
     import transformers
 
     config: Any
     if arch == "qwen2-audio":
-        config = transformers.Qwen2AudioConfig(
-            audio_config={"model_type": "qwen2_audio_encoder", **_audio_config(), "max_source_positions": 1500},
-            text_config={"model_type": "qwen2", **_text_config()},
-            audio_token_index=151646,
-        )
-        return transformers.Qwen2AudioForConditionalGeneration(config)
+        return transformers.Qwen2AudioForConditionalGeneration(_qwen2_audio_config(_audio_config(), _text_config()))
     text = {
         **_text_config(),
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
@@ -241,11 +247,7 @@ def random_full_size_judge(device: str = "cuda", dtype: str = "bfloat16", seed: 
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device cuda was asked for but torch sees no CUDA device")
     torch.manual_seed(seed)
-    config = transformers.Qwen2AudioConfig(
-        audio_config={"model_type": "qwen2_audio_encoder", **QWEN2_AUDIO_7B["audio"], "max_source_positions": 1500},
-        text_config={"model_type": "qwen2", **QWEN2_AUDIO_7B["text"]},
-        audio_token_index=151646,
-    )
+    config = _qwen2_audio_config(QWEN2_AUDIO_7B["audio"], QWEN2_AUDIO_7B["text"])
     config._attn_implementation = "sdpa"
     torch_dtype = getattr(torch, dtype)
     previous = torch.get_default_dtype()
