@@ -29,8 +29,10 @@ EXIT_OK = 0  # every dialogue was judged and no judged speaker is inconsistent
 EXIT_ERROR = 2  # bad input or a failed request (the message says what to fix)
 EXIT_INCONSISTENT = 3  # at least one speaker of at least one dialogue is inconsistent
 EXIT_UNJUDGED = 4  # nothing inconsistent, but some dialogue had no speaker that could be judged
+EXIT_UNCERTAIN = 5  # nothing inconsistent, but some turn is uncertain (neither flagged nor cleared: listen)
 
-CONSISTENT, INCONSISTENT, UNJUDGED, FAILED, NOT_SENT = "consistent", "inconsistent", "not judged", "error", "not sent"
+CONSISTENT, INCONSISTENT, UNCERTAIN = "consistent", "inconsistent", "uncertain"
+UNJUDGED, FAILED, NOT_SENT = "not judged", "error", "not sent"
 
 
 @dataclass(frozen=True)
@@ -93,17 +95,22 @@ class Outcome:
         judged = [s for s in self.verdict.speakers if s.judged]
         if not judged:
             return UNJUDGED
-        return INCONSISTENT if any(not s.consistent for s in judged) else CONSISTENT
+        if any(s.inconsistent_turn_ids for s in judged):
+            return INCONSISTENT
+        return UNCERTAIN if any(s.uncertain_turn_ids for s in judged) else CONSISTENT
 
 
 def exit_code(outcomes: Sequence[Outcome]) -> int:
     """3 when anything is inconsistent (a definite finding, reported even when other dialogues failed),
-    else 2 when a dialogue failed or was not sent, else 4 when a dialogue could not be judged, else 0."""
+    else 2 when a dialogue failed or was not sent, else 5 when a turn is uncertain (a person must listen),
+    else 4 when a dialogue could not be judged, else 0."""
     kinds = {o.kind for o in outcomes}
     if INCONSISTENT in kinds:
         return EXIT_INCONSISTENT
     if kinds & {FAILED, NOT_SENT}:
         return EXIT_ERROR
+    if UNCERTAIN in kinds:
+        return EXIT_UNCERTAIN
     return EXIT_UNJUDGED if UNJUDGED in kinds else EXIT_OK
 
 

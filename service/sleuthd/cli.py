@@ -300,8 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="check dialogue JSON files or JSON Lines of dialogues (exit 3 if a speaker is inconsistent)",
         epilog="exit status: 0 every dialogue judged and consistent; 3 a speaker of some dialogue is inconsistent; "
-        "4 nothing inconsistent but some dialogue had no speaker that could be judged (too little speech); "
-        "2 bad input or a failed request",
+        "5 nothing inconsistent but some turn is uncertain (neither flagged nor cleared: listen to it); "
+        "4 nothing inconsistent or uncertain but some dialogue had no speaker that could be judged (too little "
+        "speech); 2 bad input or a failed request",
     )
     c.add_argument(
         "files", type=Path, nargs="+", metavar="FILE",

@@ -46,6 +46,13 @@ _STATUS_TO_PB = {
     domain.TurnStatus.INCONSISTENT: pb.INCONSISTENT,
     domain.TurnStatus.INSUFFICIENT_AUDIO: pb.INSUFFICIENT_AUDIO,
     domain.TurnStatus.INSUFFICIENT_CONTEXT: pb.INSUFFICIENT_CONTEXT,
+    domain.TurnStatus.UNCERTAIN: pb.UNCERTAIN,
+}
+_UNCERTAIN_TO_PB = {
+    domain.UncertainReason.NONE: pb.UNCERTAIN_REASON_UNSPECIFIED,
+    domain.UncertainReason.OUT_OF_SUPPORT: pb.OUT_OF_SUPPORT,
+    domain.UncertainReason.OWN_TURNS_DISSIMILAR: pb.OWN_TURNS_DISSIMILAR,
+    domain.UncertainReason.LOW_ANSWER_MASS: pb.LOW_ANSWER_MASS,
 }
 
 
@@ -131,6 +138,7 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
         speech_seconds=t.speech_seconds,
         detail=t.detail,
         reason=_REASON_TO_PB[t.reason],  # type: ignore[arg-type]
+        uncertain_reason=_UNCERTAIN_TO_PB[t.uncertain_reason],  # type: ignore[arg-type]
         closest_speaker=t.closest_speaker,
         judge_model=t.judge_model,
         judge_calibrated=t.judge_calibrated,
@@ -174,6 +182,7 @@ def speaker_to_pb(s: domain.SpeakerResult) -> pb.SpeakerVerdict:
         inconsistent_turn_ids=list(s.inconsistent_turn_ids),
         scored_turns=s.scored_turns,
         unscored_turns=s.unscored_turns,
+        uncertain_turn_ids=list(s.uncertain_turn_ids),
     )
 
 

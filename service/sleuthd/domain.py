@@ -92,6 +92,14 @@ class TurnStatus(Enum):
     INCONSISTENT = "inconsistent"
     INSUFFICIENT_AUDIO = "insufficient_audio"
     INSUFFICIENT_CONTEXT = "insufficient_context"
+    UNCERTAIN = "uncertain"  # scored, but outside what the judgment can vouch for: neither flagged nor cleared
+
+
+class UncertainReason(Enum):
+    NONE = "none"  # the turn is not UNCERTAIN
+    OUT_OF_SUPPORT = "out_of_support"  # evidence outside the calibration's fitted range
+    OWN_TURNS_DISSIMILAR = "own_turns_dissimilar"  # the speaker's own turns do not agree with each other
+    LOW_ANSWER_MASS = "low_answer_mass"  # method lalm: the judge barely answered yes or no
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,7 @@ class TurnResult:
     # With a fused encoder: each component encoder's own scores (the fused ones above are their means,
     # except the centroid distance, whose centroid is the fused one's).
     encoder_scores: tuple[EncoderScores, ...] = ()
+    uncertain_reason: UncertainReason = UncertainReason.NONE  # set when status is UNCERTAIN
 
 
 @dataclass(frozen=True)
@@ -160,8 +169,9 @@ class SpeakerResult:
     judged: bool
     consistent: bool
     inconsistent_turn_ids: tuple[str, ...]
-    scored_turns: int
+    scored_turns: int  # CONSISTENT, INCONSISTENT or UNCERTAIN
     unscored_turns: int
+    uncertain_turn_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -253,14 +253,17 @@ class LalmDialogue:
 
 
 def speaker_result(speaker: str, turns: Sequence[TurnResult]) -> SpeakerResult:
-    """A speaker's verdict from their turns' (detection: no turn INCONSISTENT; localization: which are)."""
-    scored = [t for t in turns if t.status in (TurnStatus.CONSISTENT, TurnStatus.INCONSISTENT)]
+    """A speaker's verdict from their turns' (detection: every scored turn CONSISTENT; localization: which
+    are INCONSISTENT; UNCERTAIN turns are listed apart, neither flagged nor cleared)."""
+    scored = [t for t in turns if t.status in (TurnStatus.CONSISTENT, TurnStatus.INCONSISTENT, TurnStatus.UNCERTAIN)]
     bad = tuple(t.turn_id for t in scored if t.status is TurnStatus.INCONSISTENT)
+    unsure = tuple(t.turn_id for t in scored if t.status is TurnStatus.UNCERTAIN)
     return SpeakerResult(
         speaker=speaker,
         judged=bool(scored),
-        consistent=bool(scored) and not bad,
+        consistent=bool(scored) and not bad and not unsure,
         inconsistent_turn_ids=bad,
         scored_turns=len(scored),
         unscored_turns=len(turns) - len(scored),
+        uncertain_turn_ids=unsure,
     )

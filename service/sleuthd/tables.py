@@ -52,13 +52,16 @@ def verdict_table(v: pb.DialogueVerdict) -> str:
     for s in v.speakers:
         if not s.judged:
             verdict = "NOT JUDGED (no scorable turn)"
-        elif s.consistent:
-            verdict = "consistent"
-        else:
+        elif s.inconsistent_turn_ids:
             verdict = f"INCONSISTENT: {', '.join(s.inconsistent_turn_ids)}"
+        elif s.uncertain_turn_ids:
+            verdict = f"UNCERTAIN (listen): {', '.join(s.uncertain_turn_ids)}"
+        else:
+            verdict = "consistent"
         lines.append(f"speaker {s.speaker}: {verdict} ({s.scored_turns} scored, {s.unscored_turns} unscored)")
     for t in v.turns:
-        if t.status in (pb.INSUFFICIENT_AUDIO, pb.INSUFFICIENT_CONTEXT) or t.reason == pb.SPEAKER_CONFUSION:
+        explained = (pb.INSUFFICIENT_AUDIO, pb.INSUFFICIENT_CONTEXT, pb.UNCERTAIN)
+        if t.status in explained or t.reason == pb.SPEAKER_CONFUSION:
             lines.append(f"  {t.turn_id}: {t.detail}")
         for seg in t.drift_segments:
             lines.append(

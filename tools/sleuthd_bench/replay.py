@@ -285,7 +285,9 @@ class _Replayer:
             scenario=scenario,
             gold_turns=gold_turns(line, scenario),
             pred_turns=flagged,
-            pred_inconsistent=judged and sv is not None and not sv.consistent,
+            # Flagged means an INCONSISTENT turn: an UNCERTAIN one is neither flagged nor cleared, and counts
+            # as not flagged in the paper's metrics (its rate is reported apart).
+            pred_inconsistent=judged and bool(flagged),
         )
         return DetectionOutcome(record, judged, verdict.encoder, per_turn)
 

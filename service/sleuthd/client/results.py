@@ -43,7 +43,9 @@ class EncoderScores:
 class TurnVerdict:
     turn_id: str
     speaker: str
-    status: str  # "consistent", "inconsistent", "insufficient_audio" or "insufficient_context"
+    # "consistent", "inconsistent", "uncertain" (scored, but neither flagged nor cleared: listen to it),
+    # "insufficient_audio" or "insufficient_context"
+    status: str
     score: float | None  # the method's score on score_scale; None when not scored
     score_scale: str  # "cosine_similarity", "cosine_distance" or "probability"
     threshold: float | None  # on score_scale
@@ -60,10 +62,16 @@ class TurnVerdict:
     drift_score: float | None  # only when drift detection was asked for
     drift_segments: tuple[DriftSegment, ...]
     encoder_scores: tuple[EncoderScores, ...] = ()  # with the fused encoder: each encoder it joins
+    # Why the turn is uncertain: "out_of_support", "own_turns_dissimilar", "low_answer_mass"; "" otherwise.
+    uncertain_reason: str = ""
 
     @property
     def inconsistent(self) -> bool:
         return self.status == "inconsistent"
+
+    @property
+    def uncertain(self) -> bool:
+        return self.status == "uncertain"
 
     @property
     def scored(self) -> bool:
@@ -99,29 +107,42 @@ class TurnVerdict:
                 )
                 for e in t.encoder_scores
             ),
+            uncertain_reason=(
+                _name(pb.UncertainReason, t.uncertain_reason)
+                if t.uncertain_reason != pb.UNCERTAIN_REASON_UNSPECIFIED
+                else ""
+            ),
         )
 
 
 @dataclass(frozen=True)
 class SpeakerVerdict:
     speaker: str
-    consistent: bool  # no turn flagged; only meaningful when judged
+    consistent: bool  # every scored turn consistent (none flagged, none uncertain); only meaningful when judged
     judged: bool  # False: none of the speaker's turns could be scored
     inconsistent_turns: tuple[str, ...]  # flagged turn ids, dialogue order
     scored_turns: int
     unscored_turns: int
+    uncertain_turns: tuple[str, ...] = ()  # turn ids neither flagged nor cleared, dialogue order
 
     @classmethod
     def from_pb(cls, s: pb.SpeakerVerdict) -> SpeakerVerdict:
         return cls(
-            s.speaker, s.consistent, s.judged, tuple(s.inconsistent_turn_ids), s.scored_turns, s.unscored_turns
+            s.speaker,
+            s.consistent,
+            s.judged,
+            tuple(s.inconsistent_turn_ids),
+            s.scored_turns,
+            s.unscored_turns,
+            tuple(s.uncertain_turn_ids),
         )
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A dialogue's verdict. ``consistent``: something was judged and no judged speaker was flagged;
-    ``judged`` False means nothing could be scored (too little speech), which is not a pass."""
+    """A dialogue's verdict. ``consistent``: something was judged and every judged speaker is consistent
+    (no turn flagged, none uncertain); ``judged`` False means nothing could be scored (too little speech),
+    which is not a pass; ``uncertain_turns`` are neither flagged nor cleared."""
 
     dialogue_id: str
     turns: tuple[TurnVerdict, ...]  # one per turn with audio, dialogue order
@@ -142,6 +163,11 @@ class Verdict:
     def inconsistent_turns(self) -> tuple[str, ...]:
         """Flagged turn ids, in dialogue order (localization)."""
         return tuple(t.turn_id for t in self.turns if t.inconsistent)
+
+    @property
+    def uncertain_turns(self) -> tuple[str, ...]:
+        """Turn ids the judgment cannot vouch for (status "uncertain"), in dialogue order: listen to them."""
+        return tuple(t.turn_id for t in self.turns if t.uncertain)
 
     @property
     def probabilities(self) -> Mapping[str, float]:

@@ -38,12 +38,20 @@ class TurnStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INCONSISTENT: _ClassVar[TurnStatus]
     INSUFFICIENT_AUDIO: _ClassVar[TurnStatus]
     INSUFFICIENT_CONTEXT: _ClassVar[TurnStatus]
+    UNCERTAIN: _ClassVar[TurnStatus]
 
 class FlagReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FLAG_REASON_UNSPECIFIED: _ClassVar[FlagReason]
     SCORE_THRESHOLD: _ClassVar[FlagReason]
     SPEAKER_CONFUSION: _ClassVar[FlagReason]
+
+class UncertainReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UNCERTAIN_REASON_UNSPECIFIED: _ClassVar[UncertainReason]
+    OUT_OF_SUPPORT: _ClassVar[UncertainReason]
+    OWN_TURNS_DISSIMILAR: _ClassVar[UncertainReason]
+    LOW_ANSWER_MASS: _ClassVar[UncertainReason]
 PCM_ENCODING_UNSPECIFIED: PcmEncoding
 PCM_S16LE: PcmEncoding
 PCM_F32LE: PcmEncoding
@@ -61,9 +69,14 @@ CONSISTENT: TurnStatus
 INCONSISTENT: TurnStatus
 INSUFFICIENT_AUDIO: TurnStatus
 INSUFFICIENT_CONTEXT: TurnStatus
+UNCERTAIN: TurnStatus
 FLAG_REASON_UNSPECIFIED: FlagReason
 SCORE_THRESHOLD: FlagReason
 SPEAKER_CONFUSION: FlagReason
+UNCERTAIN_REASON_UNSPECIFIED: UncertainReason
+OUT_OF_SUPPORT: UncertainReason
+OWN_TURNS_DISSIMILAR: UncertainReason
+LOW_ANSWER_MASS: UncertainReason
 
 class PcmAudio(_message.Message):
     __slots__ = ("data", "encoding", "sample_rate_hz", "channels")
@@ -134,7 +147,7 @@ class CheckDialogueRequest(_message.Message):
     def __init__(self, dialogue_id: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., references: _Optional[_Iterable[_Union[SpeakerReference, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
 
 class TurnVerdict(_message.Message):
-    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail", "inconsistency_probability", "reason", "closest_speaker", "closest_speaker_margin", "drift_segments", "drift_score", "judge_probability", "judge_answer_mass", "judge_model", "judge_calibrated", "encoder_scores")
+    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail", "inconsistency_probability", "reason", "closest_speaker", "closest_speaker_margin", "drift_segments", "drift_score", "judge_probability", "judge_answer_mass", "judge_model", "judge_calibrated", "encoder_scores", "uncertain_reason")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +171,7 @@ class TurnVerdict(_message.Message):
     JUDGE_MODEL_FIELD_NUMBER: _ClassVar[int]
     JUDGE_CALIBRATED_FIELD_NUMBER: _ClassVar[int]
     ENCODER_SCORES_FIELD_NUMBER: _ClassVar[int]
+    UNCERTAIN_REASON_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     speaker: str
     status: TurnStatus
@@ -181,7 +195,8 @@ class TurnVerdict(_message.Message):
     judge_model: str
     judge_calibrated: bool
     encoder_scores: _containers.RepeatedCompositeFieldContainer[EncoderScores]
-    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ..., inconsistency_probability: _Optional[float] = ..., reason: _Optional[_Union[FlagReason, str]] = ..., closest_speaker: _Optional[str] = ..., closest_speaker_margin: _Optional[float] = ..., drift_segments: _Optional[_Iterable[_Union[DriftSegment, _Mapping]]] = ..., drift_score: _Optional[float] = ..., judge_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_model: _Optional[str] = ..., judge_calibrated: _Optional[bool] = ..., encoder_scores: _Optional[_Iterable[_Union[EncoderScores, _Mapping]]] = ...) -> None: ...
+    uncertain_reason: UncertainReason
+    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ..., inconsistency_probability: _Optional[float] = ..., reason: _Optional[_Union[FlagReason, str]] = ..., closest_speaker: _Optional[str] = ..., closest_speaker_margin: _Optional[float] = ..., drift_segments: _Optional[_Iterable[_Union[DriftSegment, _Mapping]]] = ..., drift_score: _Optional[float] = ..., judge_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_model: _Optional[str] = ..., judge_calibrated: _Optional[bool] = ..., encoder_scores: _Optional[_Iterable[_Union[EncoderScores, _Mapping]]] = ..., uncertain_reason: _Optional[_Union[UncertainReason, str]] = ...) -> None: ...
 
 class EncoderScores(_message.Message):
     __slots__ = ("encoder", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine")
@@ -206,20 +221,22 @@ class DriftSegment(_message.Message):
     def __init__(self, start_seconds: _Optional[float] = ..., end_seconds: _Optional[float] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SpeakerVerdict(_message.Message):
-    __slots__ = ("speaker", "consistent", "judged", "inconsistent_turn_ids", "scored_turns", "unscored_turns")
+    __slots__ = ("speaker", "consistent", "judged", "inconsistent_turn_ids", "scored_turns", "unscored_turns", "uncertain_turn_ids")
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
     CONSISTENT_FIELD_NUMBER: _ClassVar[int]
     JUDGED_FIELD_NUMBER: _ClassVar[int]
     INCONSISTENT_TURN_IDS_FIELD_NUMBER: _ClassVar[int]
     SCORED_TURNS_FIELD_NUMBER: _ClassVar[int]
     UNSCORED_TURNS_FIELD_NUMBER: _ClassVar[int]
+    UNCERTAIN_TURN_IDS_FIELD_NUMBER: _ClassVar[int]
     speaker: str
     consistent: bool
     judged: bool
     inconsistent_turn_ids: _containers.RepeatedScalarFieldContainer[str]
     scored_turns: int
     unscored_turns: int
-    def __init__(self, speaker: _Optional[str] = ..., consistent: _Optional[bool] = ..., judged: _Optional[bool] = ..., inconsistent_turn_ids: _Optional[_Iterable[str]] = ..., scored_turns: _Optional[int] = ..., unscored_turns: _Optional[int] = ...) -> None: ...
+    uncertain_turn_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, speaker: _Optional[str] = ..., consistent: _Optional[bool] = ..., judged: _Optional[bool] = ..., inconsistent_turn_ids: _Optional[_Iterable[str]] = ..., scored_turns: _Optional[int] = ..., unscored_turns: _Optional[int] = ..., uncertain_turn_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DialogueVerdict(_message.Message):
     __slots__ = ("dialogue_id", "turns", "speakers", "encoder", "method", "threshold_set")
