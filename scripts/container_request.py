@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from sleuthd.credentials import connect
+from sleuthd.client.credentials import connect
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import soxr
-from sleuthd.audio import normalize_loudness
-from sleuthd.clips import pool
-from sleuthd.encoder import OnnxEncoder
+from sleuthd.audio.decode import normalize_loudness
+from sleuthd.audio.windows import make_windows
+from sleuthd.encoders.clips import pool
+from sleuthd.encoders.manifest import load_encoder_manifest
+from sleuthd.encoders.runner import OnnxEncoder
 from sleuthd.export.parity import onnx_runner
-from sleuthd.features import make_windows
-from sleuthd.manifest import load_encoder_manifest
 
 
 def fsdd_turns(root: Path, takes: int, per_speaker: int, seed: int) -> tuple[list[np.ndarray], np.ndarray]:

@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from sleuthd.batcher import MicroBatcher
 from sleuthd.config import BatcherConfig
-from sleuthd.encoder import OnnxEncoder, windows_per_second
-from sleuthd.manifest import load_encoder_manifest
+from sleuthd.encoders.batcher import MicroBatcher
+from sleuthd.encoders.manifest import load_encoder_manifest
+from sleuthd.encoders.runner import OnnxEncoder, windows_per_second
 
 
 async def serve_rate(enc: OnnxEncoder, config: BatcherConfig, threads: int, clients: int, seconds: float) -> float:
@@ -126,8 +126,8 @@ def main() -> int:
 def save_windows(manifests: dict, out: Path, per_encoder: int = 16) -> int:
     """Real speech windows (FSDD takes joined per speaker) for the parity check on another machine."""
     import soundfile as sf
-    from sleuthd.audio import Waveform, to_model_rate
-    from sleuthd.features import make_windows
+    from sleuthd.audio.decode import Waveform, to_model_rate
+    from sleuthd.audio.windows import make_windows
 
     root = Path("/work/shared/data/fsdd/recordings")
     files = sorted(root.glob("*.wav"))[::37][:40]

@@ -18,9 +18,9 @@ from typing import Any
 
 import grpc
 from sleuthd.config import ServerConfig
-from sleuthd.engine import Engine
-from sleuthd.metrics import ServiceMetrics
-from sleuthd.server import RunningServer, create_server
+from sleuthd.engine.facade import Engine
+from sleuthd.ops.metrics import ServiceMetrics
+from sleuthd.rpc.server import RunningServer, create_server
 
 SLEUTHD = [sys.executable, "-m", "sleuthd.cli"]
 

@@ -1,8 +1,8 @@
 """The judgment as it was before it was vectorised: a slow, obviously-correct reference for the tests.
 
 One Python pass per turn with per-turn leave-one-out centroids and medians over explicit lists, exactly
-as sleuthd.calibration.turn_features and sleuthd.judge.judge_dialogue computed them (the only change:
-``ref_turn_features`` takes its cosines from the pool as given, in float64). Not product code.
+as sleuthd.judgment.calibration.turn_features and sleuthd.judgment.verdicts.judge_dialogue computed them
+(the only change: ``ref_turn_features`` takes its cosines from the pool as given, in float64). Not product code.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
-from sleuthd import scoring
-from sleuthd.calibration import COHORT_SUFFIX, FEATURES, MIN_DISTANCE, MIN_SPREAD, Calibration
-from sleuthd.clips import ClipEmbedding
 from sleuthd.domain import FlagReason, SpeakerResult, TurnResult, TurnStatus
-from sleuthd.judge import Judgment
-from sleuthd.scoring import METHODS, Method, unit
+from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.judgment import scoring
+from sleuthd.judgment.calibration import COHORT_SUFFIX, FEATURES, MIN_DISTANCE, MIN_SPREAD, Calibration
+from sleuthd.judgment.scoring import METHODS, Method, unit
+from sleuthd.judgment.verdicts import Judgment
 
 
 def _variant(n: int, has_reference: bool) -> str:

@@ -1,5 +1,5 @@
 """Enrolment clips and embeddings for the registry tests, made the way the server will make them:
-real recordings (tests/data/fsdd) decoded and measured by sleuthd.audio and the energy VAD."""
+real recordings (tests/data/fsdd) decoded and measured by sleuthd.audio.decode and the energy VAD."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
-from sleuthd.audio import PcmEncoding, PcmSpec, decode_encoded, to_model_rate
+from sleuthd.audio.decode import PcmEncoding, PcmSpec, decode_encoded, to_model_rate
+from sleuthd.audio.vad import EnergyVad
 from sleuthd.registry import ClipInput, Embedding
-from sleuthd.vad import EnergyVad
 
 from tests.support import FSDD_SUBSET
 

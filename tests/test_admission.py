@@ -16,14 +16,16 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.message import Message
-from sleuthd import audio, clips, servicer
-from sleuthd.admission import AudioBudget, BoundedThreadPool
+from sleuthd.audio import decode as audio
 from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig, ServerConfig
-from sleuthd.engine import Engine
+from sleuthd.encoders import clips
+from sleuthd.engine.admission import AudioBudget, BoundedThreadPool
+from sleuthd.engine.facade import Engine
 from sleuthd.errors import InvalidRequest, LimitExceeded, Overloaded
-from sleuthd.metrics import ServiceMetrics
-from sleuthd.request_limits import RequestLimits
-from sleuthd.server import create_server
+from sleuthd.ops.metrics import ServiceMetrics
+from sleuthd.rpc import servicer
+from sleuthd.rpc.limits import RequestLimits
+from sleuthd.rpc.server import create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-from sleuthd.audio import AudioError, PcmEncoding, PcmSpec, decode_encoded, decode_pcm, normalize_loudness
-from sleuthd.clips import decode
+from sleuthd.audio.decode import AudioError, PcmEncoding, PcmSpec, decode_encoded, decode_pcm, normalize_loudness
+from sleuthd.audio.vad import SileroVad
+from sleuthd.audio.windows import WindowSpec, make_windows, window_starts
 from sleuthd.domain import AudioInput
-from sleuthd.features import WindowSpec, make_windows, window_starts
-from sleuthd.manifest import vad_model_path
-from sleuthd.vad import SileroVad
+from sleuthd.encoders.clips import decode
+from sleuthd.encoders.manifest import vad_model_path
 
 from .support import VOICE_A, Speech, encode_wav
 
@@ -92,7 +92,7 @@ def test_window_placement_matches_ge2e_partials() -> None:
 
 
 def test_energy_vad_trims_silence_and_agrees_with_silero(models_dir: Path, speech: Speech) -> None:
-    from sleuthd.vad import EnergyVad
+    from sleuthd.audio.vad import EnergyVad
 
     samples, rate = sf.read(speech.clips[VOICE_A][1], dtype="float32")
     gap = np.zeros(rate * 2, np.float32)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-from sleuthd.audio import AudioError, decode_encoded, probe
+from sleuthd.audio.decode import AudioError, decode_encoded, probe
 
 from .support import VOICE_A, Speech, encode_wav
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from sleuthd.audio import AudioError, PcmEncoding, PcmSpec, decode_encoded, decode_pcm, normalize_loudness
-from sleuthd.clips import prepare_waveform
+from sleuthd.audio.decode import AudioError, PcmEncoding, PcmSpec, decode_encoded, decode_pcm, normalize_loudness
+from sleuthd.audio.vad import EnergyVad
+from sleuthd.encoders.clips import prepare_waveform
+from sleuthd.encoders.manifest import load_encoder_manifest
 from sleuthd.errors import LimitExceeded
-from sleuthd.manifest import load_encoder_manifest
-from sleuthd.vad import EnergyVad
 
 from .support import VOICE_A, Speech, encode_wav
 
@@ -63,7 +63,7 @@ def test_flac_bomb_is_refused_from_its_header(bomb: bytes, monkeypatch: pytest.M
 
 
 def test_probe_reads_headers_without_decoding(bomb: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sleuthd.audio import probe
+    from sleuthd.audio.decode import probe
 
     def no_decoding(*args: object, **kwargs: object) -> None:
         raise AssertionError("probe decoded audio")
@@ -81,7 +81,7 @@ def test_probe_reads_headers_without_decoding(bomb: bytes, monkeypatch: pytest.M
 
 
 def test_request_budget_sums_probes(speech: Speech) -> None:
-    from sleuthd.audio import check_request_budget, probe
+    from sleuthd.audio.decode import check_request_budget, probe
 
     clips = [(f"turns[{k}]", probe(speech.wav_bytes(VOICE_A, k), None, max_seconds=60)) for k in range(3)]
     total = sum(p.samples for _, p in clips)

@@ -11,7 +11,10 @@ import grpc
 import numpy as np
 import pytest
 import pytest_asyncio
-from sleuthd.calibration import (
+from sleuthd.config import EngineConfig, ServerConfig
+from sleuthd.encoders.manifest import load_encoder_manifest
+from sleuthd.engine.facade import Engine
+from sleuthd.judgment.calibration import (
     FEATURES,
     Calibration,
     CalibrationError,
@@ -19,11 +22,8 @@ from sleuthd.calibration import (
     inconsistency_probability,
     turn_features,
 )
-from sleuthd.config import EngineConfig, ServerConfig
-from sleuthd.engine import Engine
-from sleuthd.manifest import load_encoder_manifest
-from sleuthd.metrics import ServiceMetrics
-from sleuthd.server import RunningServer, create_server
+from sleuthd.ops.metrics import ServiceMetrics
+from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

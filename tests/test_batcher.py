@@ -1,4 +1,4 @@
-"""Tests for sleuthd.batcher with a fake model that records every call it gets.
+"""Tests for sleuthd.encoders.batcher with a fake model that records every call it gets.
 
 Every window row is filled with one id number, so a batch's recorded rows say exactly which requests
 were in it, and the fake's answer (the first D columns, doubled) says whether each row came back to
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from sleuthd.batcher import BatcherConfig, MicroBatcher
+from sleuthd.encoders.batcher import BatcherConfig, MicroBatcher
 from sleuthd.errors import DeadlineExceeded, EngineFailure, Overloaded
 
 W = 8  # window_samples of the fake model

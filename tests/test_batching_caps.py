@@ -6,9 +6,9 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
-from sleuthd.batcher import MicroBatcher
 from sleuthd.config import BatcherConfig, EngineConfig
-from sleuthd.loading import encoder_batcher_config, load_models
+from sleuthd.encoders.batcher import MicroBatcher
+from sleuthd.engine.loading import encoder_batcher_config, load_models
 
 
 def test_campplus_is_capped_on_the_cpu_and_ge2e_is_not(models_dir: Path) -> None:

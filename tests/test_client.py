@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 import soundfile as sf
 from sleuthd.client import AsyncSleuthClient, SleuthClient, Turn, Verdict
-from sleuthd.server import RunningServer
+from sleuthd.rpc.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

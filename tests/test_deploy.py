@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
-from sleuthd import runtime
 from sleuthd.config import ConfigError
-from sleuthd.server import RunningServer
+from sleuthd.encoders import runtime
+from sleuthd.rpc.server import RunningServer
 
 from .ops_support import SLEUTHD
 from .support import REPO
@@ -127,7 +127,7 @@ def test_the_wheel_carries_cards_stubs_and_the_console_script(wheel: Path) -> No
     assert {"sleuthd/cards/ge2e.json", "sleuthd/cards/silero_vad.json", "sleuthd/v1/sleuthd_pb2.pyi"} <= names
     assert not any(n.startswith(("tests/", "tools/", "models/")) or n.endswith(".onnx") for n in names)
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "sleuthd = sleuthd.cli:main" in entry
+    assert "sleuthd = sleuthd.cli.main:main" in entry
     committed = subprocess.run(["git", "ls-files", "models"], cwd=REPO, capture_output=True, text=True).stdout.split()
     assert not [p for p in committed if p.endswith(".json")], "cards live in service/sleuthd/cards/ (package data)"
 
@@ -165,7 +165,7 @@ def test_the_installed_wheel_serves_a_request_from_a_models_dir(
         shutil.copytree(models_dir / name, models / name)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SLEUTHD_MODELS_DIR")}
     where = subprocess.run(
-        [str(bin_dir / "python"), "-c", "import sleuthd, sleuthd.manifest as m; print(sleuthd.__file__); "
+        [str(bin_dir / "python"), "-c", "import sleuthd, sleuthd.encoders.manifest as m; print(sleuthd.__file__); "
          "print(m.read_card('ge2e')['name'], m.card_names())"],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
@@ -240,7 +240,7 @@ async def test_models_export_without_the_extra_and_a_broken_pipe_are_one_line(
     tmp_path: Path, server: RunningServer
 ) -> None:
     no_torch = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.modules['torch'] = None; from sleuthd.cli import main; "
+        [sys.executable, "-c", "import sys; sys.modules['torch'] = None; from sleuthd.cli.main import main; "
          f"sys.exit(main(['models', 'export', 'ge2e', '--models-dir', {str(tmp_path)!r}]))"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

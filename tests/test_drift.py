@@ -16,9 +16,9 @@ import grpc
 import numpy as np
 import pytest
 from sleuthd.api import SpeakerEncoder
-from sleuthd.drift import DriftConfig, DriftResult, detect_drift
-from sleuthd.engine import Engine
-from sleuthd.manifest import read_card
+from sleuthd.encoders.manifest import read_card
+from sleuthd.engine.facade import Engine
+from sleuthd.judgment.drift import DriftConfig, DriftResult, detect_drift
 from sleuthd_bench import driftset, synth
 
 from .support import REPO, VOICE_A, VOICE_B
@@ -260,7 +260,7 @@ async def test_drift_reuses_the_judging_decode_and_both_placements_are_cached(
 ) -> None:
     from sleuthd.config import EngineConfig
     from sleuthd.domain import AudioInput, CheckOptions, DialogueRequest, DialogueTurn
-    from sleuthd.scoring import Method
+    from sleuthd.judgment.scoring import Method
 
     own = Engine.load(EngineConfig(models_dir=models_dir, device="cpu", default_encoder="ge2e"))  # own, empty cache
     counting = _CountingVad(own.embedder.vad)

@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from sleuthd.clips import pool
-from sleuthd.encoder import OnnxEncoder
+from sleuthd.audio.windows import make_windows
+from sleuthd.encoders.clips import pool
+from sleuthd.encoders.manifest import EncoderManifest, load_encoder_manifest, sha256_of
+from sleuthd.encoders.runner import OnnxEncoder
 from sleuthd.export import campplus
 from sleuthd.export import parity as par
 from sleuthd.export.graph import GraphBuilder, trim_and_wrap
 from sleuthd.export.models import export_campplus_model
-from sleuthd.features import make_windows
-from sleuthd.manifest import EncoderManifest, load_encoder_manifest, sha256_of
 
 from .support import FSDD_SUBSET, VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech
 

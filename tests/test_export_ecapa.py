@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from sleuthd.encoder import OnnxEncoder
+from sleuthd.encoders.manifest import EncoderManifest, load_encoder_manifest, sha256_of
+from sleuthd.encoders.runner import OnnxEncoder
 from sleuthd.export import ecapa
 from sleuthd.export import parity as par
 from sleuthd.export.models import export_ecapa_model
 from sleuthd.export.speechbrain_ref import SpeechBrainReference, load_hparams
-from sleuthd.manifest import EncoderManifest, load_encoder_manifest, sha256_of
 
 from .support import FSDD_SUBSET, Speech
 

@@ -1,4 +1,4 @@
-"""The fused encoder (sleuthd.fusion): GE2E and CAM++ heard as one, through the real server."""
+"""The fused encoder (sleuthd.encoders.fusion): GE2E and CAM++ heard as one, through the real server."""
 
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import soundfile as sf
-from sleuthd.calibration import CalibrationError
 from sleuthd.client.results import TurnVerdict
-from sleuthd.clips import ClipEmbedding
 from sleuthd.config import EngineConfig
-from sleuthd.dialogue import DialogueState
 from sleuthd.domain import CheckOptions
-from sleuthd.engine import Engine
+from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.encoders.fusion import FusedEncoder, load_fusion
+from sleuthd.engine.facade import Engine
+from sleuthd.engine.loading import load_models
 from sleuthd.errors import Unsupported
-from sleuthd.fusion import FusedEncoder, load_fusion
-from sleuthd.loading import load_models
-from sleuthd.observe import NullObserver
-from sleuthd.options import EncoderEntry, resolve
-from sleuthd.scoring import Method
+from sleuthd.judgment.calibration import CalibrationError
+from sleuthd.judgment.dialogue import DialogueState
+from sleuthd.judgment.options import EncoderEntry, resolve
+from sleuthd.judgment.scoring import Method
+from sleuthd.ops.observe import NullObserver
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

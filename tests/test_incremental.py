@@ -1,6 +1,6 @@
 """Incremental, vectorised judgment: the same verdicts however and in whatever order they are computed.
 
-- sleuthd.gram's exact cosines and order statistics equal the obvious computations;
+- sleuthd.judgment.gram's exact cosines and order statistics equal the obvious computations;
 - auto's vectorised features equal the pre-vectorised implementation (tests/reference_judge.py) to ~1e-12;
 - a dialogue's verdicts equal the reference judge's;
 - a streamed turn's verdict and its revisions equal CheckDialogue's for the same turns, exactly, for long
@@ -14,15 +14,15 @@ from dataclasses import fields
 
 import numpy as np
 import pytest
-from sleuthd.calibration import turn_features
-from sleuthd.clips import ClipEmbedding
-from sleuthd.dialogue import DialogueState
 from sleuthd.domain import AudioInput, CheckOptions, DialogueRequest, DialogueTurn, Method, TurnResult, TurnUpdate
-from sleuthd.engine import Engine
-from sleuthd.gram import SCALE_BITS, SortedPairs, cosines, gram, median_without, quantize, std_without
-from sleuthd.observe import NullObserver
-from sleuthd.options import ResolvedOptions
-from sleuthd.stream import StreamSession
+from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.engine.facade import Engine
+from sleuthd.engine.stream import StreamSession
+from sleuthd.judgment.calibration import turn_features
+from sleuthd.judgment.dialogue import DialogueState
+from sleuthd.judgment.gram import SCALE_BITS, SortedPairs, cosines, gram, median_without, quantize, std_without
+from sleuthd.judgment.options import ResolvedOptions
+from sleuthd.ops.observe import NullObserver
 
 from .reference_judge import ref_judge_dialogue, ref_turn_features
 from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech

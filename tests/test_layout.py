@@ -20,15 +20,15 @@ TOOLS = REPO / "tools" / "sleuthd_bench"
 PUBLIC = {
     "sleuthd",
     "sleuthd.api",
-    "sleuthd.audio",
-    "sleuthd.calibration",
+    "sleuthd.audio.decode",
+    "sleuthd.judgment.calibration",
     "sleuthd.client",
     "sleuthd.config",
     "sleuthd.domain",
-    "sleuthd.drift",
+    "sleuthd.judgment.drift",
     "sleuthd.errors",
-    "sleuthd.manifest",
-    "sleuthd.scoring",
+    "sleuthd.encoders.manifest",
+    "sleuthd.judgment.scoring",
     "sleuthd.v1",
 }
 
@@ -52,7 +52,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_client_loads_neither_the_engine_nor_onnxruntime_nor_audio_libraries() -> None:
     loaded = _modules_after("import sleuthd.client")
-    assert not {"onnxruntime", "soxr", "soundfile", "numpy", "sleuthd.engine", "sleuthd.audio"} & loaded
+    assert not {"onnxruntime", "soxr", "soundfile", "numpy", "sleuthd.engine.facade", "sleuthd.audio.decode"} & loaded
     assert "grpc" in loaded
 
 
@@ -63,7 +63,7 @@ def test_domain_types_import_only_the_standard_library() -> None:
 
 
 def test_the_engine_never_imports_grpc() -> None:
-    loaded = _modules_after("import sleuthd.engine, sleuthd.stream, sleuthd.api")
+    loaded = _modules_after("import sleuthd.engine.facade, sleuthd.engine.stream, sleuthd.api")
     assert not {m for m in loaded if m == "grpc" or m.startswith("grpc.")}
 
 

@@ -19,10 +19,10 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sleuthd import logs
 from sleuthd.config import EngineConfig
-from sleuthd.engine import Engine
-from sleuthd.servicer import _STATUS_OF
+from sleuthd.engine.facade import Engine
+from sleuthd.ops import logs
+from sleuthd.rpc.servicer import _STATUS_OF
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

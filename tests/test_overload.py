@@ -17,14 +17,14 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from sleuthd.batcher import BatcherConfig, MicroBatcher
-from sleuthd.clips import ClipEmbedding
 from sleuthd.domain import AudioInput
-from sleuthd.embedder import ClipEmbedder, _retrieving
-from sleuthd.engine import Engine
+from sleuthd.encoders.batcher import BatcherConfig, MicroBatcher
+from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.encoders.embedder import ClipEmbedder, _retrieving
+from sleuthd.encoders.single_flight import SingleFlight
+from sleuthd.engine.facade import Engine
 from sleuthd.errors import Overloaded
-from sleuthd.observe import NullObserver
-from sleuthd.single_flight import SingleFlight
+from sleuthd.ops.observe import NullObserver
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from loadtest import overload

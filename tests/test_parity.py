@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 from resemblyzer import preprocess_wav
-from sleuthd.encoder import OnnxEncoder
+from sleuthd.encoders.manifest import load_encoder_manifest
+from sleuthd.encoders.runner import OnnxEncoder
 from sleuthd.export.models import fsdd_parity_turns, parity_cosines
-from sleuthd.manifest import load_encoder_manifest
 
 from .support import FSDD_SUBSET, Speech
 
@@ -33,7 +33,7 @@ def test_manifest_records_parity_and_hash(models_dir: Path) -> None:
 
 
 def test_gpu_fixed_batch_padding_returns_the_unpadded_rows(models_dir: Path) -> None:
-    """On a GPU every call is padded to one batch size (sleuthd.encoder.OnnxEncoder): the caller still gets
+    """On a GPU every call is padded to one batch size (sleuthd.encoders.runner.OnnxEncoder): the caller still gets
     exactly its own rows, equal to an unpadded call's. The padding is exercised here on the CPU provider."""
     manifest = load_encoder_manifest(models_dir / "campplus")
     plain = OnnxEncoder(manifest, device="cpu")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sleuthd.scoring import (
+from sleuthd.judgment.scoring import (
     Method,
     candidate_scores,
     centroid_cosine_distance,

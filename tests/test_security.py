@@ -16,10 +16,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
-from sleuthd import credentials
-from sleuthd.auth import TokenSet, warn_if_exposed
+from sleuthd.client import credentials
 from sleuthd.config import ConfigError, ServerConfig
-from sleuthd.engine import Engine
+from sleuthd.engine.facade import Engine
+from sleuthd.rpc.auth import TokenSet, warn_if_exposed
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -188,7 +188,7 @@ async def test_unusable_security_files_are_refused_at_start(engine: Engine, pki:
 
 
 def test_an_exposed_interface_without_tls_or_token_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="sleuthd.auth"):
+    with caplog.at_level(logging.WARNING, logger="sleuthd.rpc.auth"):
         warn_if_exposed(ServerConfig(host="127.0.0.1"))
         assert not caplog.records
         warn_if_exposed(ServerConfig(host="0.0.0.0"))

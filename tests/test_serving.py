@@ -10,12 +10,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 import soundfile as sf
-from sleuthd.batcher import MicroBatcher
 from sleuthd.config import EngineConfig
 from sleuthd.domain import AudioInput
-from sleuthd.encoder import PerClipEncoder
-from sleuthd.engine import Engine
-from sleuthd.server import RunningServer
+from sleuthd.encoders.batcher import MicroBatcher
+from sleuthd.encoders.runner import PerClipEncoder
+from sleuthd.engine.facade import Engine
+from sleuthd.rpc.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

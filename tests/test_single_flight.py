@@ -1,4 +1,4 @@
-"""Single flight: concurrent requests for the same clip share one computation (sleuthd.single_flight),
+"""Single flight: concurrent requests for the same clip share one computation (sleuthd.encoders.single_flight),
 first on plain coroutines, then in the real engine and server."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import asyncio
 
 import grpc
 import pytest
-from sleuthd.batcher import MicroBatcher
-from sleuthd.convert import audio_from_pb
-from sleuthd.engine import Engine
-from sleuthd.single_flight import SingleFlight
+from sleuthd.encoders.batcher import MicroBatcher
+from sleuthd.encoders.single_flight import SingleFlight
+from sleuthd.engine.facade import Engine
+from sleuthd.rpc.convert import audio_from_pb
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

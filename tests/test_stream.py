@@ -13,9 +13,9 @@ import pytest
 import pytest_asyncio
 import soundfile as sf
 from sleuthd.config import ServerConfig
-from sleuthd.engine import Engine
-from sleuthd.metrics import ServiceMetrics
-from sleuthd.server import RunningServer, create_server
+from sleuthd.engine.facade import Engine
+from sleuthd.ops.metrics import ServiceMetrics
+from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

@@ -12,12 +12,12 @@ from dataclasses import replace
 import grpc
 import pytest
 import pytest_asyncio
-from sleuthd import servicer
 from sleuthd.config import AdmissionConfig, ServerConfig
-from sleuthd.engine import Engine
+from sleuthd.engine.facade import Engine
 from sleuthd.errors import LimitExceeded
-from sleuthd.metrics import ServiceMetrics
-from sleuthd.server import RunningServer, create_server
+from sleuthd.ops.metrics import ServiceMetrics
+from sleuthd.rpc import servicer
+from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sleuthd import check_batch, convert, domain, tables
+from sleuthd import domain
+from sleuthd.cli import check as check_batch
+from sleuthd.cli import text as tables
 from sleuthd.client import Verdict
-from sleuthd.lalm_dialogue import speaker_result
+from sleuthd.judgment.lalm_dialogue import speaker_result
+from sleuthd.rpc import convert
 
 _FLAGGED = domain.TurnResult("t2", "Maya", domain.TurnStatus.INCONSISTENT, 3.0, 2.5, score=0.9)
 _UNSURE = domain.TurnResult(

@@ -20,11 +20,11 @@ import pytest
 import pytest_asyncio
 from sleuthd.client import AsyncSleuthClient, SleuthClient, Verdict
 from sleuthd.config import RegistryConfig, ServerConfig
-from sleuthd.engine import Engine
-from sleuthd.loading import open_registry
-from sleuthd.metrics import ServiceMetrics
+from sleuthd.engine.facade import Engine
+from sleuthd.engine.loading import open_registry
+from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.registry import Embedding, open_store
-from sleuthd.server import RunningServer, create_server
+from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -52,7 +52,7 @@ class VoiceServer:
 
 async def start_voice_server(shared: Engine, location: str, **registry: object) -> VoiceServer:
     """A server with a registry at ``location``, on the session's loaded models (as `serve --registry` builds
-    it: the store opened by sleuthd.loading, handed to the engine)."""
+    it: the store opened by sleuthd.engine.loading, handed to the engine)."""
     store = open_registry(RegistryConfig(registry=location, **registry))  # type: ignore[arg-type]
     metrics = ServiceMetrics()
     engine = Engine(shared.models, shared.config, metrics, store)

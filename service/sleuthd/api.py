@@ -23,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from sleuthd.clips import ClipEmbedding, prepare_waveform
+from sleuthd.audio.windows import WindowSpec
 from sleuthd.config import EngineConfig, default_models_dir
 from sleuthd.domain import AudioInput
-from sleuthd.embedder import ClipEmbedder, embed_prepared
-from sleuthd.features import WindowSpec
-from sleuthd.loading import LoadedModels, load_models
-from sleuthd.manifest import EncoderManifest
-from sleuthd.observe import NullObserver
+from sleuthd.encoders.clips import ClipEmbedding, prepare_waveform
+from sleuthd.encoders.embedder import ClipEmbedder, embed_prepared
+from sleuthd.encoders.manifest import EncoderManifest
+from sleuthd.engine.loading import LoadedModels, load_models
+from sleuthd.ops.observe import NullObserver
 
 __all__ = ["ClipEmbedding", "SpeakerEncoder", "WindowSpec", "model_rate"]
 
@@ -43,9 +43,9 @@ def model_rate(
     device: str = "cpu",
 ) -> dict[int, float]:
     """Windows per second of one encoder's ONNX model alone at each batch size: no decoding, VAD, queueing
-    or gRPC, the ceiling a serving measurement is compared with (sleuthd.encoder.windows_per_second)."""
-    from sleuthd.encoder import OnnxEncoder, windows_per_second
-    from sleuthd.manifest import load_encoder_manifest
+    or gRPC, the ceiling a serving measurement is compared with (sleuthd.encoders.runner.windows_per_second)."""
+    from sleuthd.encoders.manifest import load_encoder_manifest
+    from sleuthd.encoders.runner import OnnxEncoder, windows_per_second
 
     runner = OnnxEncoder(
         load_encoder_manifest((models_dir or default_models_dir()) / encoder), device=device, gpu_batch=0

@@ -14,8 +14,8 @@ class Method(Enum):
     PAIRWISE = "pairwise"
     CENTROID = "centroid"
     REFERENCE = "reference"
-    AUTO = "auto"  # calibrated probability, see sleuthd.calibration
-    LALM = "lalm"  # the LALM judge's probability, see sleuthd.lalm_judging
+    AUTO = "auto"  # calibrated probability, see sleuthd.judgment.calibration
+    LALM = "lalm"  # the LALM judge's probability, see sleuthd.engine.lalm_judging
 
 
 class PcmEncoding(Enum):

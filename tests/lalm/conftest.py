@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sleuthd.audio import decode_encoded, to_model_rate
+from sleuthd.audio.decode import decode_encoded, to_model_rate
 
 from tests.lalm.lalm_support import ARCHS
 from tests.support import VOICE_A, VOICE_B, VOICE_F, Speech

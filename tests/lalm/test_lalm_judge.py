@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import pytest_asyncio
-from sleuthd import cli
+from sleuthd.cli import main as cli
 from sleuthd.config import ConfigError, add_cli_args, from_cli_args
 from sleuthd.errors import InvalidRequest
 from sleuthd.lalm import __main__ as lalm_cli

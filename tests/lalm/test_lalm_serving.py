@@ -25,15 +25,15 @@ import grpc
 import numpy as np
 import pytest
 import pytest_asyncio
-from sleuthd import cli
-from sleuthd.clips import decode
+from sleuthd.cli import main as cli
 from sleuthd.config import ConfigError, JudgeConfig, ServerConfig
 from sleuthd.domain import AudioInput
-from sleuthd.engine import Engine
+from sleuthd.encoders.clips import decode
+from sleuthd.engine.facade import Engine
 from sleuthd.lalm.calibration import weights_sha256
 from sleuthd.lalm.judge import NO_JUDGE, LalmJudge
-from sleuthd.metrics import ServiceMetrics
-from sleuthd.server import RunningServer, create_server
+from sleuthd.ops.metrics import ServiceMetrics
+from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 from sleuthd_bench.replay import ReplayConfig, ReplayError, replay
@@ -437,7 +437,7 @@ def test_the_serving_path_imports_no_torch_transformers_or_httpx() -> None:
     """A server installed without the judge extra still starts: the judge's libraries load only for a judge."""
     code = (
         "import sys\n"
-        "import sleuthd.server, sleuthd.engine, sleuthd.lalm_judging, sleuthd.cli\n"
+        "import sleuthd.rpc.server, sleuthd.engine.facade, sleuthd.engine.lalm_judging, sleuthd.cli.main\n"
         "print(sorted(m for m in ('torch', 'transformers', 'httpx') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

@@ -4,7 +4,7 @@ Training instances are dialogues drawn from the corpus the way the SpeakerSleuth
 them: a target speaker's turns (2 to 10), in a third of them one turn replaced by an opposite-gender
 speaker (S2), in a third by one of the most similar same-gender speakers (S3), with a reference clip
 from outside the turns half of the time. Every turn becomes a row (features from
-sleuthd.calibration, label = replaced or not); one model is fitted per variant (what the request
+sleuthd.judgment.calibration, label = replaced or not); one model is fitted per variant (what the request
 offers: context size, reference). The decision threshold on the probability is
 a fixed 0.5 (the Bayes decision for a calibrated probability); the threshold that tuning on the fit
 corpus would pick is recorded beside it. Nothing here looks at the evaluation splits.
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from sleuthd.api import SpeakerEncoder
-from sleuthd.calibration import FEATURES, VARIANTS, LogisticModel, turn_features
+from sleuthd.judgment.calibration import FEATURES, VARIANTS, LogisticModel, turn_features
 
 from sleuthd_bench.corpus import CorpusClip
 from sleuthd_bench.metrics import SCENARIOS, DetectionRecord, Scenario, detection_metrics, localization_metrics

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sleuthd.calibration import BASE_VARIANTS
+from sleuthd.judgment.calibration import BASE_VARIANTS
 
 from sleuthd_bench.calibrate import (
     DECISION_THRESHOLD,

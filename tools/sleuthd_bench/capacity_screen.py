@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sleuthd.api import SpeakerEncoder
-from sleuthd.calibration import BASE_VARIANTS, FEATURES
+from sleuthd.judgment.calibration import BASE_VARIANTS, FEATURES
 
 from sleuthd_bench import calibrate as cal
 from sleuthd_bench.calibrate_cv import TEST_JITTERS, fold_mean, held_out_folds

@@ -62,8 +62,8 @@ def cmd_bench_cut(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_make(args: argparse.Namespace) -> int:
-    from sleuthd.audio import AudioError
-    from sleuthd.manifest import ManifestError as ModelManifestError
+    from sleuthd.audio.decode import AudioError
+    from sleuthd.encoders.manifest import ManifestError as ModelManifestError
 
     from sleuthd_bench.corpus import CorpusError
     from sleuthd_bench.make import MakeError, MakeOptions, make_manifest
@@ -95,7 +95,7 @@ def cmd_bench_make(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_synth(args: argparse.Namespace) -> int:
-    from sleuthd.manifest import ManifestError as ModelManifestError
+    from sleuthd.encoders.manifest import ManifestError as ModelManifestError
 
     from sleuthd_bench.corpus import CorpusError
     from sleuthd_bench.devsets import PRESETS, DevSetError, build_devsets
@@ -292,7 +292,7 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
 
 def cmd_bench_drift(args: argparse.Namespace) -> int:
     """``sleuthd-bench drift``: exit 0 on success, 2 on bad input or a missing tool/model."""
-    from sleuthd.manifest import ManifestError
+    from sleuthd.encoders.manifest import ManifestError
 
     from sleuthd_bench import drift_eval, synth
     from sleuthd_bench.driftset import PRESETS, DriftSetError
@@ -493,7 +493,7 @@ def cmd_calibrate_cohort_cv(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate_cohort_eval(args: argparse.Namespace) -> int:
-    from sleuthd.calibration import Calibration, CalibrationError
+    from sleuthd.judgment.calibration import Calibration, CalibrationError
 
     from sleuthd_bench import calibrate, cohort_eval
     from sleuthd_bench.turn_lengths import MIXED_SHORT_SHARE

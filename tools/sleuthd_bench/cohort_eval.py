@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from sleuthd.calibration import LogisticModel
+from sleuthd.judgment.calibration import LogisticModel
 
 from sleuthd_bench.calibrate import DECISION_THRESHOLD, Clip, Instance, dialogue_scores, fit_models, make_instances
 from sleuthd_bench.calibrate_cv import fold_mean, held_out_folds

@@ -1,7 +1,7 @@
 """Speaker-drift dev set, second half: embed the built set, fit the detector and the paper's baseline on
 ``fit``, evaluate both on every split and write the report (``sleuthd-bench drift``).
 
-Evaluation compares :func:`sleuthd.drift.detect_drift` with the paper's baseline: embed each of the
+Evaluation compares :func:`sleuthd.judgment.drift.detect_drift` with the paper's baseline: embed each of the
 three segments (GE2E utterance embedding: the pooled windows at the encoder's own rate) and call
 drift when the smallest cosine between adjacent segments is below a threshold. The baseline is given
 the true segment boundaries (the known 500 ms silences; for smooth drift, voice A's layout), which
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sleuthd.drift import DriftConfig, DriftResult, detect_drift
+from sleuthd.judgment.drift import DriftConfig, DriftResult, detect_drift
 
 from sleuthd_bench.driftset import (
     SAMPLE_RATE,

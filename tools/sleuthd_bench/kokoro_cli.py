@@ -37,9 +37,9 @@ def add_parser(sub: Any, engine_args: Callable[[argparse.ArgumentParser], None])
 def cmd_synth_kokoro(args: argparse.Namespace) -> int:
     """Exit 0 on success, 2 on a missing extra, a bad corpus or a failed synthesis."""
     from sleuthd.api import SpeakerEncoder
-    from sleuthd.audio import AudioError
+    from sleuthd.audio.decode import AudioError
+    from sleuthd.encoders.manifest import ManifestError as ModelManifestError
     from sleuthd.errors import InvalidRequest
-    from sleuthd.manifest import ManifestError as ModelManifestError
 
     from sleuthd_bench.corpus import CorpusError
     from sleuthd_bench.kokoro_devset import PRESETS, build_kokoro_devset

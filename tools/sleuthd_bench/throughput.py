@@ -42,7 +42,7 @@ import numpy as np
 import soundfile as sf
 from sleuthd.api import SpeakerEncoder, model_rate
 from sleuthd.config import default_models_dir
-from sleuthd.manifest import read_card
+from sleuthd.encoders.manifest import read_card
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 

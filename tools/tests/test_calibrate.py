@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sleuthd.calibration import BASE_VARIANTS, COHORT_SUFFIX, FEATURES, VARIANTS
+from sleuthd.judgment.calibration import BASE_VARIANTS, COHORT_SUFFIX, FEATURES, VARIANTS
 from sleuthd_bench import calibrate
 from sleuthd_bench.calibrate import (
     Clip,
@@ -278,7 +278,7 @@ def test_cohort_cross_validation_compares_both_judgments_on_the_same_dialogues()
 def test_a_fit_records_its_short_share_and_loads() -> None:
     from dataclasses import replace
 
-    from sleuthd.calibration import Calibration
+    from sleuthd.judgment.calibration import Calibration
 
     clips = corpus()
     short = [replace(c, speech_seconds=1.5) for c in corpus(spread=0.3)]

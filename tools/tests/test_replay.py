@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from sleuthd.api import SpeakerEncoder
-from sleuthd.server import RunningServer
+from sleuthd.rpc.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd_bench import synth
 from sleuthd_bench.devsets import PRESETS, build_devsets

@@ -47,7 +47,7 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
 
 
 # ---------------------------------------------------------------------------------------------- credentials
-# Built here with grpc's own APIs until sleuthd.credentials (branch `deploy`) lands; these two functions
+# Built here with grpc's own APIs until sleuthd.client.credentials (branch `deploy`) lands; these two functions
 # are the only place that decides how TLS and the token reach the server, so they can be switched over.
 
 

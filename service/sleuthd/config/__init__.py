@@ -49,7 +49,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BatcherConfig:
-    """How encoder windows of concurrent requests are grouped into model calls (sleuthd.batcher)."""
+    """How encoder windows of concurrent requests are grouped into model calls (sleuthd.encoders.batcher)."""
 
     max_batch_windows: int = option(
         64,
@@ -216,7 +216,7 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class ConnectConfig:
-    """How a client reaches a server (`sleuthd health`; sleuthd.credentials builds the channel from it)."""
+    """How a client reaches a server (`sleuthd health`; sleuthd.client.credentials builds the channel from it)."""
 
     target: str = option("127.0.0.1:50051", help="server host:port")
     tls: Literal["off", "on"] = option(

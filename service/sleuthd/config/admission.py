@@ -1,4 +1,5 @@
-"""Admission and abuse bounds (sleuthd.admission, sleuthd.guard, sleuthd.stream): memory and queues stay finite."""
+"""Admission and abuse bounds (sleuthd.engine.admission, the RPC gate, sleuthd.engine.stream): memory
+and queues stay finite."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from sleuthd.config.base import _at_least, option
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    """Bounds that keep the process's memory and queues finite under overload and abuse (sleuthd.admission).
+    """Bounds that keep the process's memory and queues finite under overload and abuse (sleuthd.engine.admission).
 
     Refusals here mean "busy, retry later" (RESOURCE_EXHAUSTED), except the stream timeouts, which end
     one stream that broke a per-stream bound.

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from sleuthd.encoders.manifest import sha256_of
 from sleuthd.export.graph import OPSET, GraphBuilder, trim_and_wrap, trim_and_wrap_reference
-from sleuthd.manifest import sha256_of
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.features import WindowSpec
-from sleuthd.manifest import sha256_of
+from sleuthd.audio.windows import WindowSpec
+from sleuthd.encoders.manifest import sha256_of
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.clips import pool
-from sleuthd.features import WindowSpec, make_windows
-from sleuthd.manifest import MANIFEST, read_card, sha256_of
+from sleuthd.audio.windows import WindowSpec, make_windows
+from sleuthd.encoders.clips import pool
+from sleuthd.encoders.manifest import MANIFEST, read_card, sha256_of
 
 logger = logging.getLogger(__name__)
 

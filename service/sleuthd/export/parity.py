@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.features import WindowSpec, make_windows
+from sleuthd.audio.windows import WindowSpec, make_windows
 
 logger = logging.getLogger(__name__)
 

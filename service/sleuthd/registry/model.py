@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from sleuthd.audio import PcmEncoding, PcmSpec
+from sleuthd.audio.decode import PcmEncoding, PcmSpec
 from sleuthd.config import RegistryConfig
 from sleuthd.errors import InvalidRequest, LimitExceeded
 

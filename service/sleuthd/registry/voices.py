@@ -18,16 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sleuthd.clips import ClipEmbedding, pool
 from sleuthd.config import RegistryConfig
 from sleuthd.domain import AudioInput
-from sleuthd.embedder import ClipEmbedder
-from sleuthd.encoder import WindowEncoder
+from sleuthd.encoders.clips import ClipEmbedding, pool
+from sleuthd.encoders.embedder import ClipEmbedder
+from sleuthd.encoders.fusion import FusedEncoder
+from sleuthd.encoders.runner import WindowEncoder
+from sleuthd.encoders.single_flight import SingleFlight
 from sleuthd.errors import DeadlineExceeded, Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
-from sleuthd.fusion import FusedEncoder
 from sleuthd.registry.model import ClipInput, Embedding, Voice, VoicePage, check_metadata, check_voice_id
 from sleuthd.registry.store import AsyncVoiceStore
-from sleuthd.single_flight import SingleFlight
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The command line: `sleuthd serve|check|rank|health|models` (the outermost layer; a client or the server)."""

@@ -1,0 +1,154 @@
+"""From client audio to encoder windows: decode, downmix, resample, loudness, silence trimming, windows.
+
+This is the CPU-bound half of scoring a clip; the engine runs it on worker threads. A clip whose
+speech is shorter than the encoder's minimum comes back unusable with the reason, never with
+made-up windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sleuthd.audio.decode import (
+    AudioError,
+    Waveform,
+    check_request_budget,
+    decode_encoded,
+    decode_pcm,
+    normalize_loudness,
+    probe,
+    to_model_rate,
+)
+from sleuthd.audio.vad import Vad
+from sleuthd.audio.windows import WindowSpec, make_windows
+from sleuthd.config import SAMPLE_RATE
+from sleuthd.domain import AudioInput
+from sleuthd.encoders.manifest import EncoderManifest
+
+
+@dataclass(frozen=True)
+class PreparedClip:
+    """A clip ready for the encoder, or the reason it cannot be scored."""
+
+    audio_seconds: float  # after decoding, before trimming
+    speech_seconds: float  # detected speech (VAD), without padding
+    windows: np.ndarray | None  # (n_windows, window_samples) float32; None when not usable
+    window_times: np.ndarray | None  # (n_windows, 2) start/end seconds in the ORIGINAL clip's time
+    detail: str = ""  # why the clip is not usable
+
+    @property
+    def usable(self) -> bool:
+        return self.windows is not None
+
+
+def decode(audio: AudioInput, max_seconds: float) -> Waveform:
+    """Decode and resample to 16 kHz mono."""
+    wave = decode_pcm(audio.data, audio.pcm, max_seconds) if audio.pcm else decode_encoded(audio.data, max_seconds)
+    return to_model_rate(wave)
+
+
+def check_request_audio(audios: Sequence[tuple[AudioInput, str]], max_clip_seconds: float, max_samples: int) -> None:
+    """Refuse, from the clips' headers alone (nothing is decoded), a request whose clips would decode to
+    more than ``max_samples`` samples in all, or a clip that breaks the per-clip bounds: a small compressed
+    file can decode to hundreds of MiB. Raises AudioError naming the clip, or LimitExceeded."""
+    probes = []
+    for audio, label in audios:
+        try:
+            probes.append((label, probe(audio.data, audio.pcm, max_clip_seconds)))
+        except AudioError as exc:
+            raise AudioError(f"{label}: {exc}") from exc
+    check_request_budget(probes, max_samples)
+
+
+def prepare_placements(
+    audio: AudioInput,
+    manifest: EncoderManifest,
+    vad: Vad,
+    max_seconds: float,
+    windows: Sequence[WindowSpec | None],
+) -> list[PreparedClip]:
+    """Decode, normalise, trim silence and cut windows under each placement (None: the manifest's), at
+    the cost of one decode and one VAD pass: a turn checked for drift needs the judging windows and the
+    denser drift ones, and decoding plus Silero VAD is about a third of what encoding the judging windows
+    costs. Raises AudioError for unusable bytes."""
+    wave = decode(audio, max_seconds)
+    return prepare_waveform_placements(wave.samples, manifest, vad, windows)
+
+
+def prepare_waveform(
+    samples: np.ndarray, manifest: EncoderManifest, vad: Vad, window: WindowSpec | None = None
+) -> PreparedClip:
+    """:func:`prepare_placements` with one placement, for a 16 kHz mono float32 waveform in memory."""
+    return prepare_waveform_placements(samples, manifest, vad, (window,))[0]
+
+
+def prepare_waveform_placements(
+    samples: np.ndarray, manifest: EncoderManifest, vad: Vad, windows: Sequence[WindowSpec | None]
+) -> list[PreparedClip]:
+    """The same as :func:`prepare_placements` for a 16 kHz mono float32 waveform already in memory."""
+    audio_seconds = len(samples) / SAMPLE_RATE
+    samples = normalize_loudness(samples, manifest.loudness_target_dbfs)
+    mask = vad.speech_mask(samples)
+    if mask.speech_seconds < manifest.min_speech_seconds:
+        unusable = PreparedClip(
+            audio_seconds=audio_seconds,
+            speech_seconds=mask.speech_seconds,
+            windows=None,
+            window_times=None,
+            detail=(
+                f"{mask.speech_seconds:.2f} s of speech after silence trimming; the {manifest.name} encoder "
+                f"needs at least {manifest.min_speech_seconds:.2f} s to give a meaningful embedding"
+            ),
+        )
+        return [unusable for _ in windows]
+    kept_index = np.flatnonzero(mask.keep)
+    speech = samples[kept_index]
+    out = []
+    for window in windows:
+        spec = window or manifest.window
+        cut, starts = make_windows(speech, spec)
+        # Map each window's span in the trimmed clip back to the original clip's clock.
+        first = starts * spec.hop_samples
+        last = np.minimum(first + spec.span_samples, len(kept_index)) - 1
+        times = np.stack([kept_index[first], kept_index[np.maximum(last, first)] + 1], axis=1) / SAMPLE_RATE
+        out.append(
+            PreparedClip(
+                audio_seconds=audio_seconds,
+                speech_seconds=mask.speech_seconds,
+                windows=cut,
+                window_times=times,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class ClipEmbedding:
+    """A clip's embedding (unit vector) with its windows, or the reason it has none."""
+
+    audio_seconds: float
+    speech_seconds: float
+    embedding: np.ndarray | None  # (D,) float32, unit length; None when the clip is not usable
+    window_embeddings: np.ndarray | None  # (n_windows, D)
+    window_times: np.ndarray | None  # (n_windows, 2) seconds in the original clip
+    detail: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.embedding is not None
+
+
+def embedded_clip(clip: PreparedClip, window_embeddings: np.ndarray) -> ClipEmbedding:
+    """A usable clip's embedding from its windows' embeddings (unit rows)."""
+    return ClipEmbedding(
+        clip.audio_seconds, clip.speech_seconds, pool(window_embeddings), window_embeddings, clip.window_times
+    )
+
+
+def pool(window_embeddings: np.ndarray) -> np.ndarray:
+    """Clip embedding: the L2-normalised mean of its window embeddings (GE2E's utterance embedding)."""
+    mean = window_embeddings.mean(axis=0)
+    return np.asarray(mean / max(float(np.linalg.norm(mean)), 1e-12), dtype=np.float32)

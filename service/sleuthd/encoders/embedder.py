@@ -1,0 +1,189 @@
+"""Clip embeddings for the engine: cache key -> cache -> single flight -> prepare -> encode.
+
+A clip is looked up by the hash of its bytes and the encoder's weights; a miss is prepared once on a
+worker thread (decode, resample, loudness, VAD, windows: sleuthd.encoders.clips) and its windows go through the
+encoder (the micro-batcher merges the windows of all concurrent requests into few model calls).
+Concurrent requests for the same clip share one computation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable, Sequence
+from concurrent.futures import Executor
+from typing import TypeVar
+
+from sleuthd.audio.decode import DEFAULT_REQUEST_SAMPLES, AudioError
+from sleuthd.audio.vad import Vad
+from sleuthd.audio.windows import WindowSpec
+from sleuthd.domain import AudioInput
+from sleuthd.encoders.cache import LruCache, audio_key
+from sleuthd.encoders.clips import ClipEmbedding, PreparedClip, check_request_audio, embedded_clip, prepare_placements
+from sleuthd.encoders.fusion import FusedEncoder
+from sleuthd.encoders.runner import WindowEncoder
+from sleuthd.encoders.single_flight import SingleFlight
+from sleuthd.errors import DeadlineExceeded
+from sleuthd.ops.observe import EngineObserver
+
+# A clip under each window placement asked for; None is the encoder manifest's own placement.
+Placements = Sequence[WindowSpec | None]
+T = TypeVar("T")
+
+
+class ClipEmbedder:
+    def __init__(
+        self,
+        vad: Vad,
+        prep_pool: Executor,
+        observer: EngineObserver,
+        max_clip_seconds: float,
+        cache_entries: int,
+        max_request_samples: int = DEFAULT_REQUEST_SAMPLES,
+    ) -> None:
+        self.vad = vad
+        self.observer = observer
+        self.max_clip_seconds = max_clip_seconds
+        self.max_request_samples = max_request_samples
+        self.cache: LruCache[ClipEmbedding] = LruCache(cache_entries)
+        self._prep_pool = prep_pool
+        # Cache misses in flight, by cache key(s): concurrent requests for the same clip share one computation.
+        self._in_flight: SingleFlight[str, list[ClipEmbedding]] = SingleFlight()
+
+    async def embed(
+        self,
+        encoder: WindowEncoder,
+        audios: Sequence[tuple[AudioInput, str]],
+        deadline: float | None = None,
+        placements: Placements = (None,),
+    ) -> list[list[ClipEmbedding]]:
+        """Every clip (each with a label for error messages) under every placement, concurrently; results
+        in input order, one list of placements per clip.
+
+        Raises AudioError naming the label of a clip whose bytes cannot be decoded, DeadlineExceeded when
+        ``deadline`` (event-loop clock) passes first. One failure withdraws the other clips' queued work.
+        """
+        if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+            raise DeadlineExceeded("the deadline passed before the request could be started")
+        await self.admit(audios)
+        # One clip failed (or the RPC was cancelled): the others' queued work is withdrawn too.
+        found = await gather_or_cancel(self._one(encoder, a, label, deadline, placements) for a, label in audios)
+        for (clip, cached), *_ in found:
+            self.observer.clip_embedded(clip.audio_seconds, cached=cached)
+        return [[clip for clip, _ in clips] for clips in found]
+
+    async def admit(self, audios: Sequence[tuple[AudioInput, str]]) -> None:
+        """Refuse before any decoding a batch of clips that would decode to more than the per-request bound
+        (headers only; on a worker thread: an MP3 header costs about 5 ms)."""
+        if audios:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(
+                self._prep_pool, check_request_audio, audios, self.max_clip_seconds, self.max_request_samples
+            )
+
+    async def embed_audio(
+        self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], deadline: float | None = None
+    ) -> list[ClipEmbedding]:
+        """:meth:`embed` under the manifest's placement only: one embedding per clip."""
+        return [clips[0] for clips in await self.embed(encoder, audios, deadline)]
+
+    async def _one(
+        self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
+    ) -> list[tuple[ClipEmbedding, bool]]:
+        """A clip's embedding under each placement, each with whether it was already there (cached, or
+        being computed for a concurrent request). The placement is part of the cache key; the placements
+        not cached are prepared together, from one decode and VAD pass."""
+        if isinstance(encoder, FusedEncoder):
+            return await self._fused(encoder, audio, label, deadline, placements)
+        # Hashing costs ~1 ms per MB; skip it when the cache is off.
+        base = audio_key(encoder.manifest.sha256, audio) if self.cache.max_entries > 0 else ""
+        keys = [base + (f":{w}" if w else "") if base else "" for w in placements]
+        found: list[ClipEmbedding | None] = [self.cache.get(k) if k else None for k in keys]
+        missing = [i for i, clip in enumerate(found) if clip is None]
+        joined = False
+        if missing:
+            todo = [placements[i] for i in missing]
+            todo_keys = [keys[i] for i in missing]
+            try:
+                if base:  # a concurrent request for the same clip and placements shares the work
+                    loop = asyncio.get_running_loop()
+                    timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
+
+                    def start() -> asyncio.Task[list[ClipEmbedding]]:
+                        return _retrieving(asyncio.ensure_future(self._compute(encoder, audio, todo, None, todo_keys)))
+
+                    computed, joined = await self._in_flight.run("|".join(todo_keys), start, timeout)
+                else:
+                    computed = await self._compute(encoder, audio, todo, deadline, todo_keys)
+            except AudioError as exc:
+                raise AudioError(f"{label}: {exc}") from exc
+            except TimeoutError as exc:
+                if isinstance(exc, DeadlineExceeded):
+                    raise
+                raise DeadlineExceeded(f"{label}: the deadline passed before its embedding was ready") from exc
+            for i, result in zip(missing, computed, strict=True):
+                found[i] = result
+        return [(clip, joined or i not in missing) for i, clip in enumerate(found) if clip is not None]
+
+    async def _fused(
+        self, encoder: FusedEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
+    ) -> list[tuple[ClipEmbedding, bool]]:
+        """The clip through every component encoder (each with its own windows, cache and batcher), joined.
+        Other placements (drift windows) are the first component's: drift is found in one encoder's windows."""
+        first, *rest = encoder.components
+        parts = await gather_or_cancel(
+            [self._one(first, audio, label, deadline, placements)]
+            + [self._one(c, audio, label, deadline, (None,)) for c in rest]
+        )
+        # The engine always asks for the manifest's placement (None) first; drift windows come beside it.
+        at_manifest = [parts[0][placements.index(None)]] + [found[0] for found in parts[1:]]
+        joined = (encoder.combine([clip for clip, _ in at_manifest]), all(cached for _, cached in at_manifest))
+        return [joined if p is None else parts[0][i] for i, p in enumerate(placements)]
+
+    async def _compute(
+        self,
+        encoder: WindowEncoder,
+        audio: AudioInput,
+        placements: Placements,
+        deadline: float | None,
+        keys: Sequence[str],
+    ) -> list[ClipEmbedding]:
+        """Decode, trim and cut the clip once for all ``placements``, embed each and cache it under its
+        key ("" when the cache is off). Raises AudioError without a label."""
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(
+            self._prep_pool, prepare_placements, audio, encoder.manifest, self.vad, self.max_clip_seconds, placements
+        )
+        embedded = await gather_or_cancel(embed_prepared(encoder, clip, deadline) for clip in prepared)
+        for key, result in zip(keys, embedded, strict=True):
+            if key:
+                self.cache.put(key, result)
+        return list(embedded)
+
+
+async def gather_or_cancel(work: Iterable[Awaitable[T]]) -> list[T]:
+    """Run ``work`` concurrently, results in order. The first failure (or the caller's cancellation)
+    cancels the rest, which are awaited, so none keeps decoding or holding batcher rows for a request
+    that has already failed, and none is left with an exception nobody retrieved."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _retrieving(task: asyncio.Task[T]) -> asyncio.Task[T]:
+    """``task``, with its exception marked as retrieved when it ends. A shared (single-flight) computation
+    can fail after every caller has stopped waiting for it, e.g. refused by a full queue just as the last
+    caller's deadline passed; asyncio would then log "Task exception was never retrieved"."""
+    task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+    return task
+
+
+async def embed_prepared(encoder: WindowEncoder, clip: PreparedClip, deadline: float | None = None) -> ClipEmbedding:
+    """A prepared clip through the encoder; an unusable one keeps its reason and gets no embedding."""
+    if clip.windows is None:
+        return ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail)
+    return embedded_clip(clip, await encoder.encode(clip.windows, deadline=deadline))

@@ -1,0 +1,128 @@
+"""Running an exported speaker encoder with ONNX Runtime.
+
+:class:`OnnxEncoder` is synchronous and thread-safe (ONNX Runtime sessions may be run from several
+threads). :class:`WindowEncoder` is what the engine awaits; :class:`ThreadedEncoder` runs each call
+on a worker thread so the event loop never blocks on a model call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import Executor
+from typing import Protocol
+
+import numpy as np
+import onnxruntime as ort
+
+from sleuthd.encoders.manifest import EncoderManifest
+from sleuthd.errors import DeadlineExceeded, EngineFailure
+
+logger = logging.getLogger(__name__)
+
+
+def choose_providers(device: str) -> list[str]:
+    """ONNX Runtime providers for ``device``: "cpu", "cuda" or "auto" (CUDA when available)."""
+    available = ort.get_available_providers()
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if device == "cuda":
+        raise EngineFailure(
+            "device 'cuda' was asked for but this onnxruntime has no CUDA provider "
+            f"(available: {', '.join(available)}); install the gpu extra (onnxruntime-gpu)"
+        )
+    return ["CPUExecutionProvider"]
+
+
+class OnnxEncoder:
+    """One ONNX Runtime session for an encoder manifest."""
+
+    def __init__(
+        self, manifest: EncoderManifest, device: str = "auto", intra_op_threads: int = 0, gpu_batch: int = 64
+    ) -> None:
+        """``gpu_batch``: on the CUDA provider, every call of fewer windows is padded to this many.
+
+        Why: ONNX Runtime's CUDA convolutions redo their algorithm search whenever the input shape differs
+        from the previous call's, cached or not. Measured on an H200 (docs/research/gpu/README.md): each
+        change of batch size cost CAM++ about 2.2 s, so through the micro-batcher, whose batches vary from 1
+        to max_batch_windows, it served 2.3 windows/s to one client and 29 to 32 clients, against 126 and
+        2,600 at a fixed batch. One shape per session removes the search; padding a 64-row call costs CAM++
+        about 19 ms on that GPU. The server passes its max_batch_windows."""
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = intra_op_threads or (os.cpu_count() or 1)
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Idle intra-op threads would otherwise spin for more work, burning the CPU that decoding and
+        # VAD on the other threads need between model calls.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.manifest = manifest
+        self._session = ort.InferenceSession(str(manifest.path), so, providers=choose_providers(device))
+        self.provider = self._session.get_providers()[0]
+        self.fixed_batch = gpu_batch if self.provider == "CUDAExecutionProvider" else 0
+        logger.info("encoder %s runs on %s", manifest.name, self.provider)
+
+    def embed(self, windows: np.ndarray) -> np.ndarray:
+        """(batch, window_samples) float32 -> (batch, embedding_size) float32 unit vectors."""
+        if windows.ndim != 2 or windows.shape[1] != self.manifest.window.window_samples:
+            raise ValueError(f"expected (batch, {self.manifest.window.window_samples}) windows, got {windows.shape}")
+        if len(windows) == 0:
+            return np.zeros((0, self.manifest.embedding_size), np.float32)
+        n = len(windows)
+        if n < self.fixed_batch:
+            # Repeats of the last window, not zeros: the padding rows are computed and dropped.
+            windows = np.concatenate([windows, np.repeat(windows[-1:], self.fixed_batch - n, axis=0)])
+        try:
+            (out,) = self._session.run([self.manifest.output_name], {self.manifest.input_name: windows})
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise EngineFailure(f"encoder {self.manifest.name} failed: {exc}") from exc
+        result: np.ndarray = out[:n]
+        return result
+
+    def warm_up(self) -> None:
+        """One model call, at the fixed batch on a GPU: its kernels are chosen here, not in a request."""
+        self.embed(np.zeros((max(self.fixed_batch, 2), self.manifest.window.window_samples), np.float32))
+
+
+def windows_per_second(runner: OnnxEncoder, batch: int, seconds: float, rng: np.random.Generator) -> float:
+    """The model alone at one batch size (for benchmarks): windows of noise at speech level (its cost does
+    not depend on the content), two warm-up calls, then as many calls as fit in ``seconds``."""
+    windows = (0.1 * rng.standard_normal((batch, runner.manifest.window.window_samples))).astype(np.float32)
+    runner.embed(windows)
+    runner.embed(windows)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        runner.embed(windows)
+        done += batch
+    return done / (time.perf_counter() - start)
+
+
+class WindowEncoder(Protocol):
+    """What the engine needs from an encoder: embeddings for a stack of windows, awaited."""
+
+    manifest: EncoderManifest
+    provider: str  # ONNX Runtime execution provider in use
+
+    async def encode(self, windows: np.ndarray, deadline: float | None = None) -> np.ndarray:
+        """Embeddings for (n, window_samples) windows; ``deadline`` is on the event loop's clock."""
+        ...
+
+
+class PerClipEncoder:
+    """Each clip's windows in one model call of its own, on a worker thread; nothing is shared across
+    clips or requests (``--batching off``: the micro-batcher's baseline, and lowest latency when idle)."""
+
+    def __init__(self, encoder: OnnxEncoder, executor: Executor) -> None:
+        self.encoder = encoder
+        self.manifest = encoder.manifest
+        self.provider = encoder.provider
+        self._executor = executor
+
+    async def encode(self, windows: np.ndarray, deadline: float | None = None) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        if deadline is not None and loop.time() >= deadline:
+            raise DeadlineExceeded("the deadline passed before the model call")
+        return await loop.run_in_executor(self._executor, self.encoder.embed, windows)

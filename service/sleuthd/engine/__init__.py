@@ -1,0 +1,1 @@
+"""The engine: the façade the servicer calls, stream sessions, model loading and admission. Never imports grpc."""

@@ -1,0 +1,172 @@
+"""Loading what the engine serves: encoder runners behind the micro-batcher, the VAD, the worker pools,
+and the voice registry's store.
+
+The composition root shared by the server's engine and the public in-process API (sleuthd.api), so both
+embed through exactly the same objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sleuthd.audio.vad import EnergyVad, SileroVad, Vad
+from sleuthd.config import BatcherConfig, EngineConfig, JudgeConfig, RegistryConfig
+from sleuthd.encoders.batcher import MicroBatcher
+from sleuthd.encoders.fusion import FUSED, load_fusion
+from sleuthd.encoders.manifest import ManifestError, find_encoders, load_encoder_manifest, vad_model_path
+from sleuthd.encoders.runner import OnnxEncoder, PerClipEncoder, WindowEncoder
+from sleuthd.engine.admission import BoundedThreadPool
+from sleuthd.ops.observe import BatchObserver
+from sleuthd.registry.store import VoiceStore, open_store
+
+if TYPE_CHECKING:
+    from sleuthd.lalm.batcher import JudgeObserver
+    from sleuthd.lalm.judge import LalmJudge
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModels:
+    """Every encoder found in the models folder (by manifest name), the VAD and the thread pools."""
+
+    encoders: dict[str, WindowEncoder]
+    vad: Vad
+    prep_pool: ThreadPoolExecutor  # decoding, resampling, VAD, windowing (a BoundedThreadPool when loaded here)
+    model_pool: ThreadPoolExecutor  # model calls
+    default_encoder: str  # what a request that names no encoder gets (``--encoder``, ``auto`` resolved)
+
+    async def aclose(self) -> None:
+        for encoder in self.encoders.values():
+            if isinstance(encoder, MicroBatcher):
+                await encoder.close()
+        for pool in (self.prep_pool, self.model_pool):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> LoadedModels:
+    """Load and warm up every encoder manifest under ``config.models_dir`` and the VAD.
+
+    Raises ManifestError when there is no encoder (the message says how to export one) or a manifest
+    is broken, EngineFailure when the requested device is unavailable.
+    """
+    # Two pools, so model calls never queue behind a backlog of decoding/VAD jobs: with one shared FIFO
+    # pool a batch ready to run would wait for every clip queued before it.
+    cpus = os.cpu_count() or 1
+    # The decode queue is bounded (a job beyond it fails its request with Overloaded at once): clips
+    # waiting there hold their request's audio, and under overload they would wait past every deadline.
+    prep_pool = BoundedThreadPool(
+        config.workers or cpus, config.admission.max_queued_decodes, thread_name_prefix="prep"
+    )
+    batched = config.batching == "on"
+    model_threads = config.batcher.max_concurrent_batches if batched else cpus
+    model_pool = ThreadPoolExecutor(max_workers=model_threads, thread_name_prefix="model")
+    try:
+        vad: Vad = SileroVad(vad_model_path(config.models_dir)) if config.vad == "silero" else EnergyVad()
+        encoders: dict[str, WindowEncoder] = {}
+        for model_dir in find_encoders(config.models_dir):
+            manifest = load_encoder_manifest(model_dir)
+            runner = OnnxEncoder(manifest, device=config.device, gpu_batch=config.batcher.max_batch_windows)
+            runner.warm_up()
+            if batched:
+                batcher_config = encoder_batcher_config(config.batcher, runner)
+                encoders[runner.manifest.name] = MicroBatcher(runner, model_pool, batcher_config, observer)
+            else:
+                encoders[runner.manifest.name] = PerClipEncoder(runner, model_pool)
+            logger.info("encoder %s on %s, batching %s", runner.manifest.name, runner.provider, config.batching)
+        fused = load_fusion(encoders)
+        if fused is not None:
+            encoders[FUSED] = fused
+            logger.info("encoder fused = %s", " + ".join(fused.component_names))
+        if not encoders:
+            raise ManifestError(
+                f"no encoder manifests under {config.models_dir}: run `sleuthd models export ge2e` "
+                "(or point --models-dir / $SLEUTHD_MODELS_DIR at a folder that has them)"
+            )
+        default = pick_default_encoder(encoders) if config.default_encoder == "auto" else config.default_encoder
+        if default not in encoders:
+            raise ManifestError(
+                f"default encoder {config.default_encoder!r} is not in {config.models_dir} "
+                f"(found: {', '.join(sorted(encoders))})"
+            )
+    except BaseException:
+        prep_pool.shutdown(wait=False)
+        model_pool.shutdown(wait=False)
+        raise
+    return LoadedModels(encoders, vad, prep_pool, model_pool, default)
+
+
+def encoder_batcher_config(config: BatcherConfig, runner: OnnxEncoder) -> BatcherConfig:
+    """The micro-batcher's settings for one encoder: on the CPU, a card may cap the batch below
+    ``--max-batch-windows`` where bigger calls are slower per window (CAM++: compute-bound convolutions,
+    measured in its card's ``batching.how``). GPUs keep the configured size."""
+    cap = runner.manifest.raw.get("batching", {}).get("cpu_max_batch_windows")
+    if cap is None or runner.provider != "CPUExecutionProvider" or cap >= config.max_batch_windows:
+        return config
+    return dataclasses.replace(config, max_batch_windows=int(cap))
+
+
+# `--encoder auto` picks the first of these that is loaded: the fusion when GE2E and CAM++ are both there,
+# chosen by the dev benchmark's real-speech split (docs/encoders.md, "Fusion").
+DEFAULT_PREFERENCE = (FUSED, "ge2e")
+
+
+def pick_default_encoder(encoders: Mapping[str, WindowEncoder]) -> str:
+    """The encoder a request that names none gets under ``--encoder auto``."""
+    for name in DEFAULT_PREFERENCE:
+        if name in encoders:
+            return name
+    return sorted(encoders)[0]
+
+
+def open_registry(config: RegistryConfig) -> VoiceStore | None:
+    """The voice store ``--registry`` names (None when it names none), its tables created on first use.
+
+    Raises ConfigError for a location that cannot work (no such folder, not a SQLite file, an unknown
+    scheme, PostgreSQL without the postgres extra) and RegistryUnavailable (an EngineFailure) when the
+    database does not answer: both end ``sleuthd serve`` with one line.
+    """
+    store = open_store(config)
+    if store is not None:
+        logger.info("voice registry: %s, %d voices", store.backend, store.count())
+    return store
+
+
+async def start_judge(config: JudgeConfig, observer: JudgeObserver | None = None) -> LalmJudge | None:
+    """The LALM judge ``config`` names (None when it names none), ready to serve.
+
+    The weights load on a thread (minutes for a 7B model; the server answers health checks with
+    NOT_SERVING meanwhile); a remote judge must list its model at ``/models``. torch, transformers and httpx
+    are imported only here, and only for the backend configured. Raises ConfigError when the judge cannot
+    work (a missing extra, an unsupported folder, a calibration for other weights, a remote that does not
+    serve the model), which ends ``sleuthd serve`` with one line.
+    """
+    if not config.enabled:
+        return None
+    from sleuthd.lalm.judge import load_judge
+    from sleuthd.lalm.remote import RemoteScorer
+
+    judge = await asyncio.to_thread(load_judge, config, observer)
+    try:
+        if isinstance(judge.scorer, RemoteScorer):
+            await judge.scorer.check()
+    except BaseException:
+        await judge.aclose()
+        raise
+    info = judge.info
+    logger.info(
+        "LALM judge %s (%s, %s %s), %s",
+        info.model_name,
+        info.backend,
+        info.device,
+        info.dtype or "-",
+        "calibrated" if info.calibrated_detection else "uncalibrated",
+    )
+    return judge

@@ -1,0 +1,179 @@
+"""One streamed dialogue: turns arrive in chunks, each is judged as soon as it is complete.
+
+A :class:`StreamSession` is the engine side of ``StreamDialogue`` (it never imports grpc). It buffers
+the audio of open turns (bounded per stream), embeds a turn when its final chunk arrives, adds it to the
+dialogue's state and reports the new turn's verdict plus a revision for every earlier turn whose status
+changed. On close it gives the same verdict CheckDialogue gives for the whole dialogue.
+
+Bounds (sleuthd.config.AdmissionConfig): every audio message costs its bytes plus a fixed overhead
+against the stream's buffer bound and the process's audio budget (sleuthd.engine.admission), so empty or
+one-byte chunks are not free; :func:`paced` ends a stream that goes quiet or stays open too long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from sleuthd.config import AdmissionConfig
+from sleuthd.domain import AudioInput, CheckOptions, DialogueResult, PcmSpec, Reference, TurnUpdate
+from sleuthd.engine.admission import AudioBudget
+from sleuthd.engine.facade import Engine
+from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
+from sleuthd.judgment.dialogue import DialogueState, check_id, require_references
+from sleuthd.judgment.lalm_dialogue import LalmDialogue
+
+T = TypeVar("T")
+
+
+@dataclass
+class _OpenTurn:
+    turn_id: str
+    speaker: str
+    position: int  # order of turn_start in the stream
+    pcm: PcmSpec | None
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0  # bytes counted: the chunks' data plus the per-message overhead of each
+
+
+class StreamSession:
+    def __init__(self, engine: Engine, budget: AudioBudget | None = None) -> None:
+        self.engine = engine
+        self._budget = budget or AudioBudget(engine.config.admission.max_audio_in_flight_bytes)
+        self._overhead = engine.config.admission.stream_message_overhead_bytes
+        self.dialogue_id = ""
+        self._state: DialogueState | LalmDialogue | None = None
+        self._open: dict[str, _OpenTurn] = {}
+        self._done: set[str] = set()
+        self._started = 0
+        self._last_index = -1
+        self._buffered = 0
+
+    def release(self) -> None:
+        """Free buffered audio; safe to call more than once (the servicer calls it in ``finally``)."""
+        self._open.clear()
+        self._budget.release(self._buffered)
+        self._buffered = 0
+
+    def _require_open(self) -> DialogueState | LalmDialogue:
+        if self._state is None:
+            raise OutOfSequence("the first message of a stream must be `open`")
+        return self._state
+
+    async def open(
+        self, dialogue_id: str, references: dict[str, Reference], options: CheckOptions, deadline: float | None = None
+    ) -> None:
+        if self._state is not None:
+            raise OutOfSequence("the stream is already open; send `open` once, first")
+        opts = self.engine.resolve(options)
+        sent = sum(len(a.data) for a in references.values() if isinstance(a, AudioInput))  # voice ids: no audio
+        with self._budget.hold(sent, "this stream's references"):
+            self._state = await self.engine.open_dialogue(dialogue_id, references, opts, deadline)
+        self.dialogue_id = dialogue_id
+
+    def start_turn(self, turn_id: str, speaker: str, index: int, pcm: PcmSpec | None) -> None:
+        state = self._require_open()
+        check_id(turn_id, "turn_start.turn_id")
+        check_id(speaker, f"turn {turn_id!r} speaker")
+        if turn_id in self._open or turn_id in self._done:
+            raise Duplicate(f"turn_id {turn_id!r} was already started in this stream; turn ids must be unique")
+        if index <= self._last_index:
+            raise InvalidRequest(
+                f"turn {turn_id!r} has index {index} but turn index {self._last_index} was already started: "
+                "start turns in dialogue order (increasing index)"
+            )
+        if self._started >= self.engine.config.max_turns:
+            raise LimitExceeded(f"this stream already has {self._started} turns, the limit; open a new stream")
+        require_references(state.opts, [speaker], state.references.keys())
+        self._last_index = index
+        self._open[turn_id] = _OpenTurn(turn_id, speaker, self._started, pcm)
+        self._started += 1
+
+    def add_audio(self, turn_id: str, data: bytes) -> None:
+        self._require_open()
+        turn = self._open.get(turn_id)
+        if turn is None:
+            if turn_id in self._done:
+                raise OutOfSequence(f"turn {turn_id!r} is already complete (its final chunk arrived); no more audio")
+            raise UnknownName(f"audio for turn {turn_id!r}, which was never started: send turn_start first")
+        limit = self.engine.config.max_stream_buffer_bytes
+        cost = len(data) + self._overhead
+        if self._buffered + cost > limit:
+            raise LimitExceeded(
+                f"this stream would buffer {self._buffered + cost} bytes of unfinished turns (each audio message "
+                f"counts {self._overhead} bytes on top of its data); the limit is {limit}: finish turns "
+                "(final=true) before sending more audio, in fewer, larger chunks"
+            )
+        self._budget.acquire(cost, "this audio chunk")
+        if data:
+            turn.chunks.append(data)
+        turn.size += cost
+        self._buffered += cost
+
+    async def finish_turn(self, turn_id: str, deadline: float | None = None) -> list[TurnUpdate]:
+        """Embed the completed turn and judge the dialogue so far; the turn's verdict and revisions."""
+        state = self._require_open()
+        turn = self._open.pop(turn_id)
+        data = b"".join(turn.chunks)
+        turn.chunks.clear()
+        self._buffered -= turn.size
+        if isinstance(state, LalmDialogue):  # method lalm: the judge hears the turn (sleuthd.judgment.lalm_dialogue)
+            self._done.add(turn_id)
+            heard = False
+            try:  # the turn's bytes stay counted in the audio budget until the judge has heard it
+                updates = await state.finish_turn(
+                    turn_id, turn.speaker, turn.position, AudioInput(data, turn.pcm), deadline
+                )
+                heard = True
+                return updates
+            finally:
+                self._budget.release(turn.size, heard)
+        done = False
+        try:  # the turn's bytes stay counted in the audio budget until its embedding is done
+            clip, dense = await self.engine.embed_turn(
+                state.opts, AudioInput(data, turn.pcm), f"turn {turn_id!r}", deadline
+            )
+            done = True
+        finally:
+            self._budget.release(turn.size, done)
+        self._done.add(turn_id)
+        state.add_turn(turn_id, turn.speaker, turn.position, clip, dense)
+        return state.updates(turn_id)
+
+    def close(self) -> DialogueResult:
+        """The whole dialogue's verdict, as CheckDialogue would give it."""
+        state = self._require_open()
+        if self._open:
+            still_open = ", ".join(repr(t) for t in sorted(self._open))
+            raise OutOfSequence(f"stream closed with turns still open: {still_open}; send their final chunk first")
+        if not len(state):
+            raise InvalidRequest("the stream ended without any complete turn: nothing to judge")
+        return state.result()
+
+
+async def paced(messages: AsyncIterator[T], bounds: AdmissionConfig) -> AsyncIterator[T]:
+    """``messages`` as they come, ending the stream with LimitExceeded when none arrives for
+    ``bounds.stream_idle_seconds`` or when it has been open ``bounds.stream_lifetime_seconds``."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + bounds.stream_lifetime_seconds
+    source = aiter(messages)
+    while True:
+        left = ends - loop.time()
+        try:
+            async with asyncio.timeout(min(bounds.stream_idle_seconds, left)):
+                message = await anext(source)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if left <= bounds.stream_idle_seconds:
+                raise LimitExceeded(
+                    f"the stream has been open {bounds.stream_lifetime_seconds:g} s, the longest a stream may "
+                    "last: close it (half-close) and open a new one for further turns"
+                ) from None
+            raise LimitExceeded(
+                f"no message for {bounds.stream_idle_seconds:g} s, the longest a stream may stay quiet: send "
+                "audio as it is made, or close the stream and open a new one when there is more"
+            ) from None
+        yield message

@@ -1,0 +1,239 @@
+"""One dialogue's state: turn embeddings in, verdicts out. Shared by CheckDialogue and StreamDialogue.
+
+CheckDialogue adds every turn and asks for the result once; StreamDialogue adds turns as they complete
+and asks after each for the new turn's verdict and the revisions it caused. Both judge the same way
+(sleuthd.judgment.verdicts), so a stream's final verdict is exactly CheckDialogue's for the same turns.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sleuthd.domain import (
+    DialogueRequest,
+    DialogueResult,
+    DriftResult,
+    SpeakerResult,
+    TurnResult,
+    TurnUpdate,
+)
+from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.errors import InvalidRequest, LimitExceeded, UnknownName
+from sleuthd.judgment.drift import attach_drift, find_drift
+from sleuthd.judgment.options import ResolvedOptions
+from sleuthd.judgment.scoring import Method
+from sleuthd.judgment.verdicts import (
+    NO_AUDIO,
+    STATUS_NUMBER,
+    SpeakerPool,
+    SpeakerScores,
+    score_speakers,
+    speaker_verdict,
+    turn_result,
+)
+from sleuthd.ops.observe import EngineObserver
+
+MAX_ID_CHARS = 128
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Turn:
+    turn_id: str
+    speaker: str
+    position: int
+    audio_seconds: float
+    speech_seconds: float
+    detail: str  # why the clip is unusable; "" when usable
+    usable: bool
+
+
+@dataclass
+class _Speaker:
+    pool: SpeakerPool
+    turns: list[_Turn] = field(default_factory=list)  # every audio turn of the speaker, in dialogue order
+    positions: list[int] = field(default_factory=list)  # their positions
+    usable: int = 0  # how many of them have an embedding
+    has_embedding: list[bool] = field(default_factory=list)  # per turn
+    # Each turn's verdict code when statuses were last reported (sleuthd.judgment.verdicts codes; -1: not yet).
+    reported: list[int] = field(default_factory=list)
+
+
+class DialogueState:
+    """The turns of one dialogue so far and what judging them needs, per speaker (sleuthd.judgment.verdicts).
+
+    A turn keeps only its embedding and seconds (about 1 KB), plus its share of its speaker's cosine
+    matrix and sorted pairs (24 bytes per pair of the speaker's turns): no audio, no window embeddings."""
+
+    def __init__(
+        self, dialogue_id: str, opts: ResolvedOptions, references: dict[str, np.ndarray], observer: EngineObserver
+    ) -> None:
+        self.dialogue_id = dialogue_id
+        self.opts = opts
+        self.references = references
+        self._observer = observer
+        self._turns: dict[str, _Turn] = {}
+        self._speakers: dict[str, _Speaker] = {}
+        self._drift: dict[str, DriftResult | None] = {}  # searched turns only
+        self._counted: set[str] = set()  # turns whose verdict the observer has seen
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def add_turn(
+        self, turn_id: str, speaker: str, position: int, clip: ClipEmbedding, dense: ClipEmbedding | None = None
+    ) -> None:
+        """A completed turn at ``position`` in the dialogue, with its embedding on the drift windows when
+        the request asked for drift (searched now, since only this turn's windows are needed)."""
+        turn = _Turn(turn_id, speaker, position, clip.audio_seconds, clip.speech_seconds, clip.detail, clip.usable)
+        self._turns[turn_id] = turn
+        entry = self._speakers.get(speaker)
+        if entry is None:
+            entry = self._speakers[speaker] = _Speaker(
+                SpeakerPool(self.references.get(speaker), self.opts.judgment.components)
+            )
+        at = bisect.bisect(entry.positions, position)
+        if clip.embedding is not None:
+            k = entry.usable if at == len(entry.turns) else sum(t.usable for t in entry.turns[:at])
+            entry.pool.add(k, clip.embedding, clip.speech_seconds)
+            entry.usable += 1
+        entry.turns.insert(at, turn)
+        entry.positions.insert(at, position)
+        entry.reported.insert(at, -1)
+        entry.has_embedding.insert(at, clip.usable)
+        config = self.opts.entry.drift
+        if dense is not None and clip.usable and config is not None:
+            self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
+
+    def _score(self) -> tuple[list[str], dict[str, SpeakerScores]]:
+        """Speakers in order of first appearance, and their verdict arrays."""
+        order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
+        return order, score_speakers({s: self._speakers[s].pool for s in order}, self.opts.judgment)
+
+    def _codes(self, speaker: str, scores: dict[str, SpeakerScores]) -> np.ndarray:
+        """Verdict code of each of the speaker's turns, in dialogue order (NO_AUDIO for unusable ones)."""
+        entry = self._speakers[speaker]
+        codes = np.full(len(entry.turns), NO_AUDIO)
+        if speaker in scores:
+            codes[np.array(entry.has_embedding, bool)] = scores[speaker].codes
+        return codes
+
+    def _verdicts(self, turns: list[_Turn], scores: dict[str, SpeakerScores]) -> list[TurnResult]:
+        """Verdict objects of ``turns`` (made only for these: a long dialogue's other turns cost nothing)."""
+        out = []
+        before: dict[str, np.ndarray] = {}  # speaker -> usable turns up to each of their turns
+        for t in turns:
+            entry = self._speakers[t.speaker]
+            if t.speaker not in before:
+                before[t.speaker] = np.cumsum(np.array(entry.has_embedding, bool))
+            k = int(before[t.speaker][bisect.bisect_left(entry.positions, t.position)]) - 1
+            out.append(
+                turn_result(
+                    t.turn_id,
+                    t.speaker,
+                    t.audio_seconds,
+                    t.speech_seconds,
+                    t.detail,
+                    scores[t.speaker] if t.usable else None,
+                    k,
+                    self.opts.judgment,
+                )
+            )
+        if self.opts.detect_drift and self.opts.entry.drift is not None:
+            out = attach_drift(out, self._drift, self.opts.entry.drift)
+        return out
+
+    def _speaker_verdict(self, speaker: str, codes: np.ndarray) -> SpeakerResult:
+        return speaker_verdict(speaker, [t.turn_id for t in self._speakers[speaker].turns], codes)
+
+    def judge(self) -> tuple[list[TurnResult], list[SpeakerResult]]:
+        """Verdicts of every turn added so far, in dialogue order, and per speaker."""
+        order, scores = self._score()
+        turns = sorted(self._turns.values(), key=lambda t: t.position)
+        return self._verdicts(turns, scores), [self._speaker_verdict(s, self._codes(s, scores)) for s in order]
+
+    def updates(self, turn_id: str) -> list[TurnUpdate]:
+        """After ``turn_id`` was added: its verdict first, then every earlier turn whose status changed
+        (revision=True), in dialogue order; each with its speaker's verdict."""
+        # A new turn can change its own speaker's verdicts and, through attribution and the cohort,
+        # other speakers' too, so every status is looked at again; the speakers' pools keep their
+        # statistics, so this is vector work on arrays, and verdict objects are made only for the turns sent.
+        started = time.perf_counter()
+        order, scores = self._score()
+        changed: list[_Turn] = []
+        codes = {}
+        for s in order:
+            entry = self._speakers[s]
+            codes[s] = self._codes(s, scores)
+            was = np.array(entry.reported, np.intp)
+            moved = (was >= 0) & (STATUS_NUMBER[np.maximum(was, 0)] != STATUS_NUMBER[codes[s]])
+            changed += [entry.turns[i] for i in np.flatnonzero(moved)]
+            entry.reported = codes[s].tolist()
+        changed.sort(key=lambda t: t.position)
+        sent = self._verdicts([self._turns[turn_id], *changed], scores)
+        verdicts = {s: self._speaker_verdict(s, codes[s]) for s in {t.speaker for t in sent}}
+        self._count([sent[0]])
+        logger.debug("dialogue %r: judged %d turns in %.2f ms", self.dialogue_id, len(self), _ms(started))
+        return [TurnUpdate(r, k > 0, turn_id, verdicts[r.speaker]) for k, r in enumerate(sent)]
+
+    def result(self) -> DialogueResult:
+        started = time.perf_counter()
+        turns, speakers = self.judge()
+        self._count(turns)
+        # `sleuthd-bench latency` reads this line (--log-level debug) for the judging share of CheckDialogue.
+        logger.debug("dialogue %r: judged %d turns in %.2f ms", self.dialogue_id, len(turns), _ms(started))
+        return self.opts.result(self.dialogue_id, turns, speakers)
+
+    def _count(self, turns: Sequence[TurnResult]) -> None:
+        for t in turns:
+            if t.turn_id not in self._counted:
+                self._counted.add(t.turn_id)
+                self._observer.verdict(t.status)
+
+
+def _ms(since: float) -> float:
+    return 1e3 * (time.perf_counter() - since)
+
+
+def check_id(value: str, what: str) -> None:
+    if not value:
+        raise InvalidRequest(f"{what} is empty")
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidRequest(f"{what} is {len(value)} characters; at most {MAX_ID_CHARS} allowed")
+
+
+def validate_dialogue(request: DialogueRequest, max_turns: int) -> None:
+    if not request.turns:
+        raise InvalidRequest("dialogue has no turns")
+    if len(request.turns) > max_turns:
+        raise LimitExceeded(f"dialogue has {len(request.turns)} turns; the limit is {max_turns}: split it")
+    seen: set[str] = set()
+    for n, t in enumerate(request.turns):
+        check_id(t.turn_id, f"turn #{n} turn_id")
+        check_id(t.speaker, f"turn {t.turn_id!r} speaker")
+        if t.turn_id in seen:
+            raise InvalidRequest(f"turn_id {t.turn_id!r} appears twice; turn ids must be unique")
+        seen.add(t.turn_id)
+    if not any(t.audio is not None for t in request.turns):
+        raise InvalidRequest("dialogue has no turn with audio: attach audio to the turns to be judged")
+    audio_speakers = {t.speaker for t in request.turns if t.audio is not None}
+    for s in request.references:
+        if s not in audio_speakers:
+            raise UnknownName(f"reference given for speaker {s!r}, who has no turn with audio in this dialogue")
+
+
+def require_references(opts: ResolvedOptions, speakers: Sequence[str], with_reference: Collection[str]) -> None:
+    """Method reference cannot judge a speaker without a reference clip: say which are missing."""
+    if opts.method is Method.REFERENCE:
+        missing = [s for s in dict.fromkeys(speakers) if s not in with_reference]
+        if missing:
+            raise InvalidRequest(
+                f"method reference needs a reference clip for every speaker; missing for: {', '.join(missing)}"
+            )

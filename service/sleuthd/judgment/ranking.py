@@ -1,0 +1,85 @@
+"""Discrimination: ranking regenerated candidates for one speaker's slot. Pure functions.
+
+The engine embeds the candidates, the speaker's context turns and the reference, then calls
+:func:`rank_candidates`; requests are checked first with :func:`validate_rank` and :func:`check_evidence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sleuthd.domain import RankedCandidateResult, RankRequest
+from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.errors import InvalidRequest, LimitExceeded
+from sleuthd.judgment import scoring
+from sleuthd.judgment.calibration import Calibration, candidate_fit
+from sleuthd.judgment.dialogue import check_id
+from sleuthd.judgment.scoring import METHODS, Method
+from sleuthd.judgment.verdicts import stack_embeddings
+
+
+def validate_rank(request: RankRequest, max_candidates: int, max_context: int) -> None:
+    n = len(request.candidates)
+    if n < 2:
+        raise InvalidRequest(f"ranking needs at least 2 candidates, got {n}")
+    if n > max_candidates:
+        raise LimitExceeded(f"{n} candidates; the limit is {max_candidates}")
+    if len(request.context) > max_context:
+        raise LimitExceeded(f"{len(request.context)} context clips; the limit is {max_context}")
+    seen: set[str] = set()
+    for k, c in enumerate(request.candidates):
+        check_id(c.candidate_id, f"candidate #{k} candidate_id")
+        if c.candidate_id in seen:
+            raise InvalidRequest(f"candidate_id {c.candidate_id!r} appears twice; candidate ids must be unique")
+        seen.add(c.candidate_id)
+
+
+def check_evidence(method: Method, n_context: int, has_reference: bool) -> None:
+    """Refuse a request whose method has nothing to compare the candidates with."""
+    if method is Method.REFERENCE and not has_reference:
+        raise InvalidRequest("method reference needs the speaker's reference clip")
+    if method in (Method.PAIRWISE, Method.CENTROID) and not n_context:
+        raise InvalidRequest(f"method {method.value} needs at least one context clip of the speaker")
+    if method is Method.AUTO and not n_context and not has_reference:
+        raise InvalidRequest("method auto needs context clips of the speaker, a reference, or both")
+
+
+def rank_candidates(
+    method: Method,
+    candidate_ids: Sequence[str],
+    candidates: Sequence[ClipEmbedding],
+    context: Sequence[ClipEmbedding],
+    reference: np.ndarray | None,
+    calibration: Calibration | None,
+) -> tuple[RankedCandidateResult, ...]:
+    """Candidates best first under ``method``. Every candidate must be usable; ``context`` holds only
+    usable clips. With a calibration, each candidate also gets P(it belongs to the speaker)."""
+    cand = stack_embeddings(candidates)
+    context_emb = stack_embeddings(context) if context else np.zeros((0, cand.shape[1]), np.float32)
+    scores = scoring.candidate_scores(method, cand, context_emb, reference)
+    fit: np.ndarray | None = None
+    if calibration is not None and (context or reference is not None):
+        fit, _ = candidate_fit(
+            calibration,
+            cand,
+            np.array([c.speech_seconds for c in candidates]),
+            context_emb,
+            np.array([c.speech_seconds for c in context]),
+            reference,
+        )
+    info = METHODS[method]
+    order = scoring.rank_order(scores, info.higher_is_better)
+    return tuple(
+        RankedCandidateResult(
+            candidate_id=candidate_ids[j],
+            rank=r + 1,
+            score=float(scores[j]),
+            score_scale=info.candidate_scale,
+            higher_is_better=info.higher_is_better,
+            speech_seconds=candidates[j].speech_seconds,
+            fit_probability=None if fit is None else float(fit[j]),
+        )
+        for r, j in enumerate(order)
+    )

@@ -1,0 +1,1 @@
+"""Operations: Prometheus metrics, structured logs, the observer protocols the engine reports through."""

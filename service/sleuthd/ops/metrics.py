@@ -1,0 +1,147 @@
+"""Prometheus metrics, served on their own HTTP port (`sleuthd serve --metrics-port`, see sleuthd.rpc.ops_http).
+
+Every metric, with its labels (all low-cardinality):
+
+| name | type | labels | meaning |
+| --- | --- | --- | --- |
+| `sleuthd_rpc_total` | counter | method, code | finished RPCs by method and status code, refused and malformed too |
+| `sleuthd_rpc_latency_seconds` | histogram | method, code | RPC wall time, seconds (streams: open to end) |
+| `sleuthd_rpcs_in_flight` | gauge | | work RPCs running now (not health or reflection); drained on SIGTERM |
+| `sleuthd_batch_queue_windows` | gauge | | encoder windows waiting in the micro-batcher queue |
+| `sleuthd_batch_queue_wait_seconds` | histogram | | time from a request's arrival to its first windows being batched |
+| `sleuthd_batch_windows` | histogram | | windows per model call (batch size in cost units) |
+| `sleuthd_batch_requests` | histogram | | requests contributing to one model call |
+| `sleuthd_batch_execution_seconds` | histogram | | wall time of one model call |
+| `sleuthd_batch_failures_total` | counter | | model calls that raised |
+| `sleuthd_batch_rejected_total` | counter | | requests refused because the queue was full (RESOURCE_EXHAUSTED) |
+| `sleuthd_audio_seconds_total` | counter | cached | audio seconds embedded ("false") or cached or shared ("true") |
+| `sleuthd_verdicts_total` | counter | status | turn verdicts by status (consistent, inconsistent, ...) |
+| `sleuthd_streams_active` | gauge | | open StreamDialogue calls |
+| `sleuthd_judge_queue_prompts` | gauge | | LALM judge prompts waiting in its batcher (in-process judge) |
+| `sleuthd_judge_queue_wait_seconds` | histogram | | time from a prompt's arrival to its batch being cut |
+| `sleuthd_judge_batch_prompts` | histogram | | prompts per judge model call |
+| `sleuthd_judge_batch_padded_tokens` | histogram | | tokens per judge model call, padding included |
+| `sleuthd_judge_batch_execution_seconds` | histogram | | wall time of one judge model call |
+| `sleuthd_judge_batch_failures_total` | counter | | judge model calls that raised (their prompts failed) |
+| `sleuthd_judge_batch_splits_total` | counter | | judge calls split in halves after running out of GPU memory |
+| `sleuthd_judge_rejected_total` | counter | | judge prompts refused because its queue was full |
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sleuthd.domain import TurnStatus
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+class JudgeMetrics:
+    """The LALM judge batcher's measurements (sleuthd.lalm.batcher.JudgeObserver), on the server's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.queue_prompts = Gauge("sleuthd_judge_queue_prompts", "Judge prompts waiting for a model call", registry=r)
+        self.queue_wait_seconds = Histogram(
+            "sleuthd_judge_queue_wait_seconds", "Judge prompt queue wait (s)", buckets=_WAIT_BUCKETS, registry=r
+        )
+        self.batch_prompts = Histogram(
+            "sleuthd_judge_batch_prompts", "Prompts per judge model call", buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "sleuthd_judge_batch_padded_tokens", "Padded tokens per judge call", buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.batch_seconds = Histogram(
+            "sleuthd_judge_batch_execution_seconds", "Judge call wall time (s)", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.failures = Counter("sleuthd_judge_batch_failures", "Judge model calls that raised", registry=r)
+        self.splits = Counter("sleuthd_judge_batch_splits", "Judge calls split after running out of memory", registry=r)
+        self.rejections = Counter("sleuthd_judge_rejected", "Judge prompts refused: queue full", registry=r)
+
+    def queue_depth(self, prompts: int) -> None:
+        self.queue_prompts.set(prompts)
+
+    def queue_wait(self, seconds: float) -> None:
+        self.queue_wait_seconds.observe(seconds)
+
+    def batch_executed(self, prompts: int, padded_tokens: int, seconds: float) -> None:
+        self.batch_prompts.observe(prompts)
+        self.batch_tokens.observe(padded_tokens)
+        self.batch_seconds.observe(seconds)
+
+    def batch_failed(self, prompts: int) -> None:
+        self.failures.inc()
+
+    def batch_split(self, prompts: int) -> None:
+        self.splits.inc()
+
+    def rejected(self) -> None:
+        self.rejections.inc()
+
+
+class ServiceMetrics:
+    """All metrics of one server, on their own registry (tests create several servers per process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rpc_total = Counter("sleuthd_rpc", "Finished RPCs", ["method", "code"], registry=r)
+        self.rpcs_in_flight = Gauge("sleuthd_rpcs_in_flight", "Work RPCs running now", registry=r)
+        self.rpc_latency = Histogram(
+            "sleuthd_rpc_latency_seconds", "RPC wall time (s)", ["method", "code"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_windows = Gauge("sleuthd_batch_queue_windows", "Windows waiting in the batch queue", registry=r)
+        self.queue_wait_seconds = Histogram(
+            "sleuthd_batch_queue_wait_seconds", "Queue wait before batching (s)", buckets=_WAIT_BUCKETS, registry=r
+        )
+        self.batch_windows = Histogram(
+            "sleuthd_batch_windows", "Windows per model call", buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.batch_requests = Histogram(
+            "sleuthd_batch_requests", "Requests per model call", buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.batch_seconds = Histogram(
+            "sleuthd_batch_execution_seconds", "Model call wall time (s)", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.batch_failures = Counter("sleuthd_batch_failures", "Model calls that raised", registry=r)
+        self.batch_rejected = Counter("sleuthd_batch_rejected", "Requests refused: queue full", registry=r)
+        self.audio_seconds = Counter(
+            "sleuthd_audio_seconds", "Audio seconds embedded or cached", ["cached"], registry=r
+        )
+        self.verdicts = Counter("sleuthd_verdicts", "Turn verdicts by status", ["status"], registry=r)
+        self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
+        self.judge = JudgeMetrics(r)  # given to the LALM judge's batcher (Engine.start)
+
+    # -- RPCs (called by the RPC gate, sleuthd.rpc.gate; `method` is the short name for sleuthd's own
+    # services and the full path for health and reflection, so its values are bounded by what is registered)
+    def rpc_finished(self, method: str, code: str, seconds: float) -> None:
+        self.rpc_total.labels(method, code).inc()
+        self.rpc_latency.labels(method, code).observe(seconds)
+
+    # -- BatchObserver (called by the micro-batcher)
+    def queue_depth(self, windows: int) -> None:
+        self.queue_windows.set(windows)
+
+    def queue_wait(self, seconds: float) -> None:
+        self.queue_wait_seconds.observe(seconds)
+
+    def batch_executed(self, windows: int, requests: int, seconds: float) -> None:
+        self.batch_windows.observe(windows)
+        self.batch_requests.observe(requests)
+        self.batch_seconds.observe(seconds)
+
+    def batch_failed(self, windows: int, requests: int) -> None:
+        self.batch_failures.inc()
+
+    def rejected(self) -> None:
+        self.batch_rejected.inc()
+
+    # -- EngineObserver (called by the engine)
+    def clip_embedded(self, audio_seconds: float, cached: bool) -> None:
+        self.audio_seconds.labels("true" if cached else "false").inc(audio_seconds)
+
+    def verdict(self, status: TurnStatus) -> None:
+        self.verdicts.labels(status.value).inc()
