@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from sleuthd.client.credentials import connect
+from sleuthd.client import Dialer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -33,7 +33,7 @@ async def main(target: str) -> None:
         req.turns.add(turn_id=f"g{k}", speaker="George", audio=turn("george", 5 * k))
     req.turns.add(turn_id="g3", speaker="George", audio=turn("jackson", 0))
     req.references.add(speaker="George", audio=turn("george", 15))
-    async with connect(target) as channel:
+    async with Dialer(target).aio() as channel:
         verdict = await pb_grpc.SleuthStub(channel).CheckDialogue(req, timeout=120)
     flagged = list(verdict.speakers[0].inconsistent_turn_ids)
     worst = min(verdict.turns, key=lambda t: t.score).turn_id

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
+import json
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
-from sleuthd.client import credentials
+from sleuthd.client import Dialer, tls_credentials
 from sleuthd.config import ConfigError, ServerConfig
 from sleuthd.engine.facade import Engine
 from sleuthd.rpc.auth import TokenSet, warn_if_exposed
@@ -24,6 +27,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .ops_support import http_get, own_server, rpc_count
+from .support import VOICE_A, VOICE_F, Speech
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 LIST_SERVICES = reflection_pb2.ServerReflectionRequest(list_services="")
@@ -93,6 +97,19 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     )
 
 
+def _connect(
+    target: str,
+    token: str | None = None,
+    root_ca_file: Path | None = None,
+    client_cert_file: Path | None = None,
+    client_key_file: Path | None = None,
+) -> grpc.aio.Channel:
+    """The client library's one dialer: TLS when any PEM file is given, the token on every call."""
+    tls = root_ca_file or client_cert_file
+    creds = tls_credentials(root_ca_file, client_cert_file, client_key_file) if tls else None
+    return Dialer(target, creds, token).aio()
+
+
 async def _info(channel: grpc.aio.Channel, **kwargs: object) -> pb.GetServerInfoResponse:
     return await pb_grpc.SleuthStub(channel).GetServerInfo(pb.GetServerInfoRequest(), timeout=5, **kwargs)
 
@@ -113,12 +130,12 @@ async def test_mutual_tls_and_tokens_through_real_channels(engine: Engine, pki: 
     async with own_server(engine, **config) as (running, metrics):
         target = f"127.0.0.1:{running.port}"
         files = dict(root_ca_file=pki.ca, client_cert_file=pki.client_cert, client_key_file=pki.client_key)
-        async with credentials.connect(target, token=TOKEN, **files) as ch:  # type: ignore[arg-type]
+        async with _connect(target, token=TOKEN, **files) as ch:
             assert (await _info(ch)).default_encoder == "ge2e"
-        async with credentials.connect(target, token="old-token-still-accepted-000", **files) as ch:  # type: ignore[arg-type]
+        async with _connect(target, token="old-token-still-accepted-000", **files) as ch:
             assert await _code(ch) == grpc.StatusCode.OK
         # No token, a wrong token: UNAUTHENTICATED; health stays open; reflection needs the token.
-        async with credentials.connect(target, **files) as ch:  # type: ignore[arg-type]
+        async with _connect(target, **files) as ch:
             assert await _code(ch) == grpc.StatusCode.UNAUTHENTICATED
             health = health_pb2_grpc.HealthStub(ch)
             reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -128,16 +145,16 @@ async def test_mutual_tls_and_tokens_through_real_channels(engine: Engine, pki: 
                 async for _ in refl.ServerReflectionInfo(iter([LIST_SERVICES])):
                     pass
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        async with credentials.connect(target, token="wrong-token-of-enough-length", **files) as ch:  # type: ignore[arg-type]
+        async with _connect(target, token="wrong-token-of-enough-length", **files) as ch:
             assert await _code(ch) == grpc.StatusCode.UNAUTHENTICATED
         # The transport: no client certificate, an untrusting client, plaintext: no RPC gets through.
-        async with credentials.connect(target, root_ca_file=pki.ca, token=TOKEN) as ch:
+        async with _connect(target, root_ca_file=pki.ca, token=TOKEN) as ch:
             assert await _code(ch) == grpc.StatusCode.UNAVAILABLE
         untrusting = dict(root_ca_file=pki.other_ca, client_cert_file=pki.client_cert, client_key_file=pki.client_key)
-        async with credentials.connect(target, token=TOKEN, **untrusting) as ch:  # type: ignore[arg-type]
+        async with _connect(target, token=TOKEN, **untrusting) as ch:
             assert await _code(ch) == grpc.StatusCode.UNAVAILABLE
         async with grpc.aio.insecure_channel(target) as ch:
-            assert await _code(ch, metadata=credentials.bearer_metadata(TOKEN)) == grpc.StatusCode.UNAVAILABLE
+            assert await _code(ch, metadata=(("authorization", f"Bearer {TOKEN}"),)) == grpc.StatusCode.UNAVAILABLE
         assert rpc_count(metrics, "GetServerInfo", "UNAUTHENTICATED") == 2
         assert rpc_count(metrics, f"{reflection.SERVICE_NAME}/ServerReflectionInfo", "UNAUTHENTICATED") == 1
         # /metrics needs the same token; the probes do not.
@@ -153,14 +170,14 @@ async def test_token_on_loopback_plaintext_reflection_off_and_open_metrics(engin
     config = dict(auth_token_file=str(pki.token_file), reflection="off", metrics_port=0, metrics_auth="open")
     async with own_server(engine, **config) as (running, _):
         target = f"127.0.0.1:{running.port}"
-        async with credentials.connect(target, token=TOKEN) as ch:  # plaintext: the token rides as metadata
+        async with _connect(target, token=TOKEN) as ch:  # plaintext: the token rides as metadata
             assert await _code(ch) == grpc.StatusCode.OK
             refl = reflection_pb2_grpc.ServerReflectionStub(ch)
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 async for _ in refl.ServerReflectionInfo(iter([LIST_SERVICES])):
                     pass
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        async with credentials.connect(target) as ch:
+        async with _connect(target) as ch:
             assert await _code(ch) == grpc.StatusCode.UNAUTHENTICATED
         assert (await http_get(f"http://127.0.0.1:{running.metrics_port}/metrics"))[0] == 200
 
@@ -196,3 +213,45 @@ def test_an_exposed_interface_without_tls_or_token_is_warned_about(caplog: pytes
         caplog.clear()
         warn_if_exposed(ServerConfig(host="0.0.0.0", tls_cert="c.pem", tls_key="k.pem", auth_token_file="t"))
         assert not caplog.records
+
+
+UNAUTHENTICATED_ADVICE = "send a valid token as `authorization: Bearer <token>`"
+
+
+async def _sleuthd(*args: str) -> tuple[int, str, str]:
+    """The console script in a subprocess, awaited so the in-process server keeps serving meanwhile."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sleuthd.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_check_rank_and_health_dial_a_tls_and_token_server(
+    engine: Engine, pki: Pki, speech: Speech, tmp_path: Path
+) -> None:
+    """One dialer: `sleuthd check`, `rank` and `health` take the same TLS and token flags."""
+    config = dict(tls_cert=str(pki.server_cert), tls_key=str(pki.server_key), auth_token_file=str(pki.token_file))
+    dialogue = tmp_path / "dialogue.json"
+    turns = [{"turn_id": f"t{k}", "speaker": "Ann", "audio": str(speech.clips[VOICE_A][k])} for k in range(3)]
+    turns.append({"turn_id": "t3", "speaker": "Ann", "audio": str(speech.clips[VOICE_F][0])})
+    dialogue.write_text(json.dumps({"dialogue_id": "tls", "turns": turns}))
+    async with own_server(engine, **config) as (running, _):
+        target = ["--target", f"127.0.0.1:{running.port}", "--tls-root-ca", str(pki.ca)]
+        token = ["--auth-token-file", str(pki.token_file)]
+        code, out, err = await _sleuthd("check", str(dialogue), *target, *token, "--method", "auto")
+        assert code == 3 and "INCONSISTENT: t3" in out, err
+        rank = ["--context", *(str(speech.clips[VOICE_A][k]) for k in range(3)), "--candidate",
+                str(speech.clips[VOICE_F][1]), "--candidate", str(speech.clips[VOICE_A][4])]  # fmt: skip
+        code, out, err = await _sleuthd("rank", *rank, *target, *token)
+        assert code == 0 and out.splitlines()[2].split()[1] == "04.wav", out + err
+        code, out, _ = await _sleuthd("health", *target)  # health needs no token
+        assert code == 0 and out.strip() == "SERVING"
+        # Without the token: a clear one-line error naming the fix; without the CA: the TLS handshake fails.
+        code, _, err = await _sleuthd("check", str(dialogue), *target)
+        assert code == 2 and err.strip() == f"error: UNAUTHENTICATED: {UNAUTHENTICATED_ADVICE}"
+        code, _, err = await _sleuthd("check", str(dialogue), "--target", f"127.0.0.1:{running.port}", *token)
+        assert code == 2 and err.startswith("error: UNAVAILABLE"), err
+        code, _, err = await _sleuthd("check", str(dialogue), *target, "--auth-token-file", str(tmp_path / "nope"))
+        assert code == 2 and "cannot read token file" in err

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from sleuthd.errors import DeadlineExceeded, EngineFailure, LimitExceeded, Overloaded
 from sleuthd.lalm import prompts
-from sleuthd.lalm.batcher import NullObserver, PromptBatcher, PromptBatcherConfig
+from sleuthd.lalm.batcher import PromptBatcher, PromptBatcherConfig
 from sleuthd.lalm.local import Prepared
 from sleuthd.lalm.types import AnswerScores, BatchTooLarge, Clip
+from sleuthd.ops.observe import NullObserver
 
 from tests.support import VOICE_A, VOICE_B, VOICE_F
 

@@ -23,8 +23,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from sleuthd.audio import SAMPLE_RATE
 from sleuthd.audio.containers import ACCEPTED, Container, looks_like, open_sound, sniff
-from sleuthd.config import SAMPLE_RATE
 from sleuthd.domain import PcmEncoding, PcmSpec
 from sleuthd.errors import InvalidRequest, LimitExceeded
 

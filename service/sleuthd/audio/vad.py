@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import onnxruntime as ort
 
-from sleuthd.config import SAMPLE_RATE
+from sleuthd.audio import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
 

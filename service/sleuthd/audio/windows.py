@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sleuthd.config import SAMPLE_RATE
+from sleuthd.audio import SAMPLE_RATE
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ class Progress:
 
 async def check_all(
     sources: Sequence[DialogueSource],
-    target: str,
+    dialer: client.Dialer,
     customize: Callable[[pb.CheckDialogueRequest], None],
     timeout: float,
     concurrency: int = 4,
@@ -173,7 +173,7 @@ async def check_all(
             if progress is not None:
                 progress.update(outcome)
 
-    async with client.channel(target) as ch:
+    async with dialer.aio() as ch:
         stub = client.stub(ch)
         await asyncio.gather(*(one(i, s, stub) for i, s in enumerate(sources)))
     return [o for o in outcomes if o is not None]

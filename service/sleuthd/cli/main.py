@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sleuthd import __version__
+from sleuthd.cli.check import EXIT_ERROR, EXIT_OK
 from sleuthd.config import (
     ConfigError,
     ConnectConfig,
@@ -29,7 +30,6 @@ from sleuthd.config import (
 
 logger = logging.getLogger("sleuthd")
 
-EXIT_OK, EXIT_ERROR, EXIT_INCONSISTENT, EXIT_UNJUDGED = 0, 2, 3, 4  # as in sleuthd.cli.check
 
 
 def _error(message: str) -> int:
@@ -73,10 +73,10 @@ def cmd_health(args: argparse.Namespace) -> int:
     import grpc
 
     from sleuthd.cli.health import health_status
-    from sleuthd.client.credentials import CredentialsError
+    from sleuthd.client import CredentialsError
 
     try:
-        status = asyncio.run(health_status(from_cli_args(ConnectConfig, args)))
+        status = asyncio.run(health_status(from_cli_args(ConnectConfig, args), args.timeout_seconds))
     except (ConfigError, CredentialsError) as exc:
         return _error(str(exc))
     except grpc.aio.AioRpcError as exc:
@@ -111,11 +111,10 @@ def _voice_args(pairs: Sequence[str]) -> dict[str, str]:
 
 async def _check(args: argparse.Namespace) -> int:
     from sleuthd import client
-    from sleuthd.cli import check as check_batch
-    from sleuthd.cli import text as tables
+    from sleuthd.cli import check, text
     from sleuthd.v1 import sleuthd_pb2 as pb
 
-    sources = check_batch.read_sources(args.files)
+    sources = check.read_sources(args.files)
     flags = client.make_options(args.method, args.thresholds, args.threshold)
     voices = _voice_args(args.voice)
 
@@ -136,13 +135,14 @@ async def _check(args: argparse.Namespace) -> int:
             req.references.extend(pb.SpeakerReference(speaker=s, voice_id=v) for s, v in voices.items())
 
     single = len(sources) == 1
-    progress = None if single or args.quiet else check_batch.Progress(len(sources))
-    outcomes = await check_batch.check_all(sources, args.target, customize, args.timeout, args.concurrency, progress)
+    progress = None if single or args.quiet else check.Progress(len(sources))
+    dialer = client.Dialer.from_config(from_cli_args(ConnectConfig, args))
+    outcomes = await check.check_all(sources, dialer, customize, args.timeout, args.concurrency, progress)
     if single:
         (outcome,) = outcomes
         if outcome.verdict is None:
             return _error(f"{outcome.code}: {outcome.error}")
-        print(_json(outcome.verdict) if args.json else tables.verdict_table(outcome.verdict))
+        print(_json(outcome.verdict) if args.json else text.verdict_table(outcome.verdict))
     elif args.json:  # JSON Lines, one object per dialogue in input order
         for o in outcomes:
             body: dict[str, Any] = {"source": o.source.label, "dialogue_id": o.dialogue_id, "result": o.kind}
@@ -152,11 +152,11 @@ async def _check(args: argparse.Namespace) -> int:
                 body["error"] = {"code": o.code, "message": o.error}
             print(json.dumps(body))
     else:
-        print(tables.summary_table(check_batch.summary_rows(outcomes)))
+        print(text.summary_table(check.summary_rows(outcomes)))
     for o in outcomes:
         if o.code and not single:
             print(f"error: {o.source.label}: {o.code}: {o.error}", file=sys.stderr)
-    return check_batch.exit_code(outcomes)
+    return check.exit_code(outcomes)
 
 
 def candidate_ids(paths: Sequence[Path]) -> list[str]:
@@ -182,7 +182,7 @@ def candidate_ids(paths: Sequence[Path]) -> list[str]:
 
 async def _rank(args: argparse.Namespace) -> int:
     from sleuthd import client
-    from sleuthd.cli import text as tables
+    from sleuthd.cli import text
     from sleuthd.v1 import sleuthd_pb2 as pb
 
     opts = client.make_options(args.method, detect_drift=False)
@@ -197,22 +197,22 @@ async def _rank(args: argparse.Namespace) -> int:
         req.reference.CopyFrom(client.audio_file(args.reference))
     elif args.reference_voice:
         req.reference_voice_id = args.reference_voice
-    async with client.channel(args.target) as ch:
+    async with client.Dialer.from_config(from_cli_args(ConnectConfig, args)).aio() as ch:
         resp = await client.stub(ch).RankCandidates(req, timeout=args.timeout)
-    print(_json(resp) if args.json else tables.ranking_table(resp))
+    print(_json(resp) if args.json else text.ranking_table(resp))
     return EXIT_OK
 
 
 def _run_client(coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace) -> int:
     import grpc
 
-    from sleuthd.client import DialogueFileError
+    from sleuthd.client import CredentialsError, DialogueFileError
 
     try:
         return int(asyncio.run(coro_fn(args)))
     except grpc.aio.AioRpcError as exc:
         return _error(f"{exc.code().name}: {exc.details()}")
-    except DialogueFileError as exc:
+    except (DialogueFileError, CredentialsError, ConfigError) as exc:
         return _error(str(exc))
 
 
@@ -291,10 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("health", help="ask a server's gRPC health service (exit 0 if SERVING, 1 if not)")
     add_cli_args(h, ConnectConfig)
+    h.add_argument("--timeout-seconds", type=float, default=5.0, help="how long to wait for the answer (default: 5)")
     h.set_defaults(func=cmd_health)
 
     def client_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--target", default="127.0.0.1:50051", help="server host:port (default: 127.0.0.1:50051)")
+        add_cli_args(sp, ConnectConfig)  # target, TLS and token: the same flags as `sleuthd health`
         methods = ["pairwise", "centroid", "reference", "auto", "lalm"]
         sp.add_argument("--method", choices=methods, help="default: the server's (lalm: a server with a judge)")
         sp.add_argument("--json", action="store_true", help="print the response as JSON, every field")

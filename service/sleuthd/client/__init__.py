@@ -9,7 +9,7 @@
 :class:`SleuthClient` blocks, :class:`AsyncSleuthClient` is its asyncio twin; both return frozen
 dataclasses (:class:`Verdict`, :class:`Ranking`, :class:`VoiceInfo`). Audio is a file path, an encoded
 file's bytes or NumPy samples with their sample rate. Lower level, for tools that build protobufs
-themselves: :func:`channel`, :func:`stub`, :func:`make_options`, :func:`audio_file`,
+themselves: :class:`Dialer` (:func:`channel`), :func:`stub`, :func:`make_options`, :func:`audio_file`,
 :func:`dialogue_request_from_file`.
 
 Imports only grpc, protobuf and the generated stubs (NumPy only once samples are passed as an array), so a
@@ -17,14 +17,17 @@ pipeline that talks to a server never loads the engine, ONNX Runtime or audio li
 """
 
 from sleuthd.client.channels import (
+    DEFAULT_TARGET,
     RETRY_POLICY,
     SERVICE_NAME,
+    CredentialsError,
+    Dialer,
     channel,
-    channel_credentials,
     channel_options,
+    read_token,
     stub,
     sync_channel,
-    token_metadata,
+    tls_credentials,
 )
 from sleuthd.client.clients import AsyncSleuthClient, SleuthClient
 from sleuthd.client.requests import (
@@ -55,11 +58,14 @@ from sleuthd.client.results import (
 )
 
 __all__ = [
+    "DEFAULT_TARGET",
     "METHODS",
     "RETRY_POLICY",
     "SERVICE_NAME",
     "THRESHOLD_SETS",
     "AsyncSleuthClient",
+    "CredentialsError",
+    "Dialer",
     "DialogueFileError",
     "DriftSegment",
     "RankedCandidate",
@@ -75,16 +81,16 @@ __all__ = [
     "VoicePage",
     "audio_file",
     "channel",
-    "channel_credentials",
     "channel_options",
     "dialogue_request",
     "dialogue_request_from_dict",
     "dialogue_request_from_file",
     "make_options",
     "rank_request",
+    "read_token",
     "register_request",
     "stub",
     "sync_channel",
+    "tls_credentials",
     "to_audio",
-    "token_metadata",
 ]

@@ -33,19 +33,12 @@ TurnLike = Turn | tuple[str, AudioLike]
 
 
 class _Base:
-    def __init__(
-        self,
-        target: str,
-        timeout: float | None,
-        credentials: grpc.ChannelCredentials | None,
-        token: str | None,
-    ) -> None:
+    def __init__(self, target: str, timeout: float | None) -> None:
         self.target = target
         self.timeout = timeout
-        self._metadata = channels.token_metadata(credentials, token, target)
 
     def _call(self, timeout: float | None) -> dict[str, Any]:
-        return {"timeout": self.timeout if timeout is None else timeout, "metadata": self._metadata or None}
+        return {"timeout": self.timeout if timeout is None else timeout}
 
     @staticmethod
     def _check(
@@ -74,7 +67,9 @@ class SleuthClient(_Base):
         verdict = sleuth.check([("Maya", "t1.wav"), ("Tom", "t2.wav"), ("Maya", "t3.wav")])
         print(verdict.consistent, verdict.inconsistent_turns)
 
-    ``credentials``: TLS (``grpc.ssl_channel_credentials(...)``); ``token``: sent as a bearer token.
+    ``credentials``: TLS (``grpc.ssl_channel_credentials(...)`` or :func:`~sleuthd.client.tls_credentials` from
+    PEM files); ``token``: sent as a bearer token on every call; ``server_name``: the name to expect in the
+    server's certificate; ``target`` may list several replicas (see :class:`~sleuthd.client.Dialer`).
     """
 
     def __init__(
@@ -84,10 +79,11 @@ class SleuthClient(_Base):
         timeout: float | None = 120.0,
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
+        server_name: str | None = None,
         max_message_bytes: int = channels.DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        super().__init__(target, timeout, credentials, token)
-        self.channel = channels.sync_channel(target, max_message_bytes, credentials=credentials, token=token)
+        super().__init__(target, timeout)
+        self.channel = channels.Dialer(target, credentials, token, server_name, max_message_bytes).sync()
         self.stub = pb_grpc.SleuthStub(self.channel)
 
     def check(
@@ -197,10 +193,11 @@ class AsyncSleuthClient(_Base):
         timeout: float | None = 120.0,
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
+        server_name: str | None = None,
         max_message_bytes: int = channels.DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        super().__init__(target, timeout, credentials, token)
-        self.channel = channels.channel(target, max_message_bytes, credentials=credentials, token=token)
+        super().__init__(target, timeout)
+        self.channel = channels.Dialer(target, credentials, token, server_name, max_message_bytes).aio()
         self.stub = pb_grpc.SleuthStub(self.channel)
 
     async def check(

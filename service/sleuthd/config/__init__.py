@@ -17,8 +17,8 @@ from typing import Literal
 
 from sleuthd.config.admission import AdmissionConfig
 from sleuthd.config.base import (
+    DEFAULT_TARGET,
     ENV_PREFIX,
-    SAMPLE_RATE,
     ConfigError,
     _at_least,
     add_cli_args,
@@ -30,8 +30,8 @@ from sleuthd.config.judge import JudgeConfig
 from sleuthd.config.registry import RegistryConfig
 
 __all__ = [
+    "DEFAULT_TARGET",
     "ENV_PREFIX",
-    "SAMPLE_RATE",
     "AdmissionConfig",
     "BatcherConfig",
     "ConfigError",
@@ -216,9 +216,12 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class ConnectConfig:
-    """How a client reaches a server (`sleuthd health`; sleuthd.client.credentials builds the channel from it)."""
+    """How a client reaches a server: `sleuthd check`, `rank`, `health` and `voices` take these flags, and
+    sleuthd.client.channels.Dialer builds the channel from them."""
 
-    target: str = option("127.0.0.1:50051", help="server host:port")
+    target: str = option(
+        DEFAULT_TARGET, help="server host:port, or several replicas (dns:///name:port, ipv4:a:port,b:port)"
+    )
     tls: Literal["off", "on"] = option(
         "off", help="on: TLS with gRPC's bundled roots; any tls_* file below turns TLS on as well"
     )
@@ -227,10 +230,8 @@ class ConnectConfig:
     tls_client_key: str = option("", help="PEM private key of tls_client_cert")
     tls_server_name: str = option("", help="name to expect in the server's certificate instead of the target host")
     auth_token_file: str = option("", help="file whose first token line is sent as `authorization: Bearer <token>`")
-    timeout_seconds: float = option(5.0, help="how long to wait for the server's answer, seconds")
 
     def __post_init__(self) -> None:
-        _at_least(self, "timeout_seconds", 1e-3)
         if bool(self.tls_client_cert) != bool(self.tls_client_key):
             raise ConfigError("tls_client_cert and tls_client_key go together: set both or neither")
 

@@ -15,10 +15,9 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
-# Every encoder and the VAD run at this rate; audio is resampled to it on arrival.
-SAMPLE_RATE = 16_000
-
 ENV_PREFIX = "SLEUTHD_"
+# Where clients look for a server when told nothing else (`sleuthd serve` listens there by default).
+DEFAULT_TARGET = "127.0.0.1:50051"
 
 
 class ConfigError(ValueError):

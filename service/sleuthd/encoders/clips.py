@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sleuthd.audio import SAMPLE_RATE
 from sleuthd.audio.decode import (
     AudioError,
     Waveform,
@@ -24,7 +25,6 @@ from sleuthd.audio.decode import (
 )
 from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec, make_windows
-from sleuthd.config import SAMPLE_RATE
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.manifest import EncoderManifest
 

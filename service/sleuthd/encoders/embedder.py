@@ -9,10 +9,11 @@ Concurrent requests for the same clip share one computation.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import TypeVar
 
+from sleuthd.aio import gather_or_cancel
 from sleuthd.audio.decode import DEFAULT_REQUEST_SAMPLES, AudioError
 from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec
@@ -158,20 +159,6 @@ class ClipEmbedder:
             if key:
                 self.cache.put(key, result)
         return list(embedded)
-
-
-async def gather_or_cancel(work: Iterable[Awaitable[T]]) -> list[T]:
-    """Run ``work`` concurrently, results in order. The first failure (or the caller's cancellation)
-    cancels the rest, which are awaited, so none keeps decoding or holding batcher rows for a request
-    that has already failed, and none is left with an exception nobody retrieved."""
-    tasks = [asyncio.ensure_future(w) for w in work]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def _retrieving(task: asyncio.Task[T]) -> asyncio.Task[T]:

@@ -38,8 +38,7 @@ from sleuthd.judgment.lalm_dialogue import LalmDialogue
 from sleuthd.judgment.options import EncoderEntry, ResolvedOptions, resolve
 from sleuthd.judgment.ranking import check_evidence, rank_candidates, validate_rank
 from sleuthd.judgment.scoring import Method
-from sleuthd.lalm.batcher import JudgeObserver
-from sleuthd.ops.observe import EngineObserver, NullObserver
+from sleuthd.ops.observe import EngineObserver, JudgeObserver, NullObserver
 from sleuthd.registry.store import AsyncVoiceStore, VoiceStore
 from sleuthd.registry.voices import VoiceRegistry
 

@@ -22,9 +22,11 @@ from concurrent.futures import Executor
 
 import numpy as np
 
+from sleuthd.aio import gather_or_cancel
+from sleuthd.audio import SAMPLE_RATE
 from sleuthd.audio.decode import AudioError
 from sleuthd.audio.vad import Vad
-from sleuthd.config import SAMPLE_RATE, JudgeConfig
+from sleuthd.config import JudgeConfig
 from sleuthd.domain import (
     AudioInput,
     DialogueRequest,
@@ -43,13 +45,12 @@ from sleuthd.engine.loading import start_judge
 from sleuthd.errors import DeadlineExceeded, InvalidRequest, Unsupported
 from sleuthd.judgment.calibration import Calibration
 from sleuthd.judgment.drift import drift_window
-from sleuthd.judgment.lalm_dialogue import Heard, LalmDialogue, gather_or_cancel
+from sleuthd.judgment.lalm_dialogue import Heard, LalmDialogue
 from sleuthd.judgment.options import LALM_THRESHOLD, ResolvedOptions
 from sleuthd.judgment.ranking import rank_candidates
 from sleuthd.judgment.scoring import Method
-from sleuthd.lalm.batcher import JudgeObserver
 from sleuthd.lalm.judge import NO_JUDGE, Judge
-from sleuthd.ops.observe import EngineObserver
+from sleuthd.ops.observe import EngineObserver, JudgeObserver
 
 logger = logging.getLogger(__name__)
 

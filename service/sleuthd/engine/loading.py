@@ -24,11 +24,12 @@ from sleuthd.encoders.manifest import ManifestError, find_encoders, load_encoder
 from sleuthd.encoders.runner import OnnxEncoder, PerClipEncoder, WindowEncoder
 from sleuthd.engine.admission import BoundedThreadPool
 from sleuthd.ops.observe import BatchObserver
-from sleuthd.registry.store import VoiceStore, open_store
+from sleuthd.registry.open import open_store
+from sleuthd.registry.store import VoiceStore
 
 if TYPE_CHECKING:
-    from sleuthd.lalm.batcher import JudgeObserver
     from sleuthd.lalm.judge import LalmJudge
+    from sleuthd.ops.observe import JudgeObserver
 
 logger = logging.getLogger(__name__)
 

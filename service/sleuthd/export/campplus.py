@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from sleuthd.audio import SAMPLE_RATE
 from sleuthd.encoders.manifest import sha256_of
 from sleuthd.export.graph import OPSET, GraphBuilder, trim_and_wrap, trim_and_wrap_reference
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
 FRAME = 400  # 25 ms
 SHIFT = 160  # 10 ms
 N_FFT = 512  # Kaldi rounds the frame up to a power of two

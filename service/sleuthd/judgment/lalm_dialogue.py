@@ -15,13 +15,13 @@ it causes come at once, and the stream's final verdict is made of exactly the pr
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
 
+from sleuthd.aio import gather_or_cancel
 from sleuthd.domain import (
     AudioInput,
     DialogueResult,
@@ -65,18 +65,6 @@ class Heard:
 
 # Hears one turn's audio (``label`` names it in errors): sleuthd.engine.lalm_judging.LalmJudging.hear.
 Hear = Callable[[AudioInput, str, float | None], Awaitable[Heard]]
-
-
-async def gather_or_cancel(aws: Sequence[Awaitable[T]]) -> list[T]:
-    """Await all; on the first failure cancel the rest (their queued work is withdrawn) and re-raise."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def embedding_options(opts: ResolvedOptions) -> ResolvedOptions:

@@ -25,10 +25,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from sleuthd.errors import DeadlineExceeded, EngineFailure, LimitExceeded, Overloaded
 from sleuthd.lalm.types import BatchTooLarge
+from sleuthd.ops.observe import JudgeObserver, NullObserver
 
 logger = logging.getLogger(__name__)
 
@@ -54,37 +55,6 @@ class PromptBatcherConfig:
         ):
             if not getattr(self, name) >= low:
                 raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
-
-
-class JudgeObserver(Protocol):
-    """Receives the batcher's measurements (for Prometheus)."""
-
-    def queue_depth(self, prompts: int) -> None: ...
-    def queue_wait(self, seconds: float) -> None: ...
-    def batch_executed(self, prompts: int, padded_tokens: int, seconds: float) -> None: ...
-    def batch_failed(self, prompts: int) -> None: ...
-    def batch_split(self, prompts: int) -> None: ...
-    def rejected(self) -> None: ...
-
-
-class NullObserver:
-    def queue_depth(self, prompts: int) -> None:
-        pass
-
-    def queue_wait(self, seconds: float) -> None:
-        pass
-
-    def batch_executed(self, prompts: int, padded_tokens: int, seconds: float) -> None:
-        pass
-
-    def batch_failed(self, prompts: int) -> None:
-        pass
-
-    def batch_split(self, prompts: int) -> None:
-        pass
-
-    def rejected(self) -> None:
-        pass
 
 
 @dataclass

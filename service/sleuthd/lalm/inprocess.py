@@ -11,10 +11,11 @@ import logging
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
-from sleuthd.lalm.batcher import JudgeObserver, PromptBatcher, PromptBatcherConfig, PromptBatcherStats
+from sleuthd.lalm.batcher import PromptBatcher, PromptBatcherConfig, PromptBatcherStats
 from sleuthd.lalm.local import LocalModel, Prepared
 from sleuthd.lalm.prompts import Prompt
 from sleuthd.lalm.types import AnswerScores
+from sleuthd.ops.observe import JudgeObserver
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,10 @@ import numpy as np
 from sleuthd.config import JudgeConfig
 from sleuthd.errors import InvalidRequest
 from sleuthd.lalm import prompts
-from sleuthd.lalm.batcher import JudgeObserver, PromptBatcherConfig
+from sleuthd.lalm.batcher import PromptBatcherConfig
 from sleuthd.lalm.calibration import JudgeCalibration, select, weights_sha256
 from sleuthd.lalm.types import AnswerScores, Clip, JudgeInfo, JudgeProbability, JudgeRanking, RankedOption
+from sleuthd.ops.observe import JudgeObserver
 
 logger = logging.getLogger(__name__)
 

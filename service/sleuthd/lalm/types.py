@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sleuthd.audio import SAMPLE_RATE as SAMPLE_RATE  # re-exported: the judge modules take it from here
 from sleuthd.errors import EngineFailure, InvalidRequest
 
 # Every judge hears 16 kHz mono float32 audio; the engine decodes and resamples before it gets here.
-SAMPLE_RATE = 16_000
 
 
 class JudgeUnanswered(EngineFailure):

@@ -40,7 +40,7 @@ _TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
 class JudgeMetrics:
-    """The LALM judge batcher's measurements (sleuthd.lalm.batcher.JudgeObserver), on the server's registry."""
+    """The LALM judge batcher's measurements (sleuthd.ops.observe.JudgeObserver), on the server's registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry

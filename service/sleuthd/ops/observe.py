@@ -31,27 +31,31 @@ class BatchObserver(Protocol):
 
 
 class NullObserver:
-    """The default observer: measures nothing."""
+    """Measures nothing. Stands in for every observer protocol of this module (the in-process API and tests
+    that do not care about metrics): each method takes whatever its protocol passes."""
 
-    def queue_depth(self, windows: int) -> None:
+    def queue_depth(self, *_: object) -> None:
         pass
 
-    def queue_wait(self, seconds: float) -> None:
+    def queue_wait(self, *_: object) -> None:
         pass
 
-    def batch_executed(self, windows: int, requests: int, seconds: float) -> None:
+    def batch_executed(self, *_: object) -> None:
         pass
 
-    def batch_failed(self, windows: int, requests: int) -> None:
+    def batch_failed(self, *_: object) -> None:
+        pass
+
+    def batch_split(self, *_: object) -> None:
         pass
 
     def rejected(self) -> None:
         pass
 
-    def clip_embedded(self, audio_seconds: float, cached: bool) -> None:
+    def clip_embedded(self, *_: object, **__: object) -> None:
         pass
 
-    def verdict(self, status: TurnStatus) -> None:
+    def verdict(self, *_: object) -> None:
         pass
 
 
@@ -63,3 +67,25 @@ class EngineObserver(BatchObserver, Protocol):
 
     def verdict(self, status: TurnStatus) -> None:
         """A turn verdict was issued for the first time."""
+
+
+class JudgeObserver(Protocol):
+    """Receives the LALM judge's prompt batcher's measurements (sleuthd.lalm.batcher)."""
+
+    def queue_depth(self, prompts: int) -> None:
+        """Prompts now waiting."""
+
+    def queue_wait(self, seconds: float) -> None:
+        """How long a prompt waited before its batch started."""
+
+    def batch_executed(self, prompts: int, padded_tokens: int, seconds: float) -> None:
+        """One model call finished after ``seconds``; ``padded_tokens``: tokens sent, padding included."""
+
+    def batch_failed(self, prompts: int) -> None:
+        """A model call raised; its prompts all failed."""
+
+    def batch_split(self, prompts: int) -> None:
+        """A call ran out of memory and was split in halves."""
+
+    def rejected(self) -> None:
+        """A prompt was refused because the queue was full."""

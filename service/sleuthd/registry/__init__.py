@@ -9,7 +9,8 @@ PostgreSQL for a ``postgresql://`` URL, None when the option is empty); an async
 
 from sleuthd.config import RegistryConfig
 from sleuthd.registry.model import ClipInput, Embedding, StoredClip, Voice, VoicePage
-from sleuthd.registry.store import AsyncVoiceStore, RegistryUnavailable, VoiceStore, open_store
+from sleuthd.registry.open import open_store
+from sleuthd.registry.store import AsyncVoiceStore, RegistryUnavailable, VoiceStore
 
 __all__ = [
     "AsyncVoiceStore",
