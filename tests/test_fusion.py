@@ -19,7 +19,7 @@ from sleuthd.engine.facade import Engine
 from sleuthd.engine.loading import load_models
 from sleuthd.errors import Unsupported
 from sleuthd.judgment.calibration import CalibrationError
-from sleuthd.judgment.dialogue import DialogueState
+from sleuthd.judgment.dialogue import EncoderDialogue
 from sleuthd.judgment.options import EncoderEntry, resolve
 from sleuthd.judgment.scoring import Method
 from sleuthd.ops.observe import NullObserver
@@ -169,14 +169,14 @@ def test_fused_streamed_verdicts_equal_check_dialogue(engine: Engine) -> None:
         return np.concatenate([p / np.linalg.norm(p) / np.sqrt(2) for p in parts]).astype(np.float32)
 
     turns = [(f"t{i}", f"s{i % 3}", fused(i % 3 if rng.random() > 0.1 else (i + 1) % 3)) for i in range(40)]
-    streamed = DialogueState("d", opts, {}, NullObserver())
+    streamed = EncoderDialogue("d", opts, {}, NullObserver())
     for position, (turn_id, speaker, e) in enumerate(turns):
-        streamed.add_turn(turn_id, speaker, position, ClipEmbedding(3.0, 2.5, e, None, None))
+        streamed.add_clip(turn_id, speaker, position, ClipEmbedding(3.0, 2.5, e, None, None))
         (first, *_) = streamed.updates(turn_id)
         assert [s.encoder for s in first.verdict.encoder_scores] == ["ge2e", "campplus"]
-    once = DialogueState("d", opts, {}, NullObserver())
+    once = EncoderDialogue("d", opts, {}, NullObserver())
     for position, (turn_id, speaker, e) in enumerate(turns):
-        once.add_turn(turn_id, speaker, position, ClipEmbedding(3.0, 2.5, e, None, None))
+        once.add_clip(turn_id, speaker, position, ClipEmbedding(3.0, 2.5, e, None, None))
     assert streamed.judge() == once.judge()
     got, _ = once.judge()
     assert all(len(t.encoder_scores) == 2 for t in got)

@@ -19,7 +19,7 @@ from sleuthd.encoders.clips import ClipEmbedding
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.stream import StreamSession
 from sleuthd.judgment.calibration import turn_features
-from sleuthd.judgment.dialogue import DialogueState
+from sleuthd.judgment.dialogue import EncoderDialogue
 from sleuthd.judgment.gram import SCALE_BITS, SortedPairs, cosines, gram, median_without, quantize, std_without
 from sleuthd.judgment.options import ResolvedOptions
 from sleuthd.ops.observe import NullObserver
@@ -163,8 +163,8 @@ def random_dialogue(
     return turns, clips, references
 
 
-def state(opts: ResolvedOptions, references: dict[str, np.ndarray]) -> DialogueState:
-    return DialogueState("d", opts, references, NullObserver())
+def state(opts: ResolvedOptions, references: dict[str, np.ndarray]) -> EncoderDialogue:
+    return EncoderDialogue("d", opts, references, NullObserver())
 
 
 def assert_close(got: TurnResult, want: TurnResult) -> None:
@@ -186,7 +186,7 @@ def test_dialogue_verdicts_equal_the_reference_judge(engine: Engine, method: Met
         want_turns, want_speakers = ref_judge_dialogue(turns, clips, references, opts.judgment)
         s = state(opts, references)
         for position, ((turn_id, speaker), clip) in enumerate(zip(turns, clips, strict=True)):
-            s.add_turn(turn_id, speaker, position, clip)
+            s.add_clip(turn_id, speaker, position, clip)
         got_turns, got_speakers = s.judge()
         assert got_speakers == want_speakers
         for got, want in zip(got_turns, want_turns, strict=True):
@@ -208,12 +208,12 @@ def test_streamed_updates_equal_check_of_every_prefix(engine: Engine, method: Me
         last: dict[str, object] = {}
         done: list[int] = []
         for i in arrival:
-            streamed.add_turn(turns[i][0], turns[i][1], i, clips[i])
+            streamed.add_clip(turns[i][0], turns[i][1], i, clips[i])
             updates = streamed.updates(turns[i][0])
             done.append(i)
             fresh = state(opts, references)
             for j in sorted(done):
-                fresh.add_turn(turns[j][0], turns[j][1], j, clips[j])
+                fresh.add_clip(turns[j][0], turns[j][1], j, clips[j])
             want_turns, want_speakers = fresh.judge()
             want = {t.turn_id: t for t in want_turns}
             speakers = {v.speaker: v for v in want_speakers}
@@ -265,15 +265,15 @@ async def test_long_real_dialogue_streamed_equals_check_dialogue(engine: Engine,
         for j in reversed(pair):
             finished.append((j, await session.finish_turn(script[j][0])))
         k += len(pair)
-    final = session.close()
+    final = await session.close()
 
     opts = engine.resolve(options)
     refs = (await engine.open_dialogue("long", references, opts, None)).references
-    clips = [(await engine.embed_turn(opts, AudioInput(data), turn_id, None))[0] for turn_id, _, data in script]
+    clips = [(await engine.embedder.embed_audio(opts.encoder, [(AudioInput(data), t)]))[0] for t, _, data in script]
     for step, (j, updates) in enumerate(finished):
-        fresh = DialogueState("long", opts, refs, NullObserver())
+        fresh = EncoderDialogue("long", opts, refs, NullObserver())
         for i in sorted(i for i, _ in finished[: step + 1]):
-            fresh.add_turn(script[i][0], script[i][1], i, clips[i])
+            fresh.add_clip(script[i][0], script[i][1], i, clips[i])
         turns, speakers = fresh.judge()
         want = {t.turn_id: t for t in turns}
         assert updates[0].verdict == want[script[j][0]]

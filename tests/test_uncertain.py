@@ -11,7 +11,7 @@ from sleuthd import domain
 from sleuthd.cli import check as check_batch
 from sleuthd.cli import text as tables
 from sleuthd.client import Verdict
-from sleuthd.judgment.lalm_dialogue import speaker_result
+from sleuthd.judgment.verdicts import speaker_verdict
 from sleuthd.rpc import convert
 
 _FLAGGED = domain.TurnResult("t2", "Maya", domain.TurnStatus.INCONSISTENT, 3.0, 2.5, score=0.9)
@@ -23,7 +23,7 @@ _CLEAR = domain.TurnResult("t1", "Maya", domain.TurnStatus.CONSISTENT, 3.0, 2.6,
 
 
 def _result(*turns: domain.TurnResult) -> domain.DialogueResult:
-    speaker = speaker_result("Maya", turns)
+    speaker = speaker_verdict("Maya", [(t.turn_id, t.status) for t in turns])
     return domain.DialogueResult("d", turns, (speaker,), "ge2e", domain.Method.AUTO, domain.ThresholdSet.DEFAULT)
 
 

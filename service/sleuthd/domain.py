@@ -15,7 +15,7 @@ class Method(Enum):
     CENTROID = "centroid"
     REFERENCE = "reference"
     AUTO = "auto"  # calibrated probability, see sleuthd.judgment.calibration
-    LALM = "lalm"  # the LALM judge's probability, see sleuthd.engine.lalm_judging
+    LALM = "lalm"  # the LALM judge's probability, see sleuthd.judgment.lalm_dialogue
 
 
 class PcmEncoding(Enum):

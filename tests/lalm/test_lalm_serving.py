@@ -437,7 +437,7 @@ def test_the_serving_path_imports_no_torch_transformers_or_httpx() -> None:
     """A server installed without the judge extra still starts: the judge's libraries load only for a judge."""
     code = (
         "import sys\n"
-        "import sleuthd.rpc.server, sleuthd.engine.facade, sleuthd.engine.lalm_judging, sleuthd.cli.main\n"
+        "import sleuthd.rpc.server, sleuthd.engine.facade, sleuthd.engine.judging, sleuthd.cli.main\n"
         "print(sorted(m for m in ('torch', 'transformers', 'httpx') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

@@ -141,6 +141,31 @@ class ClipEmbedding:
         return self.embedding is not None
 
 
+@dataclass(frozen=True)
+class Heard:
+    """A clip decoded once and heard twice: the waveform (for a listener that needs the audio itself, the
+    LALM judge) and the encoder's embeddings of it.
+
+    ``samples``: (n,) float32, 16 kHz mono, as decoded (before loudness normalisation and trimming).
+    ``clips``: one embedding per window placement asked for (the manifest's first, then drift windows).
+    """
+
+    samples: np.ndarray
+    clips: list[ClipEmbedding]
+
+    @property
+    def clip(self) -> ClipEmbedding:
+        return self.clips[0]
+
+
+def decode_and_prepare(
+    audio: AudioInput, manifest: EncoderManifest, vad: Vad, max_seconds: float, windows: Sequence[WindowSpec | None]
+) -> tuple[np.ndarray, list[PreparedClip]]:
+    """One decode for both listeners: the 16 kHz mono waveform, and the encoder's windows cut from it."""
+    samples = decode(audio, max_seconds).samples
+    return samples, prepare_waveform_placements(samples, manifest, vad, windows)
+
+
 def embedded_clip(clip: PreparedClip, window_embeddings: np.ndarray) -> ClipEmbedding:
     """A usable clip's embedding from its windows' embeddings (unit rows)."""
     return ClipEmbedding(

@@ -19,7 +19,15 @@ from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.cache import LruCache, audio_key
-from sleuthd.encoders.clips import ClipEmbedding, PreparedClip, check_request_audio, embedded_clip, prepare_placements
+from sleuthd.encoders.clips import (
+    ClipEmbedding,
+    Heard,
+    PreparedClip,
+    check_request_audio,
+    decode_and_prepare,
+    embedded_clip,
+    prepare_placements,
+)
 from sleuthd.encoders.fusion import FusedEncoder
 from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.encoders.single_flight import SingleFlight
@@ -86,6 +94,26 @@ class ClipEmbedder:
     ) -> list[ClipEmbedding]:
         """:meth:`embed` under the manifest's placement only: one embedding per clip."""
         return [clips[0] for clips in await self.embed(encoder, audios, deadline)]
+
+    async def hear(
+        self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
+    ) -> Heard:
+        """Decode ``audio`` once and keep the waveform beside its embeddings under each placement (for the
+        LALM judge, which hears the audio itself). The cache is not consulted: the waveform is needed
+        anyway, and VAD plus encoding of a cached clip cost a few milliseconds. AudioError names ``label``."""
+        loop = asyncio.get_running_loop()
+        if deadline is not None and loop.time() >= deadline:
+            raise DeadlineExceeded(f"{label}: the deadline passed before it could be decoded")
+        try:
+            samples, prepared = await loop.run_in_executor(
+                self._prep_pool, decode_and_prepare, audio, encoder.manifest, self.vad, self.max_clip_seconds,
+                placements,
+            )  # fmt: skip
+        except AudioError as exc:
+            raise AudioError(f"{label}: {exc}") from exc
+        clips = await gather_or_cancel(embed_prepared(encoder, p, deadline) for p in prepared)
+        self.observer.clip_embedded(clips[0].audio_seconds, cached=False)
+        return Heard(samples, list(clips))
 
     async def _one(
         self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements

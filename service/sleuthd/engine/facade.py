@@ -1,11 +1,12 @@
 """The engine façade: dialogue and candidate requests in, verdicts out. Never imports grpc.
 
-The request path, stage by stage:
-  options (judgment.options)           request options -> encoder, method, threshold, calibration
-  -> clip embedder (encoders.embedder) audio -> cache / single flight -> decode, VAD, windows -> micro-batcher
-  -> dialogue state (judgment.dialogue) embeddings -> verdicts (judgment.verdicts), drift, verdict metrics
-     or ranking (judgment.ranking)     embeddings -> candidates best first
-  method lalm: engine.lalm_judging     audio -> waveform + embedding -> the LALM judge -> verdicts, ranking
+The request path, stage by stage ("X -> Y": what goes in and what comes out):
+  options (judgment.options)         request options -> encoder, method, threshold, calibration
+  -> judge (engine.judging)          the method's judge: the speaker encoders, or the LALM judge
+  -> dialogue (judgment.dialogue)    references heard -> one Dialogue; its turns heard by its listener
+                                     (encoders.embedder: cache, single flight, decode, VAD, windows,
+                                     micro-batcher) -> verdicts (judgment.verdicts), drift, metrics
+     or ranking (judgment.ranking)   candidates, context, reference heard -> candidates best first
 """
 
 from __future__ import annotations
@@ -13,30 +14,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-import numpy as np
-
 from sleuthd.config import EngineConfig
-from sleuthd.domain import (
-    AudioInput,
-    CheckOptions,
-    DialogueRequest,
-    DialogueResult,
-    RankRequest,
-    RankResult,
-    Reference,
-    VoiceRef,
-)
-from sleuthd.encoders.clips import ClipEmbedding
-from sleuthd.encoders.embedder import ClipEmbedder, Placements
+from sleuthd.domain import CheckOptions, DialogueRequest, DialogueResult, RankRequest, RankResult, Reference
+from sleuthd.encoders.embedder import ClipEmbedder
 from sleuthd.encoders.runner import WindowEncoder
-from sleuthd.engine.lalm_judging import LalmJudging
+from sleuthd.engine.judging import EncoderJudging, Judging, LalmJudging
 from sleuthd.engine.loading import LoadedModels, load_models, open_registry
-from sleuthd.errors import InvalidRequest, Unsupported
-from sleuthd.judgment.dialogue import DialogueState, require_references, validate_dialogue
-from sleuthd.judgment.drift import drift_window
-from sleuthd.judgment.lalm_dialogue import LalmDialogue
+from sleuthd.errors import Unsupported
+from sleuthd.judgment.dialogue import Dialogue, audio_turns, require_references, validate_dialogue
 from sleuthd.judgment.options import EncoderEntry, ResolvedOptions, resolve
-from sleuthd.judgment.ranking import check_evidence, rank_candidates, validate_rank
+from sleuthd.judgment.ranking import validate_rank
 from sleuthd.judgment.scoring import Method
 from sleuthd.ops.observe import EngineObserver, JudgeObserver, NullObserver
 from sleuthd.registry.store import AsyncVoiceStore, VoiceStore
@@ -72,7 +59,8 @@ class Engine:
             if registry is None
             else VoiceRegistry(AsyncVoiceStore(registry), models.encoders, self.embedder, models.default_encoder)
         )
-        self.lalm = LalmJudging(config.judge, models.vad, models.prep_pool, self.observer, self.embedder)
+        self.encoder_judging = EncoderJudging(self.embedder, lambda: self.voices, self.observer)
+        self.lalm = LalmJudging(config.judge, self.embedder, self.observer)
 
     @classmethod
     def load(cls, config: EngineConfig, observer: EngineObserver | None = None) -> Engine:
@@ -118,114 +106,30 @@ class Engine:
     def resolve(self, options: CheckOptions) -> ResolvedOptions:
         return resolve(options, self.entries, self.models.default_encoder)
 
-    # ------------------------------------------------------------------ CheckDialogue
+    def _judging(self, opts: ResolvedOptions) -> Judging:
+        """The judge of the request's method: the one place that tells the two apart."""
+        return self.lalm if opts.method is Method.LALM else self.encoder_judging
+
+    # ------------------------------------------------------------------ CheckDialogue, StreamDialogue
 
     async def check_dialogue(self, request: DialogueRequest, deadline: float | None = None) -> DialogueResult:
         validate_dialogue(request, self.config.max_turns)
         opts = self.resolve(request.options)
-        if opts.method is Method.LALM:
-            return await self.lalm.check_dialogue(request, opts, deadline)
-        audio_turns = [t for t in request.turns if t.audio is not None]
-        require_references(opts, [t.speaker for t in audio_turns], request.references)
-        state = await self.open_dialogue(request.dialogue_id, request.references, opts, deadline)
-        assert isinstance(state, DialogueState)  # method lalm was handed over above
-        embedded = await self.embedder.embed(
-            opts.encoder,
-            [(t.audio, f"turn {t.turn_id!r}") for t in audio_turns if t.audio is not None],
-            deadline,
-            self._placements(opts),
-        )
-        for position, (turn, clips) in enumerate(zip(audio_turns, embedded, strict=True)):
-            state.add_turn(turn.turn_id, turn.speaker, position, clips[0], clips[1] if len(clips) > 1 else None)
-        return state.result()
-
-    # ------------------------------------------------------------------ StreamDialogue
+        turns = audio_turns(request)
+        require_references(opts, [t.speaker for t in turns], request.references)
+        dialogue = await self.open_dialogue(request.dialogue_id, request.references, opts, deadline)
+        await dialogue.add_turns(turns, deadline)
+        return await dialogue.result(deadline)
 
     async def open_dialogue(
         self, dialogue_id: str, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
-    ) -> DialogueState | LalmDialogue:
-        """An empty dialogue judged under ``opts``, with its speakers' references embedded."""
-        if opts.method is Method.LALM:
-            return await self.lalm.open_dialogue(dialogue_id, references, opts, deadline)
-        embedded = await self.reference_embeddings(references, opts, deadline)
-        return DialogueState(dialogue_id, opts, embedded, self.observer)
-
-    async def reference_embeddings(
-        self, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
-    ) -> dict[str, np.ndarray]:
-        """Each speaker's reference under ``opts.encoder``: a registered voice is looked up first (its
-        embedding for exactly this encoder's weights; a read, so an unknown id fails before any audio is
-        embedded), then the clips are embedded together."""
-        embedded = {
-            s: await self.voices.embedding(r.voice_id, opts.encoder, deadline)
-            for s, r in references.items()
-            if isinstance(r, VoiceRef)
-        }
-        clips = [(s, r) for s, r in references.items() if isinstance(r, AudioInput)]
-        embedded_clips = await self.embedder.embed_audio(
-            opts.encoder, [(a, f"reference of speaker {s!r}") for s, a in clips], deadline
-        )
-        for (s, _), clip in zip(clips, embedded_clips, strict=True):
-            if clip.embedding is None:
-                raise InvalidRequest(f"reference of speaker {s!r} is unusable: {clip.detail}")
-            embedded[s] = clip.embedding
-        return {s: embedded[s] for s in references}
-
-    async def embed_turn(
-        self, opts: ResolvedOptions, audio: AudioInput, label: str, deadline: float | None
-    ) -> tuple[ClipEmbedding, ClipEmbedding | None]:
-        """One turn's embedding, and on the drift windows too when the dialogue asked for drift."""
-        (clips,) = await self.embedder.embed(opts.encoder, [(audio, label)], deadline, self._placements(opts))
-        return clips[0], clips[1] if len(clips) > 1 else None
-
-    def _placements(self, opts: ResolvedOptions) -> Placements:
-        """The manifest's windows, plus the denser drift windows when the request asked for drift."""
-        if opts.detect_drift and opts.entry.drift is not None:
-            return (None, drift_window(opts.encoder.manifest.window, opts.entry.drift))
-        return (None,)
+    ) -> Dialogue:
+        """An empty dialogue judged under ``opts``, with its speakers' references heard."""
+        return await self._judging(opts).open_dialogue(dialogue_id, references, opts, deadline)
 
     # ------------------------------------------------------------------ RankCandidates
 
     async def rank_candidates(self, request: RankRequest, deadline: float | None = None) -> RankResult:
         validate_rank(request, self.config.max_candidates, self.config.max_context)
         opts = self.resolve(request.options)
-        if opts.method is Method.LALM:
-            return await self.lalm.rank(request, opts, deadline)
-        manifest = opts.encoder.manifest
-        check_evidence(opts.method, len(request.context), request.reference is not None)
-        audios = [(c.audio, f"candidate {c.candidate_id!r}") for c in request.candidates]
-        audios += [(a, f"context clip #{n}") for n, a in enumerate(request.context)]
-        reference: np.ndarray | None = None
-        if isinstance(request.reference, VoiceRef):
-            reference = await self.voices.embedding(request.reference.voice_id, opts.encoder, deadline)
-        elif request.reference is not None:
-            audios.append((request.reference, "reference"))
-        clips = await self.embedder.embed_audio(opts.encoder, audios, deadline)
-        n_cand, n_ctx = len(request.candidates), len(request.context)
-        for c, clip in zip(request.candidates, clips[:n_cand], strict=True):
-            if not clip.usable:
-                raise InvalidRequest(f"candidate {c.candidate_id!r} cannot be scored: {clip.detail}")
-        if isinstance(request.reference, AudioInput):
-            if clips[-1].embedding is None:
-                raise InvalidRequest(f"reference is unusable: {clips[-1].detail}")
-            reference = clips[-1].embedding
-        context = [c for c in clips[n_cand : n_cand + n_ctx] if c.usable]
-        if opts.method in (Method.PAIRWISE, Method.CENTROID) and not context:
-            raise InvalidRequest(
-                f"none of the {n_ctx} context clips has enough speech "
-                f"(at least {manifest.min_speech_seconds:.2f} s each) for method {opts.method.value}"
-            )
-        if opts.method is Method.AUTO and not context and reference is None:
-            raise InvalidRequest(
-                f"none of the {n_ctx} context clips has enough speech and there is no reference: method auto has "
-                "nothing to compare the candidates with"
-            )
-        ranked = rank_candidates(
-            opts.method,
-            [c.candidate_id for c in request.candidates],
-            clips[:n_cand],
-            context,
-            reference,
-            opts.judgment.calibration,
-        )
-        return RankResult(candidates=ranked, encoder=manifest.name, method=opts.method, usable_context=len(context))
+        return await self._judging(opts).rank(request, opts, deadline)

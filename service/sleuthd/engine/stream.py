@@ -22,8 +22,7 @@ from sleuthd.domain import AudioInput, CheckOptions, DialogueResult, PcmSpec, Re
 from sleuthd.engine.admission import AudioBudget
 from sleuthd.engine.facade import Engine
 from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
-from sleuthd.judgment.dialogue import DialogueState, check_id, require_references
-from sleuthd.judgment.lalm_dialogue import LalmDialogue
+from sleuthd.judgment.dialogue import Dialogue, TurnAudio, check_id, require_references
 
 T = TypeVar("T")
 
@@ -44,7 +43,7 @@ class StreamSession:
         self._budget = budget or AudioBudget(engine.config.admission.max_audio_in_flight_bytes)
         self._overhead = engine.config.admission.stream_message_overhead_bytes
         self.dialogue_id = ""
-        self._state: DialogueState | LalmDialogue | None = None
+        self._state: Dialogue | None = None
         self._open: dict[str, _OpenTurn] = {}
         self._done: set[str] = set()
         self._started = 0
@@ -57,7 +56,7 @@ class StreamSession:
         self._budget.release(self._buffered)
         self._buffered = 0
 
-    def _require_open(self) -> DialogueState | LalmDialogue:
+    def _require_open(self) -> Dialogue:
         if self._state is None:
             raise OutOfSequence("the first message of a stream must be `open`")
         return self._state
@@ -113,36 +112,23 @@ class StreamSession:
         self._buffered += cost
 
     async def finish_turn(self, turn_id: str, deadline: float | None = None) -> list[TurnUpdate]:
-        """Embed the completed turn and judge the dialogue so far; the turn's verdict and revisions."""
+        """Hear the completed turn and judge the dialogue so far; the turn's verdict and revisions."""
         state = self._require_open()
         turn = self._open.pop(turn_id)
         data = b"".join(turn.chunks)
         turn.chunks.clear()
         self._buffered -= turn.size
-        if isinstance(state, LalmDialogue):  # method lalm: the judge hears the turn (sleuthd.judgment.lalm_dialogue)
-            self._done.add(turn_id)
-            heard = False
-            try:  # the turn's bytes stay counted in the audio budget until the judge has heard it
-                updates = await state.finish_turn(
-                    turn_id, turn.speaker, turn.position, AudioInput(data, turn.pcm), deadline
-                )
-                heard = True
-                return updates
-            finally:
-                self._budget.release(turn.size, heard)
         done = False
-        try:  # the turn's bytes stay counted in the audio budget until its embedding is done
-            clip, dense = await self.engine.embed_turn(
-                state.opts, AudioInput(data, turn.pcm), f"turn {turn_id!r}", deadline
-            )
+        try:  # the turn's bytes stay counted in the audio budget until the dialogue has heard it
+            completed = TurnAudio(turn_id, turn.speaker, turn.position, AudioInput(data, turn.pcm))
+            updates = await state.finish_turn(completed, deadline)
             done = True
+            return updates
         finally:
+            self._done.add(turn_id)
             self._budget.release(turn.size, done)
-        self._done.add(turn_id)
-        state.add_turn(turn_id, turn.speaker, turn.position, clip, dense)
-        return state.updates(turn_id)
 
-    def close(self) -> DialogueResult:
+    async def close(self, deadline: float | None = None) -> DialogueResult:
         """The whole dialogue's verdict, as CheckDialogue would give it."""
         state = self._require_open()
         if self._open:
@@ -150,7 +136,7 @@ class StreamSession:
             raise OutOfSequence(f"stream closed with turns still open: {still_open}; send their final chunk first")
         if not len(state):
             raise InvalidRequest("the stream ended without any complete turn: nothing to judge")
-        return state.result()
+        return await state.result(deadline)
 
 
 async def paced(messages: AsyncIterator[T], bounds: AdmissionConfig) -> AsyncIterator[T]:

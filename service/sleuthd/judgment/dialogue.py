@@ -1,8 +1,13 @@
-"""One dialogue's state: turn embeddings in, verdicts out. Shared by CheckDialogue and StreamDialogue.
+"""A dialogue being judged: the one protocol both judges implement, and the encoder's implementation.
 
 CheckDialogue adds every turn and asks for the result once; StreamDialogue adds turns as they complete
-and asks after each for the new turn's verdict and the revisions it caused. Both judge the same way
-(sleuthd.judgment.verdicts), so a stream's final verdict is exactly CheckDialogue's for the same turns.
+(:meth:`Dialogue.finish_turn`) and sends each turn's verdict and the revisions it caused. Both go through
+the same :class:`Dialogue`, whichever method judges (the speaker encoders here; the LALM judge in
+sleuthd.judgment.lalm_dialogue), so the engine and the stream session never ask which one they hold, and a
+stream's final verdict is exactly CheckDialogue's for the same turns.
+
+A dialogue hears its turns through a *listener* the engine gives it (audio in, what this judge needs
+out: embeddings, or a waveform and its embeddings), so judging stays free of decoding and batching.
 """
 
 from __future__ import annotations
@@ -10,28 +15,31 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from sleuthd.domain import (
+    AudioInput,
     DialogueRequest,
     DialogueResult,
     DriftResult,
     SpeakerResult,
     TurnResult,
+    TurnStatus,
     TurnUpdate,
 )
 from sleuthd.encoders.clips import ClipEmbedding
 from sleuthd.errors import InvalidRequest, LimitExceeded, UnknownName
 from sleuthd.judgment.drift import attach_drift, find_drift
 from sleuthd.judgment.options import ResolvedOptions
+from sleuthd.judgment.pool import SpeakerPool
 from sleuthd.judgment.scoring import Method
 from sleuthd.judgment.verdicts import (
     NO_AUDIO,
-    STATUS_NUMBER,
-    SpeakerPool,
+    STATUS_OF_CODE,
     SpeakerScores,
     score_speakers,
     speaker_verdict,
@@ -42,6 +50,81 @@ from sleuthd.ops.observe import EngineObserver
 MAX_ID_CHARS = 128
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TurnAudio:
+    """A completed turn: its id, speaker, order in the dialogue and audio."""
+
+    turn_id: str
+    speaker: str
+    position: int  # 0-based order among the dialogue's audio turns
+    audio: AudioInput
+
+    @property
+    def label(self) -> str:
+        """How error messages name the turn."""
+        return f"turn {self.turn_id!r}"
+
+
+class Dialogue(Protocol):
+    """One dialogue being judged, by whichever method (sleuthd.engine builds it for the request's options)."""
+
+    @property
+    def dialogue_id(self) -> str: ...
+
+    @property
+    def opts(self) -> ResolvedOptions:
+        """How it is judged: encoder, method, threshold."""
+
+    @property
+    def references(self) -> Mapping[str, np.ndarray]:
+        """Speaker -> reference embedding, for the speakers that have one."""
+
+    def __len__(self) -> int:
+        """Turns added so far."""
+
+    async def add_turns(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:
+        """Hear completed turns (together, as one request's audio) and add them, without judging yet."""
+
+    async def finish_turn(self, turn: TurnAudio, deadline: float | None) -> list[TurnUpdate]:
+        """Hear and add one completed turn and judge the dialogue so far: the turn's verdict first, then
+        every earlier turn whose status changed (revision=True), in dialogue order."""
+
+    async def result(self, deadline: float | None) -> DialogueResult:
+        """The whole dialogue's verdict (every turn added so far)."""
+
+
+class VerdictLedger:
+    """What a dialogue has reported so far: each turn's status as last sent (a later turn that changes it
+    is a revision) and the turns whose verdict the metrics have counted (each once)."""
+
+    def __init__(self, observer: EngineObserver) -> None:
+        self._observer = observer
+        self._reported: dict[str, TurnStatus] = {}
+        self._counted: set[str] = set()
+
+    def revisions(self, statuses: Iterable[tuple[str, TurnStatus]], new_turn: str) -> list[str]:
+        """The turns (in the order given, ``new_turn`` left out) whose status differs from the one last
+        sent; every status given is recorded as sent."""
+        changed = []
+        for turn_id, status in statuses:
+            before = self._reported.get(turn_id)
+            if turn_id != new_turn and before is not None and before is not status:
+                changed.append(turn_id)
+            self._reported[turn_id] = status
+        return changed
+
+    def count(self, turns: Iterable[TurnResult]) -> None:
+        for t in turns:
+            if t.turn_id not in self._counted:
+                self._counted.add(t.turn_id)
+                self._observer.verdict(t.status)
+
+
+# Hears a request's clips (each with a label for errors) under the dialogue's window placements: one list
+# of embeddings per clip, the manifest's placement first (sleuthd.encoders.embedder.ClipEmbedder.embed).
+Embed = Callable[[Sequence[tuple[AudioInput, str]], float | None], Awaitable[list[list[ClipEmbedding]]]]
 
 
 @dataclass(frozen=True)
@@ -62,32 +145,54 @@ class _Speaker:
     positions: list[int] = field(default_factory=list)  # their positions
     usable: int = 0  # how many of them have an embedding
     has_embedding: list[bool] = field(default_factory=list)  # per turn
-    # Each turn's verdict code when statuses were last reported (sleuthd.judgment.verdicts codes; -1: not yet).
-    reported: list[int] = field(default_factory=list)
 
 
-class DialogueState:
-    """The turns of one dialogue so far and what judging them needs, per speaker (sleuthd.judgment.verdicts).
+class EncoderDialogue:
+    """A dialogue judged by the speaker encoders (every method but lalm): the turns so far and what judging
+    them needs, per speaker (sleuthd.judgment.verdicts).
 
     A turn keeps only its embedding and seconds (about 1 KB), plus its share of its speaker's cosine
     matrix and sorted pairs (24 bytes per pair of the speaker's turns): no audio, no window embeddings."""
 
     def __init__(
-        self, dialogue_id: str, opts: ResolvedOptions, references: dict[str, np.ndarray], observer: EngineObserver
+        self,
+        dialogue_id: str,
+        opts: ResolvedOptions,
+        references: dict[str, np.ndarray],
+        observer: EngineObserver,
+        embed: Embed | None = None,
     ) -> None:
+        """``embed``: the listener (None: turns are added as embeddings, :meth:`add_clip`)."""
         self.dialogue_id = dialogue_id
         self.opts = opts
         self.references = references
-        self._observer = observer
+        self._embed = embed
+        self._ledger = VerdictLedger(observer)
         self._turns: dict[str, _Turn] = {}
         self._speakers: dict[str, _Speaker] = {}
         self._drift: dict[str, DriftResult | None] = {}  # searched turns only
-        self._counted: set[str] = set()  # turns whose verdict the observer has seen
 
     def __len__(self) -> int:
         return len(self._turns)
 
-    def add_turn(
+    # ------------------------------------------------------------------ the Dialogue protocol
+
+    async def add_turns(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:
+        assert self._embed is not None, "a dialogue that hears audio is opened with a listener"
+        embedded = await self._embed([(t.audio, t.label) for t in turns], deadline)
+        for turn, clips in zip(turns, embedded, strict=True):
+            self.add_clip(turn.turn_id, turn.speaker, turn.position, clips[0], clips[1] if len(clips) > 1 else None)
+
+    async def finish_turn(self, turn: TurnAudio, deadline: float | None) -> list[TurnUpdate]:
+        await self.add_turns([turn], deadline)
+        return self.updates(turn.turn_id)
+
+    async def result(self, deadline: float | None = None) -> DialogueResult:
+        return self.verdict()
+
+    # ------------------------------------------------------------------ embeddings in, verdicts out
+
+    def add_clip(
         self, turn_id: str, speaker: str, position: int, clip: ClipEmbedding, dense: ClipEmbedding | None = None
     ) -> None:
         """A completed turn at ``position`` in the dialogue, with its embedding on the drift windows when
@@ -106,7 +211,6 @@ class DialogueState:
             entry.usable += 1
         entry.turns.insert(at, turn)
         entry.positions.insert(at, position)
-        entry.reported.insert(at, -1)
         entry.has_embedding.insert(at, clip.usable)
         config = self.opts.entry.drift
         if dense is not None and clip.usable and config is not None:
@@ -117,13 +221,13 @@ class DialogueState:
         order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
         return order, score_speakers({s: self._speakers[s].pool for s in order}, self.opts.judgment)
 
-    def _codes(self, speaker: str, scores: dict[str, SpeakerScores]) -> np.ndarray:
-        """Verdict code of each of the speaker's turns, in dialogue order (NO_AUDIO for unusable ones)."""
+    def _statuses(self, speaker: str, scores: dict[str, SpeakerScores]) -> list[tuple[str, TurnStatus]]:
+        """Each of the speaker's turns with its status, in dialogue order (INSUFFICIENT_AUDIO for unusable ones)."""
         entry = self._speakers[speaker]
         codes = np.full(len(entry.turns), NO_AUDIO)
         if speaker in scores:
             codes[np.array(entry.has_embedding, bool)] = scores[speaker].codes
-        return codes
+        return [(t.turn_id, STATUS_OF_CODE[c]) for t, c in zip(entry.turns, codes.tolist(), strict=True)]
 
     def _verdicts(self, turns: list[_Turn], scores: dict[str, SpeakerScores]) -> list[TurnResult]:
         """Verdict objects of ``turns`` (made only for these: a long dialogue's other turns cost nothing)."""
@@ -150,14 +254,11 @@ class DialogueState:
             out = attach_drift(out, self._drift, self.opts.entry.drift)
         return out
 
-    def _speaker_verdict(self, speaker: str, codes: np.ndarray) -> SpeakerResult:
-        return speaker_verdict(speaker, [t.turn_id for t in self._speakers[speaker].turns], codes)
-
     def judge(self) -> tuple[list[TurnResult], list[SpeakerResult]]:
         """Verdicts of every turn added so far, in dialogue order, and per speaker."""
         order, scores = self._score()
         turns = sorted(self._turns.values(), key=lambda t: t.position)
-        return self._verdicts(turns, scores), [self._speaker_verdict(s, self._codes(s, scores)) for s in order]
+        return self._verdicts(turns, scores), [speaker_verdict(s, self._statuses(s, scores)) for s in order]
 
     def updates(self, turn_id: str) -> list[TurnUpdate]:
         """After ``turn_id`` was added: its verdict first, then every earlier turn whose status changed
@@ -167,39 +268,30 @@ class DialogueState:
         # statistics, so this is vector work on arrays, and verdict objects are made only for the turns sent.
         started = time.perf_counter()
         order, scores = self._score()
-        changed: list[_Turn] = []
-        codes = {}
-        for s in order:
-            entry = self._speakers[s]
-            codes[s] = self._codes(s, scores)
-            was = np.array(entry.reported, np.intp)
-            moved = (was >= 0) & (STATUS_NUMBER[np.maximum(was, 0)] != STATUS_NUMBER[codes[s]])
-            changed += [entry.turns[i] for i in np.flatnonzero(moved)]
-            entry.reported = codes[s].tolist()
-        changed.sort(key=lambda t: t.position)
-        sent = self._verdicts([self._turns[turn_id], *changed], scores)
-        verdicts = {s: self._speaker_verdict(s, codes[s]) for s in {t.speaker for t in sent}}
-        self._count([sent[0]])
+        statuses = {s: self._statuses(s, scores) for s in order}
+        changed = self._ledger.revisions((pair for s in order for pair in statuses[s]), turn_id)
+        revised = sorted((self._turns[t] for t in changed), key=lambda t: t.position)
+        sent = self._verdicts([self._turns[turn_id], *revised], scores)
+        verdicts = {s: speaker_verdict(s, statuses[s]) for s in {t.speaker for t in sent}}
+        self._ledger.count([sent[0]])
         logger.debug("dialogue %r: judged %d turns in %.2f ms", self.dialogue_id, len(self), _ms(started))
         return [TurnUpdate(r, k > 0, turn_id, verdicts[r.speaker]) for k, r in enumerate(sent)]
 
-    def result(self) -> DialogueResult:
+    def verdict(self) -> DialogueResult:
+        """The dialogue's verdict, now (judging embeddings needs no waiting)."""
         started = time.perf_counter()
         turns, speakers = self.judge()
-        self._count(turns)
+        self._ledger.count(turns)
         # `sleuthd-bench latency` reads this line (--log-level debug) for the judging share of CheckDialogue.
         logger.debug("dialogue %r: judged %d turns in %.2f ms", self.dialogue_id, len(turns), _ms(started))
         return self.opts.result(self.dialogue_id, turns, speakers)
 
-    def _count(self, turns: Sequence[TurnResult]) -> None:
-        for t in turns:
-            if t.turn_id not in self._counted:
-                self._counted.add(t.turn_id)
-                self._observer.verdict(t.status)
-
 
 def _ms(since: float) -> float:
     return 1e3 * (time.perf_counter() - since)
+
+
+# ---------------------------------------------------------------------------------------------- requests
 
 
 def check_id(value: str, what: str) -> None:
@@ -227,6 +319,12 @@ def validate_dialogue(request: DialogueRequest, max_turns: int) -> None:
     for s in request.references:
         if s not in audio_speakers:
             raise UnknownName(f"reference given for speaker {s!r}, who has no turn with audio in this dialogue")
+
+
+def audio_turns(request: DialogueRequest) -> list[TurnAudio]:
+    """The request's turns that carry audio, numbered in dialogue order (turns without audio are not judged)."""
+    with_audio = [t for t in request.turns if t.audio is not None]
+    return [TurnAudio(t.turn_id, t.speaker, n, t.audio) for n, t in enumerate(with_audio) if t.audio is not None]
 
 
 def require_references(opts: ResolvedOptions, speakers: Sequence[str], with_reference: Collection[str]) -> None:

@@ -1,11 +1,12 @@
-"""One dialogue judged by the LALM judge (method lalm), shared by CheckDialogue and StreamDialogue.
+"""A dialogue judged by the LALM judge (method lalm): the second implementation of the Dialogue protocol.
 
-Each turn is heard twice from one decode (sleuthd.engine.lalm_judging): its embedding goes into an
-ordinary :class:`~sleuthd.judgment.dialogue.DialogueState`, which supplies what every method's verdict
-carries (INSUFFICIENT_AUDIO, the paper scores, auto's probability when the encoder is calibrated,
-attribution; drift is attached here, after the judge's detail), and its waveform goes to the judge. The judge decides the status: per speaker,
-each usable turn against the reference clip and the speaker's nearest other turns (``Judge.detect_turns``),
-INCONSISTENT when its probability of a different speaker is above the threshold.
+Each turn is heard twice from one decode (the listener, sleuthd.encoders.embedder.ClipEmbedder.hear): its
+embedding goes into an ordinary :class:`~sleuthd.judgment.dialogue.EncoderDialogue`, which supplies what
+every method's verdict carries (INSUFFICIENT_AUDIO, the paper scores, auto's probability when the encoder
+is calibrated, attribution; drift is attached here, after the judge's detail), and its waveform goes to
+the judge. The judge decides the status: per speaker, each usable turn against the reference clip and the
+speaker's nearest other turns (``Judge.detect_turns``), INCONSISTENT when its probability of a different
+speaker is above the threshold.
 
 The judge's answers are kept per turn with the context turns they were asked with. When a streamed turn
 completes, only the prompts whose context changed are asked again (the new turn and its nearest
@@ -16,8 +17,7 @@ it causes come at once, and the stream's final verdict is made of exactly the pr
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TypeVar
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,39 +32,21 @@ from sleuthd.domain import (
     TurnStatus,
     TurnUpdate,
 )
-from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.encoders.clips import Heard
 from sleuthd.errors import LimitExceeded
 from sleuthd.judgment.calibration import Calibration
-from sleuthd.judgment.dialogue import DialogueState
+from sleuthd.judgment.dialogue import EncoderDialogue, TurnAudio, VerdictLedger
 from sleuthd.judgment.drift import attach_drift, find_drift
 from sleuthd.judgment.options import ResolvedOptions
 from sleuthd.judgment.scoring import Method
-from sleuthd.judgment.verdicts import Judgment
+from sleuthd.judgment.verdicts import Judgment, speaker_verdict
 from sleuthd.lalm.judge import Judge, nearest_context
 from sleuthd.lalm.types import JudgeProbability
 from sleuthd.ops.observe import EngineObserver, NullObserver
 
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Heard:
-    """A clip decoded once: the waveform the judge hears and the embeddings the encoder made of it.
-
-    ``samples``: (n,) float32, 16 kHz mono, as decoded (before loudness normalisation and trimming).
-    ``clips``: one embedding per window placement asked for (the manifest's first, then drift windows).
-    """
-
-    samples: np.ndarray
-    clips: list[ClipEmbedding]
-
-    @property
-    def clip(self) -> ClipEmbedding:
-        return self.clips[0]
-
-
-# Hears one turn's audio (``label`` names it in errors): sleuthd.engine.lalm_judging.LalmJudging.hear.
-Hear = Callable[[AudioInput, str, float | None], Awaitable[Heard]]
+# Hears a request's clips (each with a label for errors): a waveform and its embeddings per clip
+# (sleuthd.engine.judging.LalmJudging.hear_all).
+HearAll = Callable[[Sequence[tuple[AudioInput, str]], float | None], Awaitable[list[Heard]]]
 
 
 def embedding_options(opts: ResolvedOptions) -> ResolvedOptions:
@@ -90,35 +72,60 @@ class LalmDialogue:
         reference_waves: dict[str, np.ndarray],
         judge: Judge,
         observer: EngineObserver,
-        hear: Hear | None = None,
+        hear: HearAll,
         max_audio_bytes: int | None = None,
     ) -> None:
         """``references``: each speaker's reference embedding; ``reference_waves``: the same clips' waveforms.
-        ``hear`` and ``max_audio_bytes`` (a bound on the waveforms kept) are for streams; CheckDialogue hears
-        its turns up front, and its request size bounds them."""
+        ``max_audio_bytes``: a bound on the waveforms kept (streams; a CheckDialogue's size bounds its own)."""
         self.dialogue_id = dialogue_id
         self.opts = opts
         self.references = references
         self._reference_waves = reference_waves
         self._judge = judge
         self._hear = hear
-        self._observer = observer
         self._max_audio_bytes = max_audio_bytes
-        self._inner = DialogueState(dialogue_id, embedding_options(opts), references, NullObserver())
+        self._ledger = VerdictLedger(observer)
+        self._inner = EncoderDialogue(dialogue_id, embedding_options(opts), references, NullObserver())
         self._speaker: dict[str, str] = {}  # turn_id -> speaker
         self._position: dict[str, int] = {}
         self._waves: dict[str, np.ndarray] = {}  # usable turns only
         self._held = sum(w.nbytes for w in reference_waves.values())
         self._answers: dict[str, tuple[tuple[str, ...], JudgeProbability]] = {}  # turn -> (context, answer)
         self._drift: dict[str, DriftResult | None] = {}  # searched turns only
-        self._reported: dict[str, TurnStatus] = {}
-        self._counted: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._inner)
 
-    def add_turn(self, turn_id: str, speaker: str, position: int, heard: Heard) -> None:
-        """A completed turn at ``position`` in the dialogue (not judged yet: see :meth:`judge_speakers`)."""
+    # ------------------------------------------------------------------ the Dialogue protocol
+
+    async def add_turns(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:
+        heard = await self._hear([(t.audio, t.label) for t in turns], deadline)
+        for turn, h in zip(turns, heard, strict=True):
+            self._add(turn, h)
+
+    async def finish_turn(self, turn: TurnAudio, deadline: float | None) -> list[TurnUpdate]:
+        await self.add_turns([turn], deadline)
+        await self._judge_speakers([turn.speaker], deadline)
+        results, speakers = self._verdicts()
+        verdicts = {v.speaker: v for v in speakers}
+        new = next(r for r in results if r.turn_id == turn.turn_id)
+        self._ledger.count([new])
+        revised = set(self._ledger.revisions(((r.turn_id, r.status) for r in results), turn.turn_id))
+        return [TurnUpdate(new, False, turn.turn_id, verdicts[new.speaker])] + [
+            TurnUpdate(r, True, turn.turn_id, verdicts[r.speaker]) for r in results if r.turn_id in revised
+        ]
+
+    async def result(self, deadline: float | None) -> DialogueResult:
+        """Every speaker judged (a CheckDialogue asks the judge here; a stream has asked turn by turn)."""
+        await self._judge_speakers(list(dict.fromkeys(self._speaker.values())), deadline)
+        turns, speakers = self._verdicts()
+        self._ledger.count(turns)
+        return self.opts.result(self.dialogue_id, turns, speakers)
+
+    # ------------------------------------------------------------------ hearing and asking
+
+    def _add(self, turn: TurnAudio, heard: Heard) -> None:
+        """A completed turn at its position in the dialogue (not judged yet: see :meth:`_judge_speakers`)."""
         if heard.clip.usable:
             if self._max_audio_bytes is not None and self._held + heard.samples.nbytes > self._max_audio_bytes:
                 raise LimitExceeded(
@@ -126,17 +133,17 @@ class LalmDialogue:
                     f"judge (it hears earlier turns again as context); the limit is {self._max_audio_bytes} "
                     "(--judge-max-stream-audio-mb): open a new stream for the rest of the dialogue"
                 )
-            self._waves[turn_id] = heard.samples
+            self._waves[turn.turn_id] = heard.samples
             self._held += heard.samples.nbytes
-        self._speaker[turn_id] = speaker
-        self._position[turn_id] = position
-        self._inner.add_turn(turn_id, speaker, position, heard.clip)
+        self._speaker[turn.turn_id] = turn.speaker
+        self._position[turn.turn_id] = turn.position
+        self._inner.add_clip(turn.turn_id, turn.speaker, turn.position, heard.clip)
         config = self.opts.entry.drift
         if self.opts.detect_drift and config is not None and heard.clip.usable and len(heard.clips) > 1:
             dense = heard.clips[1]
-            self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
+            self._drift[turn.turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
 
-    async def judge_speakers(self, speakers: Sequence[str], deadline: float | None) -> None:
+    async def _judge_speakers(self, speakers: Sequence[str], deadline: float | None) -> None:
         """Ask the judge about ``speakers``' turns whose prompts are new or changed, all concurrently."""
         await gather_or_cancel([self._judge_speaker(s, deadline) for s in dict.fromkeys(speakers)])
 
@@ -200,58 +207,14 @@ class LalmDialogue:
             judge_calibrated=answer.calibrated,
         )
 
-    def judge(self) -> tuple[list[TurnResult], list[SpeakerResult]]:
+    def _verdicts(self) -> tuple[list[TurnResult], list[SpeakerResult]]:
         """Verdicts of every turn added so far, in dialogue order, and per speaker in order of appearance."""
         inner_turns, inner_speakers = self._inner.judge()
         turns = [self._verdict(t) for t in inner_turns]
         if self.opts.detect_drift and self.opts.entry.drift is not None:
             turns = attach_drift(turns, self._drift, self.opts.entry.drift)
-        return turns, [speaker_result(s.speaker, [t for t in turns if t.speaker == s.speaker]) for s in inner_speakers]
-
-    async def finish_turn(
-        self, turn_id: str, speaker: str, position: int, audio: AudioInput, deadline: float | None
-    ) -> list[TurnUpdate]:
-        """StreamDialogue: hear and judge a completed turn; its verdict first, then every earlier turn whose
-        status changed (revision=True), in dialogue order, each with its speaker's verdict."""
-        assert self._hear is not None, "a stream's dialogue is opened with a hearing stage"
-        self.add_turn(turn_id, speaker, position, await self._hear(audio, f"turn {turn_id!r}", deadline))
-        await self.judge_speakers([speaker], deadline)
-        results, speakers = self.judge()
-        verdicts = {v.speaker: v for v in speakers}
-        out = [TurnUpdate(r, False, turn_id, verdicts[r.speaker]) for r in results if r.turn_id == turn_id]
-        self._count([out[0].verdict])
-        for r in results:
-            previous = self._reported.get(r.turn_id)
-            if r.turn_id != turn_id and previous is not None and previous is not r.status:
-                out.append(TurnUpdate(r, True, turn_id, verdicts[r.speaker]))
-            self._reported[r.turn_id] = r.status
-        return out
-
-    def result(self) -> DialogueResult:
-        """The dialogue's verdict (every speaker judged: CheckDialogue judges all, a stream each turn's)."""
-        turns, speakers = self.judge()
-        self._count(turns)
-        return self.opts.result(self.dialogue_id, turns, speakers)
-
-    def _count(self, turns: Sequence[TurnResult]) -> None:
-        for t in turns:
-            if t.turn_id not in self._counted:
-                self._counted.add(t.turn_id)
-                self._observer.verdict(t.status)
-
-
-def speaker_result(speaker: str, turns: Sequence[TurnResult]) -> SpeakerResult:
-    """A speaker's verdict from their turns' (detection: every scored turn CONSISTENT; localization: which
-    are INCONSISTENT; UNCERTAIN turns are listed apart, neither flagged nor cleared)."""
-    scored = [t for t in turns if t.status in (TurnStatus.CONSISTENT, TurnStatus.INCONSISTENT, TurnStatus.UNCERTAIN)]
-    bad = tuple(t.turn_id for t in scored if t.status is TurnStatus.INCONSISTENT)
-    unsure = tuple(t.turn_id for t in scored if t.status is TurnStatus.UNCERTAIN)
-    return SpeakerResult(
-        speaker=speaker,
-        judged=bool(scored),
-        consistent=bool(scored) and not bad and not unsure,
-        inconsistent_turn_ids=bad,
-        scored_turns=len(scored),
-        unscored_turns=len(turns) - len(scored),
-        uncertain_turn_ids=unsure,
-    )
+        speakers = [
+            speaker_verdict(s.speaker, [(t.turn_id, t.status) for t in turns if t.speaker == s.speaker])
+            for s in inner_speakers
+        ]
+        return turns, speakers

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from sleuthd.domain import CheckOptions, DialogueResult, SpeakerResult, ThresholdSet, TurnResult
+from sleuthd.encoders.embedder import Placements
 from sleuthd.encoders.fusion import FusedEncoder
 from sleuthd.encoders.manifest import PAPER_THRESHOLDS
 from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.errors import InvalidRequest, UnknownName, Unsupported
 from sleuthd.judgment.calibration import Calibration, CalibrationError
-from sleuthd.judgment.drift import DriftConfig
+from sleuthd.judgment.drift import DriftConfig, drift_window
 from sleuthd.judgment.scoring import METHODS, Method
 from sleuthd.judgment.verdicts import Judgment
 
@@ -64,6 +65,14 @@ class ResolvedOptions:
     @property
     def method(self) -> Method:
         return self.judgment.method
+
+    @property
+    def placements(self) -> Placements:
+        """Where each turn's windows go: the manifest's, plus the denser drift windows when the request
+        asked for drift (both from one decode)."""
+        if self.detect_drift and self.entry.drift is not None:
+            return (None, drift_window(self.encoder.manifest.window, self.entry.drift))
+        return (None,)
 
     def result(
         self, dialogue_id: str, turns: Sequence[TurnResult], speakers: Sequence[SpeakerResult]

@@ -16,8 +16,8 @@ from sleuthd.errors import InvalidRequest, LimitExceeded
 from sleuthd.judgment import scoring
 from sleuthd.judgment.calibration import Calibration, candidate_fit
 from sleuthd.judgment.dialogue import check_id
+from sleuthd.judgment.pool import stack_embeddings
 from sleuthd.judgment.scoring import METHODS, Method
-from sleuthd.judgment.verdicts import stack_embeddings
 
 
 def validate_rank(request: RankRequest, max_candidates: int, max_context: int) -> None:
@@ -42,8 +42,38 @@ def check_evidence(method: Method, n_context: int, has_reference: bool) -> None:
         raise InvalidRequest("method reference needs the speaker's reference clip")
     if method in (Method.PAIRWISE, Method.CENTROID) and not n_context:
         raise InvalidRequest(f"method {method.value} needs at least one context clip of the speaker")
-    if method is Method.AUTO and not n_context and not has_reference:
-        raise InvalidRequest("method auto needs context clips of the speaker, a reference, or both")
+    if method in (Method.AUTO, Method.LALM) and not n_context and not has_reference:
+        raise InvalidRequest(f"method {method.value} needs context clips of the speaker, a reference, or both")
+
+
+def usable_context(
+    method: Method,
+    candidates: Sequence[tuple[str, ClipEmbedding]],
+    context: Sequence[ClipEmbedding],
+    reference: ClipEmbedding | None,
+    has_reference: bool,
+    min_speech_seconds: float,
+) -> list[ClipEmbedding]:
+    """The context clips with enough speech, after refusing a request that cannot be ranked once its audio
+    is heard: a candidate or the reference (``reference``: the clip sent; None for a registered voice or
+    none) without enough speech, or no usable context where the method needs it."""
+    for candidate_id, clip in candidates:
+        if not clip.usable:
+            raise InvalidRequest(f"candidate {candidate_id!r} cannot be scored: {clip.detail}")
+    if reference is not None and not reference.usable:
+        raise InvalidRequest(f"reference is unusable: {reference.detail}")
+    usable = [c for c in context if c.usable]
+    if method in (Method.PAIRWISE, Method.CENTROID) and not usable:
+        raise InvalidRequest(
+            f"none of the {len(context)} context clips has enough speech "
+            f"(at least {min_speech_seconds:.2f} s each) for method {method.value}"
+        )
+    if method in (Method.AUTO, Method.LALM) and not usable and not has_reference:
+        raise InvalidRequest(
+            f"none of the {len(context)} context clips has enough speech and there is no reference: method "
+            f"{method.value} has nothing to compare the candidates with"
+        )
+    return usable
 
 
 def rank_candidates(

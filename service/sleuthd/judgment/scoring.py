@@ -32,7 +32,7 @@ METHODS: dict[Method, MethodInfo] = {
     # context centroid (the best discriminator on our dev set) and also carry P(it belongs).
     Method.AUTO: MethodInfo("probability", True, (0.0, 1.0), "cosine_similarity", True),
     # lalm: the judge's P(not the speaker) per turn; candidates by its P(the speaker's voice)
-    # (sleuthd.engine.lalm_judging).
+    # (sleuthd.engine.judging).
     Method.LALM: MethodInfo("probability", True, (0.0, 1.0), "probability", True),
 }
 PAPER_METHODS = (Method.PAIRWISE, Method.CENTROID, Method.REFERENCE)

@@ -1,11 +1,9 @@
-"""Turning clip embeddings into per-turn and per-speaker verdicts, for every turn of a dialogue at once.
+"""The verdict rules: speakers' evidence pools (sleuthd.judgment.pool) in, per-turn and per-speaker verdicts out.
 
-Shared by CheckDialogue and StreamDialogue (through sleuthd.judgment.dialogue), so a stream's verdicts are exactly
-what CheckDialogue gives for the same turns. Each speaker's evidence lives in a :class:`SpeakerPool` that
-keeps what judging needs (exact cosines, sorted pairs, features) and, when one turn arrives, updates it
-with one matrix-vector product, a merge, and a fixed number of array passes over the speaker's cosines
-(never a Python loop over turns); :func:`score_speakers` turns the pools into arrays of scores and verdict
-codes, and :func:`turn_result` makes a verdict object only for the turns someone asks about.
+:func:`score_speakers` turns every speaker's pool into arrays of scores and verdict codes at once;
+:func:`turn_result` makes a verdict object only for the turns someone asks about; :func:`speaker_verdict`
+is the one rule that makes a speaker's verdict from their turns' statuses, whatever judged them. Shared by
+CheckDialogue and StreamDialogue, so a stream's verdicts are exactly what CheckDialogue gives.
 """
 
 from __future__ import annotations
@@ -16,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sleuthd.domain import EncoderScores, FlagReason, SpeakerResult, TurnResult, TurnStatus
-from sleuthd.encoders.clips import ClipEmbedding
 from sleuthd.judgment import scoring
-from sleuthd.judgment.calibration import Calibration, OwnEvidence, features, own_evidence
-from sleuthd.judgment.gram import SortedPairs, cosines, gram, products, quantize
-from sleuthd.judgment.scoring import METHODS, Method, unit
+from sleuthd.judgment.calibration import Calibration, features
+from sleuthd.judgment.gram import products
+from sleuthd.judgment.pool import SpeakerPool
+from sleuthd.judgment.scoring import METHODS, Method
 
 
 @dataclass(frozen=True)
@@ -34,168 +32,6 @@ class Judgment:
     # A fused encoder's parts: (name, first, stop) column ranges of its embedding. Each turn verdict then
     # also reports every part's paper scores (TurnResult.encoder_scores).
     components: tuple[tuple[str, int, int], ...] = ()
-
-
-def stack_embeddings(clips: Sequence[ClipEmbedding]) -> np.ndarray:
-    """(n, D) rows of the usable clips' embeddings; (0, 1) when there are none."""
-    rows = [c.embedding for c in clips if c.embedding is not None]
-    return np.stack(rows) if rows else np.zeros((0, 1), np.float32)
-
-
-class SpeakerPool:
-    """One speaker's usable turns, in dialogue order, and reference: the speaker's *pool* of evidence
-    (reference first, then the turns). Keeps the exact cosine matrix and its sorted pairs up to date: one
-    turn added since the last use costs one matrix-vector product and O(m^2) copying, never a rebuild; many
-    turns added at once (CheckDialogue) are built in one go. Both ways give the same bits (sleuthd.judgment.gram)."""
-
-    def __init__(self, reference: np.ndarray | None, components: Sequence[tuple[str, int, int]] = ()) -> None:
-        """``components``: a fused embedding's parts; each keeps a pool of its own (one more matrix-vector
-        product per added turn each) for the per-encoder scores."""
-        self.reference = reference
-        self.components = {
-            name: SpeakerPool(None if reference is None else _part(reference, a, b)) for name, a, b in components
-        }
-        self._slices = {name: (a, b) for name, a, b in components}
-        self.r0 = 0 if reference is None else 1  # pool index of the first turn
-        self._buf = np.zeros((0, 0), np.float32)  # rows [0, n): the turns' embeddings; grows by doubling
-        self._seconds: list[float] = []  # speech seconds of each turn
-        self._q = quantize(reference[None, :]) if reference is not None else None  # (m, D) pool, quantized
-        self._g: np.ndarray | None = None  # (m, m) exact cosines of the pool
-        self._pairs: SortedPairs | None = None
-        self._pending = 0  # turns added since _g was last brought up to date
-        self._last = 0  # the turn index of the last one added
-        # Derived from the turns; emptied by add().
-        self._own: OwnEvidence | None = None
-        self._centroid: np.ndarray | None = None
-        self._paper: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] | None = None
-        self._own_cosine: np.ndarray | None = None
-
-    @property
-    def n(self) -> int:
-        return len(self._seconds)
-
-    @property
-    def emb(self) -> np.ndarray:
-        """(n, D) float32 embeddings of the turns, in dialogue order."""
-        return self._buf[: self.n]
-
-    @property
-    def seconds(self) -> np.ndarray:
-        return np.asarray(self._seconds, np.float64)
-
-    def add(self, k: int, embedding: np.ndarray, speech_seconds: float) -> None:
-        """The usable turn that is now the k-th of this speaker's usable turns in dialogue order."""
-        n = self.n
-        if n == len(self._buf):
-            grown = np.zeros((max(2 * n, 8), len(embedding)), np.float32)
-            if n:
-                grown[:n] = self._buf[:n]
-            self._buf = grown
-        self._buf[k + 1 : n + 1] = self._buf[k:n].copy()
-        self._buf[k] = embedding
-        self._seconds.insert(k, speech_seconds)
-        self._pending += 1
-        self._last = k
-        self._own = self._centroid = self._paper = self._own_cosine = None
-        for name, part in self.components.items():
-            part.add(k, _part(embedding, *self._slices[name]), speech_seconds)
-
-    def gram(self) -> np.ndarray:
-        """The pool's exact cosine matrix, brought up to date."""
-        if self._g is not None and self._pending == 1:
-            z = self.r0 + self._last
-            qz = quantize(self._buf[self._last][None, :])
-            assert self._q is not None
-            self._q = np.insert(self._q, z, qz, axis=0)
-            self._g = _insert_row(self._g, z, cosines(self._q, qz)[:, 0])
-            self._pairs = self._pairs.inserted(self._g, z) if self._pairs is not None else None
-        elif self._g is None or self._pending:
-            pool = self.emb if self.reference is None else np.vstack([self.reference[None, :], self.emb])
-            self._q = quantize(pool)
-            self._g = gram(self._q)
-            self._pairs = None
-        self._pending = 0
-        return self._g
-
-    def pairs(self) -> SortedPairs:
-        g = self.gram()
-        if self._pairs is None:
-            self._pairs = SortedPairs.of(g)
-        return self._pairs
-
-    def own_evidence(self) -> OwnEvidence:
-        """auto's cohort-free features of every turn (sleuthd.judgment.calibration), kept until the next add()."""
-        if self._own is None:
-            g = self.gram()
-            pairs = self.pairs() if self.n >= 2 and len(g) >= 3 else None
-            self._own = own_evidence(g, pairs, self.seconds, self.reference is not None)
-        return self._own
-
-    def centroid(self) -> np.ndarray:
-        """Unit centroid of the turns (float32: the voice other speakers are compared with)."""
-        if self._centroid is None:
-            self._centroid = unit(self.emb.mean(axis=0))
-        return self._centroid
-
-    def paper_scores(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-        """(pairwise mean cosine, centroid cosine distance, reference cosine), each (n,) or None."""
-        if self._paper is None:
-            self._paper = self._paper_scores()
-        return self._paper
-
-    def _paper_scores(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-        g = self.gram()
-        turns = g[self.r0 :, self.r0 :]
-        pw = cd = rc = None
-        n = self.n
-        if n >= 2:
-            rows, diag = turns.sum(axis=1), np.diagonal(turns)
-            pw = (rows - diag) / (n - 1)
-            cd = 1.0 - (rows / n) / max(float(np.sqrt(max(rows.sum(), 0.0))) / n, 1e-12)
-        if self.reference is not None and n:
-            rc = g[self.r0 :, 0].copy()
-        return pw, cd, rc
-
-    def own_speaker_cosine(self) -> np.ndarray:
-        """(n,) each turn's cosine to the centroid of the speaker's other turns, else to the reference,
-        else NaN (nothing of its own to compare with)."""
-        if self._own_cosine is None:
-            self._own_cosine = self._own_speaker_cosine()
-        return self._own_cosine
-
-    def _own_speaker_cosine(self) -> np.ndarray:
-        g = self.gram()
-        n = self.n
-        if n >= 2:
-            turns = g[self.r0 :, self.r0 :]
-            rows, diag = turns.sum(axis=1), np.diagonal(turns)
-            norm = np.sqrt(np.maximum(rows.sum() - 2 * rows + diag, 0.0)) / (n - 1)
-            return np.asarray((rows - diag) / (n - 1) / np.maximum(norm, 1e-12))
-        if self.reference is not None and n:
-            return g[1:, 0].copy()
-        return np.full(n, np.nan)
-
-    def nearest_other(self, cohort: np.ndarray) -> np.ndarray:
-        """(m,) each piece of the pool's cosine to the closest of ``cohort`` ((c, D) other voices)."""
-        pool = self.emb if self.reference is None else np.vstack([self.reference[None, :], self.emb])
-        return np.asarray(products(pool, cohort).max(axis=1), dtype=np.float64)
-
-
-def _part(embedding: np.ndarray, first: int, stop: int) -> np.ndarray:
-    """One encoder's unit embedding from a fused one (its columns, scaled back to unit length)."""
-    part = np.asarray(embedding[first:stop], np.float32)
-    return np.asarray(part / max(float(np.linalg.norm(part)), 1e-12), np.float32)
-
-
-def _insert_row(g: np.ndarray, z: int, col: np.ndarray) -> np.ndarray:
-    """``g`` with a new row and column at index z (``col``: the new member's cosines, itself included)."""
-    m = len(g)
-    out = np.empty((m + 1, m + 1))
-    out[:z, :z], out[:z, z + 1 :] = g[:z, :z], g[:z, z:]
-    out[z + 1 :, :z], out[z + 1 :, z + 1 :] = g[z:, :z], g[z:, z:]
-    out[z, :] = col
-    out[:, z] = col
-    return out
 
 
 # Verdict codes, one per turn, so that a whole dialogue's statuses compare as arrays.
@@ -214,7 +50,7 @@ REASON_OF_CODE = (
     FlagReason.NONE,
     FlagReason.NONE,
 )
-STATUS_NUMBER = np.array([0, 1, 1, 2, 3])  # code -> status, as numbers: revisions are status changes
+SCORED = (TurnStatus.CONSISTENT, TurnStatus.INCONSISTENT, TurnStatus.UNCERTAIN)
 
 
 @dataclass(frozen=True)
@@ -335,16 +171,19 @@ def turn_result(
     )
 
 
-def speaker_verdict(speaker: str, turn_ids: Sequence[str], codes: np.ndarray) -> SpeakerResult:
-    """A speaker's verdict from the codes of all their turns (dialogue order; NO_AUDIO for unusable ones)."""
-    status = STATUS_NUMBER[codes]
-    scored = int(np.count_nonzero(status <= 1))
-    bad = tuple(turn_ids[int(i)] for i in np.flatnonzero(status == 1))
+def speaker_verdict(speaker: str, turns: Sequence[tuple[str, TurnStatus]]) -> SpeakerResult:
+    """A speaker's verdict from all their turns (turn id and status, dialogue order), whichever method
+    judged them. Detection: consistent when every scored turn is CONSISTENT; localization: the INCONSISTENT
+    ones; UNCERTAIN turns are scored but listed apart, neither flagged nor cleared."""
+    bad = tuple(t for t, status in turns if status is TurnStatus.INCONSISTENT)
+    unsure = tuple(t for t, status in turns if status is TurnStatus.UNCERTAIN)
+    scored = sum(1 for _, status in turns if status in SCORED)
     return SpeakerResult(
         speaker=speaker,
         judged=scored > 0,
-        consistent=scored > 0 and not bad,
+        consistent=scored > 0 and not bad and not unsure,
         inconsistent_turn_ids=bad,
         scored_turns=scored,
-        unscored_turns=len(codes) - scored,
+        unscored_turns=len(turns) - scored,
+        uncertain_turn_ids=unsure,
     )

@@ -241,7 +241,8 @@ class SleuthServicer(pb_grpc.SleuthServicer):
                     self.limits.check_message(message)
                     for response in await self._stream_step(session, message, context):
                         yield response
-                final = session.close()  # its turns' verdicts were counted as each turn completed
+                # Its turns' verdicts were counted as each turn completed.
+                final = await session.close(self._deadline(context))
             yield pb.StreamDialogueResponse(final=convert.verdict_to_pb(final))
         except _Abort as abort:
             await self._finish(context, "StreamDialogue", started, abort)
