@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sleuthd.config import EngineConfig
 from sleuthd.engine.facade import Engine
 from sleuthd.ops import logs
-from sleuthd.rpc.servicer import _STATUS_OF
+from sleuthd.rpc.status import STATUS_OF
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -96,7 +96,7 @@ async def test_over_a_limit_is_invalid_argument_and_every_code_is_documented(
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "the limit is" in err.value.details()
     # The proto says what every code this server returns means, and which ones are worth a retry.
     proto = (REPO / "proto" / "sleuthd" / "v1" / "sleuthd.proto").read_text()
-    codes = {code.name for _, code in _STATUS_OF} | {
+    codes = {code.name for _, code in STATUS_OF} | {
         "UNAVAILABLE", "INTERNAL", "UNAUTHENTICATED", "CANCELLED", "DEADLINE_EXCEEDED", "UNIMPLEMENTED",
     }  # fmt: skip
     table = proto[proto.index("// Status codes") : proto.index("service Sleuth")]

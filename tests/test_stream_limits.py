@@ -16,7 +16,7 @@ from sleuthd.config import AdmissionConfig, ServerConfig
 from sleuthd.engine.facade import Engine
 from sleuthd.errors import LimitExceeded
 from sleuthd.ops.metrics import ServiceMetrics
-from sleuthd.rpc import servicer
+from sleuthd.rpc import status
 from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
@@ -29,7 +29,7 @@ HANG = 30.0  # only there so a missing limit fails the test instead of hanging i
 
 def over_limit_code() -> grpc.StatusCode:
     """The status of a request over a per-request bound (LimitExceeded), as the servicer maps it."""
-    return next(code for kind, code in servicer._STATUS_OF if issubclass(LimitExceeded, kind))
+    return next(code for kind, code in status.STATUS_OF if issubclass(LimitExceeded, kind))
 
 
 def open_msg() -> pb.StreamDialogueRequest:

@@ -1,11 +1,24 @@
-"""The RPC gate: one server interceptor that every RPC passes, health and reflection included.
+"""The RPC gate: the one server interceptor every RPC passes, health and reflection included.
 
-In order, for each call: a request id (the client's ``x-request-id`` if sane, else a fresh one; sent back
-as initial metadata and put on every log line of the call) -> the bearer token (UNAUTHENTICATED; health
-stays open) -> draining (after SIGTERM new work gets UNAVAILABLE) -> malformed protobuf (INVALID_ARGUMENT,
-instead of gRPC's UNKNOWN with a DecodeError) -> the handler -> the outcome, labelled truthfully
-(a passed deadline is DEADLINE_EXCEEDED, a client that went away CANCELLED) -> ``sleuthd_rpc_total`` and
-one access-log line. Rejected calls are counted and logged like any other.
+In order, for each call:
+  request id      the client's ``x-request-id`` if sane, else a fresh one; sent back as initial metadata
+                  and put on every log line of the call
+  -> access       the bearer token (UNAUTHENTICATED; health stays open), draining (after SIGTERM new work
+                  gets UNAVAILABLE)
+  -> admission    before a byte of the request is read: a StreamDialogue when every stream slot is taken,
+                  a unary call whose usual size the audio budget would refuse with this deadline:
+                  RESOURCE_EXHAUSTED at once (under overload, reading requests that are then refused is
+                  most of the cost of refusing them)
+  -> shape        each message's bytes checked (size, field counts: sleuthd.rpc.limits) and parsed as
+                  gRPC reads them (in the deserializer: parsed later, the raw bytes of every request
+                  stayed alive longer and the server's memory after a burst grew by half); bytes over a
+                  limit or not the method's protobuf type are INVALID_ARGUMENT, never half-parsed
+  -> hold         a unary request's bytes held in the audio budget while it runs; a stream holds a slot
+  -> the handler  (sleuthd.rpc.servicer)
+  -> outcome      labelled truthfully (a passed deadline is DEADLINE_EXCEEDED, a client that went away
+                  CANCELLED) -> ``sleuthd_rpc_total`` and one access-log line; refused calls included.
+
+The servicer trusts all of this: it converts, calls the engine and maps errors to status codes.
 """
 
 from __future__ import annotations
@@ -16,17 +29,21 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from sleuthd.errors import InvalidRequest
+from sleuthd.engine.admission import AudioBudget, Slots
+from sleuthd.errors import InvalidRequest, Overloaded
 from sleuthd.ops.logs import clip, printable, request_id
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc.auth import TokenSet, authorization_of
+from sleuthd.rpc.limits import RequestLimits
+from sleuthd.rpc.status import status_of
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("sleuthd.access")
@@ -35,6 +52,7 @@ REQUEST_ID_KEY = "x-request-id"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 OPEN_METHODS = ("/grpc.health.v1.Health/",)  # probes never need the token
 INFRASTRUCTURE = "/grpc."  # health and reflection: not work, not drained, logged at debug when OK
+SERVICE_PREFIX = "/sleuthd.v1.Sleuth/"
 # A stream whose client vanishes looks at first like a half-close (the request iterator just ends) and
 # the cancellation follows a moment later; once the handler has answered, gRPC no longer delivers it. So
 # when a stream's requests end, the handler waits this long before it goes on, and a vanished client
@@ -44,17 +62,24 @@ VANISH_WINDOW_SECONDS = 0.05
 # arrival), so the client's cancel for its deadline reaches the server a little before the server's own
 # deadline: a cancellation (or a stream cut off) this close to the deadline is the deadline.
 DEADLINE_SLACK_SECONDS = 0.25
-
-
-class MalformedMessage(InvalidRequest):
-    """A request message that does not parse as the method's protobuf type (INVALID_ARGUMENT)."""
+_RECENT = 32  # request sizes remembered per method, for the before-reading estimate
 
 
 @dataclass(frozen=True)
-class _Malformed:
-    """Stands in for a request that failed to parse, so the gate can answer it instead of gRPC."""
+class EdgeLimits:
+    """What the gate enforces, built once by the server from its config."""
 
-    details: str
+    request: RequestLimits  # size and field counts of every message
+    budget: AudioBudget  # request audio bytes held across all RPCs
+    streams: Slots  # concurrent StreamDialogue calls
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """Stands in for a message that failed its checks or did not parse, so the gate (or, inside a
+    stream, the servicer) answers it instead of gRPC."""
+
+    error: InvalidRequest
 
 
 @dataclass
@@ -68,24 +93,6 @@ class _Call:
     started: float = 0.0
     dialogue_id: str = ""
     requests_ended: bool = False
-
-
-def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
-    if deserialize is None:
-        return None
-    owner = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
-    type_name = getattr(owner, "full_name", "request")
-
-    def parse(data: bytes) -> Any:
-        try:
-            return deserialize(data)
-        except DecodeError as exc:
-            return _Malformed(
-                f"the request is not a valid {type_name} message ({clip(str(exc), 200)}): "
-                "build it with stubs generated from this server's sleuthd/v1/sleuthd.proto"
-            )
-
-    return parse
 
 
 def _dialogue_of(message: Any) -> str:
@@ -109,14 +116,23 @@ def _code_after(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.S
     return context.code() or grpc.StatusCode.UNKNOWN
 
 
+async def _abort(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
+    known = status_of(error)
+    code, details = known if known is not None else (grpc.StatusCode.INTERNAL, "internal error")
+    await context.abort(code, details)
+    raise AssertionError("unreachable: context.abort raises")
+
+
 class RpcGate(grpc.aio.ServerInterceptor):
-    def __init__(self, metrics: ServiceMetrics, tokens: TokenSet | None = None) -> None:
+    def __init__(self, metrics: ServiceMetrics, limits: EdgeLimits, tokens: TokenSet | None = None) -> None:
         self.metrics = metrics
+        self.limits = limits
         self.tokens = tokens
         self.draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._recent: defaultdict[str, deque[int]] = defaultdict(lambda: deque(maxlen=_RECENT))
 
     # ------------------------------------------------------------------ draining
 
@@ -142,25 +158,43 @@ class RpcGate(grpc.aio.ServerInterceptor):
     # ------------------------------------------------------------------ the interceptor
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], details: Any
     ) -> Any:
         handler = await continuation(details)
         if handler is None:  # not a method of this server: gRPC answers UNIMPLEMENTED
             return None
-        method: str = details.method  # type: ignore[attr-defined]
-        metadata = details.invocation_metadata  # type: ignore[attr-defined]
+        method: str = details.method
+        metadata = details.invocation_metadata
         given = next((v for k, v in metadata or () if k == REQUEST_ID_KEY), "")
         rid = given if isinstance(given, str) and _SANE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
         work = not method.startswith(INFRASTRUCTURE)
         call = _Call(
             method=method,
-            label=method.rsplit("/", 1)[-1] if method.startswith("/sleuthd.") else method.lstrip("/"),
+            label=method.rsplit("/", 1)[-1] if method.startswith(SERVICE_PREFIX) else method.lstrip("/"),
             request_id=rid,
             peer="",
             work=work,
             refusal=self._refusal(method, metadata, work),
         )
-        return self._wrap(handler, call)
+        message_class = getattr(getattr(handler, "request_deserializer", None), "__self__", None)
+        if getattr(message_class, "DESCRIPTOR", None) is None:
+            return handler  # not a generated protobuf deserializer: nothing to check (not one of ours)
+        out = handler.response_serializer
+        parse = self._parser(message_class)
+        if method.startswith(SERVICE_PREFIX) and handler.unary_unary:
+            # Served as stream-unary: a streaming handler gets the call before asking for its message
+            # (the wire format is the same), so it can refuse without reading it.
+            sized = self._sized(message_class)
+            return grpc.stream_unary_rpc_method_handler(self._unary(handler.unary_unary, call), sized, out)
+        if method.startswith(SERVICE_PREFIX) and handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(self._stream(handler.stream_stream, call), parse, out)
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(self._other(handler.unary_unary, call, False), parse, out)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(self._other(handler.unary_stream, call, False), parse, out)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(self._other(handler.stream_unary, call, True), parse, out)
+        return grpc.stream_stream_rpc_method_handler(self._other(handler.stream_stream, call, True), parse, out)
 
     def _refusal(self, method: str, metadata: Any, work: bool) -> tuple[grpc.StatusCode, str] | None:
         if self.tokens is not None and not method.startswith(OPEN_METHODS):
@@ -170,21 +204,36 @@ class RpcGate(grpc.aio.ServerInterceptor):
             return grpc.StatusCode.UNAVAILABLE, "the server is shutting down: retry on another replica"
         return None
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, call: _Call) -> grpc.RpcMethodHandler:
-        parse = _tolerant(handler.request_deserializer)
-        out = handler.response_serializer
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, call), parse, out)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(self._streaming(handler.unary_stream, call, False), parse, out)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(self._unary(handler.stream_unary, call, True), parse, out)
-        return grpc.stream_stream_rpc_method_handler(self._streaming(handler.stream_stream, call, True), parse, out)
+    # ------------------------------------------------------------------ shape: size, counts, parse
 
-    # ------------------------------------------------------------------ per-call plumbing
+    def _check_and_parse(self, data: bytes, message_class: Any) -> Any:
+        """The parsed message, or a :class:`_Refusal` (never raises)."""
+        descriptor = message_class.DESCRIPTOR
+        try:
+            self.limits.request.check_wire(data, descriptor)
+            return message_class.FromString(data)
+        except InvalidRequest as exc:
+            return _Refusal(exc)
+        except DecodeError as exc:
+            # Raised from a deserializer, gRPC would log a traceback per request and answer UNKNOWN.
+            return _Refusal(
+                InvalidRequest(
+                    f"the request is not a valid {descriptor.name} message ({clip(str(exc), 200)}): "
+                    "build it with stubs generated from this server's sleuthd/v1/sleuthd.proto"
+                )
+            )
 
-    async def _begin(self, call: _Call, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Start the books for a call and answer refused or malformed ones; returns the request to hand on."""
+    def _sized(self, message_class: Any) -> Callable[[bytes], tuple[Any, int]]:
+        """The parsed message (or refusal) with its size on the wire, which the audio budget counts."""
+        return lambda data: (self._check_and_parse(data, message_class), len(data))
+
+    def _parser(self, message_class: Any) -> Callable[[bytes], Any]:
+        return lambda data: self._check_and_parse(data, message_class)
+
+    # ------------------------------------------------------------------ per-call books
+
+    async def _begin(self, call: _Call, context: grpc.aio.ServicerContext) -> None:
+        """Start the books for a call and refuse it when access says no (before its request is read)."""
         call.started = time.perf_counter()
         call.peer = printable(context.peer() or "", 64)
         request_id.set(call.request_id)
@@ -195,24 +244,6 @@ class RpcGate(grpc.aio.ServerInterceptor):
         await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
         if call.refusal is not None:
             await context.abort(*call.refusal)
-        if isinstance(request, _Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details)
-        call.dialogue_id = _dialogue_of(request)
-        return request
-
-    async def _watched(
-        self, requests: AsyncIterator[Any], call: _Call, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        async for message in requests:
-            if isinstance(message, _Malformed):
-                raise MalformedMessage(message.details)
-            if not call.dialogue_id:
-                call.dialogue_id = _dialogue_of(message)
-            yield message
-        call.requests_ended = True
-        if not _expired(context):
-            # See VANISH_WINDOW_SECONDS: a cancellation arriving now halts the handler before it answers.
-            await asyncio.sleep(VANISH_WINDOW_SECONDS)
 
     def _settle(self, call: _Call, exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
         """The true outcome of a call that raised ``exc``. Once the deadline has passed the client has
@@ -248,18 +279,42 @@ class RpcGate(grpc.aio.ServerInterceptor):
             extra={"fields": fields},
         )
 
-    def _unary(self, inner: Any, call: _Call, streamed: bool = False) -> Callable[..., Any]:
-        """Wraps unary-response handlers (request: one message, or a stream when ``streamed``)."""
+    # ------------------------------------------------------------------ our unary methods
 
-        async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def _unary(self, inner: Any, call: _Call) -> Callable[..., Awaitable[Any]]:
+        """A unary method of ours, read lazily: access, admission, one message checked and parsed, its bytes
+        held in the audio budget while the method runs."""
+        recent = self._recent[call.label]
+        budget = self.limits.budget
+
+        async def behaviour(requests: AsyncIterator[tuple[Any, int]], context: grpc.aio.ServicerContext) -> Any:
             try:
-                request = await self._begin(call, request, context)
-                if streamed:
-                    request = self._watched(request, call, context)
+                await self._begin(call, context)
+                # The smallest recent request of this method: refusing on it wrongs no request of usual size.
+                expected = min(recent) if recent else 0
+                busy = budget.refusal(
+                    expected, f"a {call.label} request (about {expected} bytes, as lately)", context.time_remaining()
+                )
+                if busy is not None:
+                    await _abort(context, busy)
+                got = await anext(aiter(requests), None)  # a unary call carries exactly one message
+                if got is None:  # the client went away before sending it, or sent none (not a gRPC client)
+                    await _abort(context, InvalidRequest("the call carried no request message"))
+                request, size = got
+                recent.append(size)
+                if isinstance(request, _Refusal):
+                    await _abort(context, request.error)
+                call.dialogue_id = _dialogue_of(request)
+                try:
+                    budget.acquire(size, "this request", context.time_remaining())
+                except Overloaded as refused:
+                    await _abort(context, refused)
+                done = False
                 try:
                     response = await inner(request, context)
-                except MalformedMessage as exc:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                    done = True
+                finally:
+                    budget.release(size, done)
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
                 raise
@@ -268,28 +323,89 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
         return behaviour
 
-    def _streaming(self, inner: Any, call: _Call, streamed: bool) -> Callable[..., Any]:
-        """Wraps streaming-response handlers, as async generators or as coroutines using context.write."""
-        if not inspect.isasyncgenfunction(inner):
+    # ------------------------------------------------------------------ our streaming method
 
-            async def writer(request: Any, context: grpc.aio.ServicerContext) -> None:
-                await self._unary(inner, call, streamed)(request, context)
+    def _stream(self, inner: Any, call: _Call) -> Callable[..., AsyncIterator[Any]]:
+        """StreamDialogue: access, a stream slot (refused unread when none is free), every message checked
+        and parsed (one over a limit raises its error where the servicer reads it)."""
+        slots = self.limits.streams
 
-            return writer
-
-        async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def generator(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
-                request = await self._begin(call, request, context)
-                if streamed:
-                    request = self._watched(request, call, context)
-                try:
-                    async for response in inner(request, context):
+                await self._begin(call, context)
+                if slots.full:
+                    await _abort(context, slots.busy())
+                with slots.take():
+                    async for response in inner(self._messages(requests, call, context), context):
                         yield response
-                except MalformedMessage as exc:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
                 raise
             self._succeeded(call, context)
 
         return generator
+
+    async def _messages(
+        self, requests: AsyncIterator[Any], call: _Call, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for message in requests:
+            if isinstance(message, _Refusal):
+                raise message.error
+            if not call.dialogue_id:
+                call.dialogue_id = _dialogue_of(message)
+            yield message
+        call.requests_ended = True
+        if not _expired(context):
+            # See VANISH_WINDOW_SECONDS: a cancellation arriving now halts the handler before it answers.
+            await asyncio.sleep(VANISH_WINDOW_SECONDS)
+
+    # ------------------------------------------------------------------ health and reflection
+
+    def _other(self, inner: Any, call: _Call, streamed: bool) -> Callable[..., Any]:
+        """Infrastructure methods: access, books and outcome; messages parsed by :meth:`_parser`."""
+
+        async def refused_or(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await self._begin(call, context)
+            if isinstance(request, _Refusal):
+                await _abort(context, request.error)
+            return self._checked(request) if streamed else request
+
+        if inspect.isasyncgenfunction(inner):
+
+            async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                try:
+                    request = await refused_or(request, context)
+                    try:
+                        async for response in inner(request, context):
+                            yield response
+                    except InvalidRequest as exc:  # a message of the request stream was refused
+                        await _abort(context, exc)
+                except BaseException as exc:
+                    self._finish(call, self._settle(call, exc, context))
+                    raise
+                self._succeeded(call, context)
+
+            return generator
+
+        async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                request = await refused_or(request, context)
+                try:
+                    response = await inner(request, context)
+                except InvalidRequest as exc:  # a message of the request stream was refused
+                    await _abort(context, exc)
+            except BaseException as exc:
+                self._finish(call, self._settle(call, exc, context))
+                raise
+            self._succeeded(call, context)
+            return response
+
+        return behaviour
+
+    @staticmethod
+    async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for message in requests:
+            if isinstance(message, _Refusal):
+                raise message.error
+            yield message
+

@@ -2,13 +2,11 @@
 
 A protobuf request is cheap to send and can be dear to read: an empty ``Turn`` is 2 bytes on the wire
 but about 80 bytes once parsed and a few hundred once converted to Python objects, so 16 million of them
-(32 MB) cost gigabytes and tens of seconds of event-loop time. Two checks stop that early:
+(32 MB) cost gigabytes and tens of seconds of event-loop time. One check stops that early:
 
 - :meth:`RequestLimits.check_wire` walks the serialized bytes (tags and lengths only, nothing is copied)
   and stops at the first field over its count, so refusing a request costs at most a few thousand steps
-  whatever its size: it runs before the message is parsed (sleuthd.rpc.guard);
-- :meth:`RequestLimits.check_message` counts the repeated fields of a parsed message with ``len()`` (the
-  servicer, before converting it), for a servicer run without the guard.
+  whatever its size: the RPC gate runs it before the message is parsed (sleuthd.rpc.gate).
 
 Every repeated field has a limit (named ones from the engine config, others ``default_repeated``); a
 singular field may appear at most ``max_singular_repeats`` times (protobuf merges repeats, legitimate
@@ -20,11 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from google.protobuf.message import Message
 
 from sleuthd.config import EngineConfig
 from sleuthd.errors import InvalidRequest, LimitExceeded
@@ -83,25 +78,6 @@ class RequestLimits:
         if f.is_repeated:
             return self.repeated.get(f.full_name, self.default_repeated)
         return self.max_singular_repeats
-
-    # ------------------------------------------------------------------ parsed messages
-
-    def check_message(self, msg: Message) -> None:
-        """Raise LimitExceeded when a repeated field of ``msg`` (or of a message inside it) has too many
-        entries. Only ``len()`` and ``HasField`` are used: nothing is converted."""
-        self._check_parsed(msg, msg.DESCRIPTOR)
-
-    def _check_parsed(self, msg: Any, desc: Descriptor) -> None:
-        for f in _fields_with_repeats(desc):
-            if f.is_repeated:
-                n = len(getattr(msg, f.name))
-                if n > self.limit_of(f):
-                    raise self._over(f, n, exact=True)
-                if f.message_type is not None and _fields_with_repeats(f.message_type):
-                    for item in getattr(msg, f.name):
-                        self._check_parsed(item, f.message_type)
-            elif msg.HasField(f.name):
-                self._check_parsed(getattr(msg, f.name), f.message_type)
 
     def _over(self, f: FieldDescriptor, n: int, exact: bool) -> LimitExceeded:
         limit = self.limit_of(f)
@@ -214,22 +190,3 @@ def _skip_group(data: bytes, pos: int, end: int, number: int, depth: int) -> tup
         else:
             raise _Malformed
     raise _Malformed
-
-
-@cache
-def _fields_with_repeats(desc: Descriptor) -> tuple[FieldDescriptor, ...]:
-    """The fields of ``desc`` that are repeated or lead to a message with a repeated field."""
-    out = []
-    for f in desc.fields:
-        if f.is_repeated or (f.message_type is not None and _leads_to_repeated(f.message_type, frozenset())):
-            out.append(f)
-    return tuple(out)
-
-
-def _leads_to_repeated(desc: Descriptor, seen: frozenset[str]) -> bool:
-    if desc.full_name in seen:
-        return False
-    seen = seen | {desc.full_name}
-    return any(
-        f.is_repeated or (f.message_type is not None and _leads_to_repeated(f.message_type, seen)) for f in desc.fields
-    )

@@ -14,11 +14,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sleuthd.config import ServerConfig
+from sleuthd.engine.admission import AudioBudget, HeapTrimmer, Slots
 from sleuthd.engine.facade import Engine
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc.auth import TokenSet, server_credentials, warn_if_exposed
-from sleuthd.rpc.gate import RpcGate
-from sleuthd.rpc.guard import RequestGuard
+from sleuthd.rpc.gate import EdgeLimits, RpcGate
+from sleuthd.rpc.limits import RequestLimits
 from sleuthd.rpc.ops_http import OpsHttpServer
 from sleuthd.rpc.servicer import SleuthServicer
 from sleuthd.v1 import sleuthd_pb2 as pb
@@ -141,7 +142,14 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     tokens = TokenSet.from_file(config.auth_token_file) if config.auth_token_file else None
     credentials = server_credentials(config) if config.tls else None
     warn_if_exposed(config)
-    gate = RpcGate(metrics, tokens)
+    # One set of limits, enforced by the gate before any handler runs (sleuthd.rpc.gate).
+    bounds = engine.config.admission
+    limits = EdgeLimits(
+        request=RequestLimits.from_config(engine.config, config.max_message_bytes),
+        budget=AudioBudget(bounds.max_audio_in_flight_bytes, on_idle=HeapTrimmer()),
+        streams=Slots(bounds.max_streams, "streams"),
+    )
+    gate = RpcGate(metrics, limits, tokens)
     pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run
 
     def on_engine_failure() -> None:
@@ -150,15 +158,10 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         pending.add(task)
         task.add_done_callback(pending.discard)
 
-    servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics)
-    # Requests are refused before they are read when the server is busy, and checked (size, field counts)
-    # before gRPC parses them; a request a little over the size limit is read and answered with advice
-    # (INVALID_ARGUMENT), one far over it (transport limit) is refused by gRPC itself, unread.
-    # The gate (sleuthd.rpc.gate: request ids, auth, draining, the outcome of every call in the metrics and
-    # the access log) wraps the guard, which wraps the methods: refusals by the guard are counted once, by
-    # the gate.
-    guard = RequestGuard(servicer.limits, servicer.status_of, None, servicer.audio_budget, servicer.stream_slots)
-    server = grpc.aio.server(interceptors=[gate, guard], options=server_options(config))
+    servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics, limits.budget)
+    # A request a little over the size limit is read and answered with advice (INVALID_ARGUMENT); one far
+    # over it (the transport limit) is refused by gRPC itself, unread.
+    server = grpc.aio.server(interceptors=[gate], options=server_options(config))
     health_servicer = health.aio.HealthServicer()
     running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics, gate=gate)
     await running.set_serving(False)
