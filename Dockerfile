@@ -37,9 +37,8 @@ COPY --from=wheel /wheels /wheels
 RUN python3 -m venv /opt/export \
  && /opt/export/bin/pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "torch==2.13.0+cpu" \
  && /opt/export/bin/pip install --no-cache-dir "$(ls /wheels/sleuthd-*.whl)[cpu,export]"
-# Real speech for the export's parity check against resemblyzer (the export refuses a graph below 0.999 cosine).
-COPY tests/data/fsdd /parity/fsdd
-RUN /opt/export/bin/sleuthd --log-level warning models export all --models-dir /models --parity-clips /parity/fsdd
+# The export's parity check uses the real speech shipped in the package (sleuthd/export/parity_clips).
+RUN /opt/export/bin/sleuthd --log-level warning models export all --models-dir /models
 
 # ------------------------------------------------------------------------------------------- runtimes
 FROM ${PYTHON_IMAGE} AS runtime-cpu

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the real Dockerfile with podman, run the image, and check it end to end:
 # health via the image's own HEALTHCHECK command, one CheckDialogue from this checkout's client on real speech
-# (tests/data/fsdd), and a clean SIGTERM stop. Takes several minutes; not part of `make test` (docs/deploy.md).
+# (service/sleuthd/export/parity_clips), and a clean SIGTERM stop. Takes several minutes; not part of `make test` (docs/deploy.md).
 #
 #   scripts/container.sh            # base image (if missing) + build + run + check
 #   RUNTIME=gpu scripts/container.sh build

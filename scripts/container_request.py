@@ -1,4 +1,4 @@
-"""One CheckDialogue against a running server, on real speech from tests/data/fsdd (scripts/container.sh).
+"""One CheckDialogue against a running server, on real FSDD speech (sleuthd/export/parity_clips; scripts/container.sh).
 
 One FSDD speaker's four turns (five spoken digits joined each) and a reference; the last turn is really
 another speaker, so the verdict must flag it with the worst reference score (GE2E on real 8 kHz speech also
@@ -17,7 +17,7 @@ from sleuthd.client import Dialer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-FSDD = Path(__file__).resolve().parents[1] / "tests" / "data" / "fsdd"
+FSDD = Path(__file__).resolve().parents[1] / "service" / "sleuthd" / "export" / "parity_clips"
 
 
 def turn(speaker: str, start: int) -> pb.Audio:

@@ -30,7 +30,8 @@ import numpy as np
 from sleuthd.config import BatcherConfig
 from sleuthd.encoders.batcher import MicroBatcher
 from sleuthd.encoders.manifest import load_encoder_manifest
-from sleuthd.encoders.runner import OnnxEncoder, windows_per_second
+from sleuthd.encoders.runner import OnnxEncoder
+from sleuthd_bench.model_rate import windows_per_second
 
 
 async def serve_rate(enc: OnnxEncoder, config: BatcherConfig, threads: int, clients: int, seconds: float) -> float:

@@ -1,5 +1,5 @@
 """Enrolment clips and embeddings for the registry tests, made the way the server will make them:
-real recordings (tests/data/fsdd) decoded and measured by sleuthd.audio.decode and the energy VAD."""
+real recordings (sleuthd/export/parity_clips) decoded and measured by sleuthd.audio.decode and the energy VAD."""
 
 from __future__ import annotations
 

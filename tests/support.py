@@ -12,7 +12,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO / "models"
-FSDD_SUBSET = REPO / "tests" / "data" / "fsdd"
+FSDD_SUBSET = REPO / "service" / "sleuthd" / "export" / "parity_clips"  # real speech shipped for parity
 SPEECH_CACHE = REPO / "data" / "test-speech"
 
 # Synthetic speakers used across tests. A and B are a same-gender pair (like the paper's S3),

@@ -25,6 +25,7 @@ PUBLIC = {
     "sleuthd.config",
     "sleuthd.domain",
     "sleuthd.encoders.manifest",
+    "sleuthd.encoders.runner",  # the ONNX model timed alone (sleuthd_bench.model_rate)
     "sleuthd.errors",
     "sleuthd.judgment.calibration",
     "sleuthd.judgment.drift",

@@ -32,26 +32,7 @@ from sleuthd.encoders.manifest import EncoderManifest
 from sleuthd.engine.loading import LoadedModels, load_models
 from sleuthd.ops.observe import NullObserver
 
-__all__ = ["ClipEmbedding", "SpeakerEncoder", "WindowSpec", "model_rate"]
-
-
-def model_rate(
-    encoder: str = "ge2e",
-    batches: Sequence[int] = (1, 4, 8, 16, 32, 64),
-    seconds: float = 2.0,
-    models_dir: Path | None = None,
-    device: str = "cpu",
-) -> dict[int, float]:
-    """Windows per second of one encoder's ONNX model alone at each batch size: no decoding, VAD, queueing
-    or gRPC, the ceiling a serving measurement is compared with (sleuthd.encoders.runner.windows_per_second)."""
-    from sleuthd.encoders.manifest import load_encoder_manifest
-    from sleuthd.encoders.runner import OnnxEncoder, windows_per_second
-
-    runner = OnnxEncoder(
-        load_encoder_manifest((models_dir or default_models_dir()) / encoder), device=device, gpu_batch=0
-    )
-    rng = np.random.default_rng(0)
-    return {batch: windows_per_second(runner, batch, seconds, rng) for batch in batches}
+__all__ = ["ClipEmbedding", "SpeakerEncoder", "WindowSpec"]
 
 
 class SpeakerEncoder:

@@ -40,13 +40,14 @@ from typing import Any
 import grpc
 import numpy as np
 import soundfile as sf
-from sleuthd.api import SpeakerEncoder, model_rate
+from sleuthd.api import SpeakerEncoder
 from sleuthd.config import default_models_dir
 from sleuthd.encoders.manifest import read_card
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from sleuthd_bench import synth
+from sleuthd_bench.model_rate import model_rate
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ RAW_BATCHES = (1, 4, 8, 16, 32, 64)
 
 
 def raw_model(encoder: str, device: str, seconds: float, dialogues: Sequence[Dialogue]) -> dict[str, Any]:
-    """The encoder's model alone (sleuthd.api.model_rate) at each batch size, and its best rate in audio
+    """The encoder's model alone (sleuthd_bench.model_rate) at each batch size, and its best rate in audio
     seconds of ``dialogues`` per second: windows/s over the windows these very dialogues make per second
     of their audio (counted by embedding them once through sleuthd.api, which trims silence exactly as the
     server does). The fusion runs every component on the same audio, so its ceiling is 1 / (sum of 1 /

@@ -23,7 +23,7 @@ TEXT = "The quiet engineer carried two heavy suitcases to the station before lun
 
 
 # The committed FSDD subset (digits 0-9, takes 0 and 1, six speakers; see its README).
-FSDD_SUBSET = Path(__file__).resolve().parents[2] / "tests" / "data" / "fsdd"
+FSDD_SUBSET = Path(__file__).resolve().parents[2] / "service" / "sleuthd" / "export" / "parity_clips"
 
 
 def _read(path: Path) -> tuple[np.ndarray, int]:

@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sleuthd.api import model_rate
 from sleuthd_bench import throughput
+from sleuthd_bench.model_rate import model_rate
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng for the dialogues")
 

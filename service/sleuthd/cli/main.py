@@ -27,6 +27,7 @@ from sleuthd.config import (
     default_models_dir,
     from_cli_args,
 )
+from sleuthd.export import parity_clips_dir
 
 logger = logging.getLogger("sleuthd")
 
@@ -343,8 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--parity-clips",
         type=Path,
-        default=Path(__file__).resolve().parents[2] / "tests" / "data" / "fsdd",
-        help="folder of real-speech WAVs to measure parity with resemblyzer on",
+        default=parity_clips_dir(),
+        help="folder of real-speech WAVs to measure parity with the reference models on (default: the FSDD "
+        "takes shipped in sleuthd/export/parity_clips)",
     )
     e.set_defaults(func=cmd_models_export)
     t = msub.add_parser("tiny-judge", help="write a tiny random LALM judge folder (serve --judge-model DIR)")

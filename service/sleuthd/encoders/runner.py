@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from concurrent.futures import Executor
 from typing import Protocol
 
@@ -85,19 +84,6 @@ class OnnxEncoder:
     def warm_up(self) -> None:
         """One model call, at the fixed batch on a GPU: its kernels are chosen here, not in a request."""
         self.embed(np.zeros((max(self.fixed_batch, 2), self.manifest.window.window_samples), np.float32))
-
-
-def windows_per_second(runner: OnnxEncoder, batch: int, seconds: float, rng: np.random.Generator) -> float:
-    """The model alone at one batch size (for benchmarks): windows of noise at speech level (its cost does
-    not depend on the content), two warm-up calls, then as many calls as fit in ``seconds``."""
-    windows = (0.1 * rng.standard_normal((batch, runner.manifest.window.window_samples))).astype(np.float32)
-    runner.embed(windows)
-    runner.embed(windows)
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        runner.embed(windows)
-        done += batch
-    return done / (time.perf_counter() - start)
 
 
 class WindowEncoder(Protocol):

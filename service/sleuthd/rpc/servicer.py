@@ -21,7 +21,7 @@ from sleuthd.engine.facade import Engine
 from sleuthd.engine.stream import StreamSession, paced
 from sleuthd.errors import EngineFailure, InvalidRequest
 from sleuthd.ops.metrics import ServiceMetrics
-from sleuthd.rpc import convert, voice_convert
+from sleuthd.rpc import convert
 from sleuthd.rpc.status import status_of
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
@@ -118,7 +118,7 @@ class SleuthServicer(pb_grpc.SleuthServicer):
                 default_encoder=self.engine.models.default_encoder,
                 max_message_bytes=self.max_message_bytes,
                 paper_thresholds=PAPER_THRESHOLDS,
-                registry=voice_convert.registry_info_to_pb(registry) if registry is not None else None,
+                registry=convert.registry_info_to_pb(registry) if registry is not None else None,
                 judge=None
                 if judge is None
                 else convert.judge_info_to_pb(
@@ -133,15 +133,15 @@ class SleuthServicer(pb_grpc.SleuthServicer):
     async def RegisterVoice(self, request: pb.RegisterVoiceRequest, context: grpc.aio.ServicerContext) -> pb.Voice:
         async def work() -> pb.Voice:
             voices = self.engine.voices
-            registration = voice_convert.registration_from_pb(request)
-            return voice_convert.voice_to_pb(await voices.register(registration, self._deadline(context)), voices)
+            registration = convert.registration_from_pb(request)
+            return convert.voice_to_pb(await voices.register(registration, self._deadline(context)), voices)
 
         return await self._unary(context, work)
 
     async def GetVoice(self, request: pb.GetVoiceRequest, context: grpc.aio.ServicerContext) -> pb.Voice:
         async def work() -> pb.Voice:
             voices = self.engine.voices
-            return voice_convert.voice_to_pb(await voices.get(request.voice_id), voices)
+            return convert.voice_to_pb(await voices.get(request.voice_id), voices)
 
         return await self._unary(context, work)
 
@@ -151,7 +151,7 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         async def work() -> pb.ListVoicesResponse:
             voices = self.engine.voices
             listing = await voices.list(request.page_size, request.page_token)
-            return voice_convert.listing_to_pb(listing, voices)
+            return convert.listing_to_pb(listing, voices)
 
         return await self._unary(context, work)
 
