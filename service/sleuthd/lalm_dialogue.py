@@ -243,7 +243,7 @@ class LalmDialogue:
         """The dialogue's verdict (every speaker judged: CheckDialogue judges all, a stream each turn's)."""
         turns, speakers = self.judge()
         self._count(turns)
-        return self.opts.result(self.dialogue_id, turns, speakers)
+        return self.opts.result(self.dialogue_id, turns, speakers, self._inner.similarity())
 
     def _count(self, turns: Sequence[TurnResult]) -> None:
         for t in turns:

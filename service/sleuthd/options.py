@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sleuthd.calibration import Calibration, CalibrationError
-from sleuthd.domain import CheckOptions, DialogueResult, SpeakerResult, ThresholdSet, TurnResult
+from sleuthd.domain import CheckOptions, DialogueResult, SimilarityMatrix, SpeakerResult, ThresholdSet, TurnResult
 from sleuthd.drift import DriftConfig
 from sleuthd.encoder import WindowEncoder
 from sleuthd.errors import InvalidRequest, UnknownName, Unsupported
@@ -56,6 +56,7 @@ class ResolvedOptions:
     judgment: Judgment
     threshold_set: ThresholdSet
     detect_drift: bool
+    similarity_matrix: bool = False  # the verdict carries the turn x turn cosines
 
     @property
     def encoder(self) -> WindowEncoder:
@@ -66,10 +67,15 @@ class ResolvedOptions:
         return self.judgment.method
 
     def result(
-        self, dialogue_id: str, turns: Sequence[TurnResult], speakers: Sequence[SpeakerResult]
+        self,
+        dialogue_id: str,
+        turns: Sequence[TurnResult],
+        speakers: Sequence[SpeakerResult],
+        similarity: SimilarityMatrix | None = None,
     ) -> DialogueResult:
         """The dialogue verdict, stating which encoder, method and threshold set judged it."""
         return DialogueResult(
+            similarity=similarity,
             dialogue_id=dialogue_id,
             turns=tuple(turns),
             speakers=tuple(speakers),
@@ -125,4 +131,4 @@ def resolve(options: CheckOptions, entries: Mapping[str, EncoderEntry], default_
     if isinstance(entry.encoder, FusedEncoder):
         components = entry.encoder.layout
     judgment = Judgment(method, threshold, usable_calibration, components)
-    return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift)
+    return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift, options.similarity_matrix)
