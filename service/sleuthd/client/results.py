@@ -7,7 +7,7 @@ did not compute is None, never 0.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -241,6 +241,23 @@ class Ranking:
             for c in r.candidates
         )  # fmt: skip
         return cls(ranked, r.encoder, _name(pb.Method, r.method, "METHOD_"), r.usable_context)
+
+    def to_html(
+        self,
+        out_dir: str | os.PathLike[str],
+        candidates: Mapping[str, Any],
+        *,
+        context: Sequence[Any] = (),
+        reference: Any = None,
+        speaker: str = "",
+        **options: Any,
+    ) -> Path:
+        """Write an HTML report of this ranking (candidates best first, with players) and return its
+        index.html. ``candidates``: candidate id -> the audio passed to ``rank``."""
+        from sleuthd.report import RankedCandidates, write_ranking_report
+
+        ranked = RankedCandidates(self, candidates, tuple(context), reference, speaker=speaker)
+        return write_ranking_report(out_dir, ranked, **options)
 
 
 @dataclass(frozen=True)
