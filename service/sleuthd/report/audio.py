@@ -101,7 +101,8 @@ class AudioStore:
         if clip.url not in self._sidecars:
             source = self.root / clip.url
             payload = base64.b64encode(source.read_bytes()).decode("ascii")
-            script = f"(window.SLEUTHD_AUDIO=window.SLEUTHD_AUDIO||{{}})[{json.dumps(clip.url)}]={json.dumps(payload)};\n"
+            holder = "(window.SLEUTHD_AUDIO=window.SLEUTHD_AUDIO||{})"
+            script = f"{holder}[{json.dumps(clip.url)}]={json.dumps(payload)};\n"
             (self.root / f"{clip.url}.js").write_text(script)
             self._sidecars[clip.url] = f"{clip.url}.js"
         return self._sidecars[clip.url]
@@ -129,4 +130,3 @@ def _wav_from_samples(samples: Any, rate: Any, what: str) -> bytes:
         w.setframerate(rate)
         w.writeframes(pcm.tobytes())
     return buf.getvalue()
-

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sleuthd.client.requests import Turn
-from sleuthd.client.results import Ranking, TurnVerdict, Verdict
+from sleuthd.client.results import EncoderScores, Ranking, TurnVerdict, Verdict
 from sleuthd.report.audio import AudioSource, AudioStore, ReportError
 
 # Dialogue outcomes the page knows how to rank and colour; any other turn status a verdict carries
@@ -86,6 +86,10 @@ def _num(x: float | None) -> float | None:
     return round(float(x), 4)
 
 
+def _encoder(e: EncoderScores) -> list[Any]:
+    return [e.encoder, _num(e.pairwise_mean_cosine), _num(e.centroid_cosine_distance), _num(e.reference_cosine)]
+
+
 def _turn(t: TurnVerdict, d: CheckedDialogue, store: AudioStore, drift: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": t.turn_id,
@@ -105,8 +109,7 @@ def _turn(t: TurnVerdict, d: CheckedDialogue, store: AudioStore, drift: bool) ->
         "pw": _num(t.pairwise_mean_cosine),
         "cd": _num(t.centroid_cosine_distance),
         "rc": _num(t.reference_cosine),
-        "e": [[e.encoder, _num(e.pairwise_mean_cosine), _num(e.centroid_cosine_distance), _num(e.reference_cosine)]
-              for e in t.encoder_scores],  # fmt: skip
+        "e": [_encoder(e) for e in t.encoder_scores],
         "dr": _num(t.drift_score),
         "seg": [[_num(s.start_seconds), _num(s.end_seconds), _num(s.score)] for s in t.drift_segments],
         "a": None,
@@ -202,4 +205,3 @@ def ranking_json(r: RankedCandidates, store: AudioStore) -> dict[str, Any]:
         "ref": {"a": ref.url, "an": ref.name} if ref else None,
         "voice": r.reference_voice,
     }
-
