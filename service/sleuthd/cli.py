@@ -126,6 +126,8 @@ async def _check(args: argparse.Namespace) -> int:
             req.options.threshold = args.threshold
         if args.detect_drift:
             req.options.detect_drift = True
+        if args.report:  # the report's heat map
+            req.options.similarity_matrix = True
         if voices:
             kept = [r for r in req.references if r.speaker not in voices]
             del req.references[:]
@@ -153,6 +155,8 @@ async def _check(args: argparse.Namespace) -> int:
     for o in outcomes:
         if o.code and not single:
             print(f"error: {o.source.label}: {o.code}: {o.error}", file=sys.stderr)
+    if args.report:
+        print(f"report: {check_batch.report(outcomes, args.report, voices, args.report_audio)}", file=sys.stderr)
     return check_batch.exit_code(outcomes)
 
 
@@ -196,6 +200,13 @@ async def _rank(args: argparse.Namespace) -> int:
     async with client.channel(args.target) as ch:
         resp = await client.stub(ch).RankCandidates(req, timeout=args.timeout)
     print(_json(resp) if args.json else tables.ranking_table(resp))
+    if args.report:
+        from sleuthd.report import RankedCandidates, write_ranking_report
+
+        audio = dict(zip(candidate_ids(args.candidate), args.candidate, strict=True))
+        ranked = RankedCandidates(client.Ranking.from_pb(resp), audio, args.context, args.reference,
+                                  args.reference_voice or "", args.speaker)  # fmt: skip
+        print(f"report: {write_ranking_report(args.report, ranked, audio=args.report_audio)}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -203,12 +214,13 @@ def _run_client(coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]
     import grpc
 
     from sleuthd.client import DialogueFileError
+    from sleuthd.report import ReportError
 
     try:
         return int(asyncio.run(coro_fn(args)))
     except grpc.aio.AioRpcError as exc:
         return _error(f"{exc.code().name}: {exc.details()}")
-    except DialogueFileError as exc:
+    except (DialogueFileError, ReportError) as exc:
         return _error(str(exc))
 
 
@@ -295,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--method", choices=methods, help="default: the server's (lalm: a server with a judge)")
         sp.add_argument("--json", action="store_true", help="print the response as JSON, every field")
         sp.add_argument("--timeout", type=float, default=120.0, help="RPC deadline, seconds (default: 120)")
+        sp.add_argument("--report", type=Path, metavar="DIR", help="also write an HTML review report: DIR/index.html")
+        sp.add_argument("--report-audio", choices=["copy", "link"], default="copy", help="copy or link audio")
 
     c = sub.add_parser(
         "check",

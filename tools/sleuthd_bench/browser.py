@@ -50,21 +50,28 @@ class PageLog:
 
     requests: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # "URL: error"
+    # Requests the browser dropped itself (net::ERR_ABORTED): a player removed while it was still reading,
+    # when the page moved on to another view. Not a failure of the page.
+    aborted: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # console errors and uncaught exceptions
 
-    def outside(self, root: Path) -> list[str]:
-        """Requests that are neither a file under ``root`` nor data:/blob: (i.e. would touch the network)."""
-        prefix = root.resolve().as_uri()
-        return [u for u in self.requests if not (u.startswith(prefix) or u.startswith(("data:", "blob:")))]
+    def outside(self, *roots: Path) -> list[str]:
+        """Requests that are neither a file under one of ``roots`` nor data:/blob: (would touch the network)."""
+        allowed = (*(root.resolve().as_uri() + "/" for root in roots), "data:", "blob:")
+        return [u for u in self.requests if not u.startswith(allowed)]
 
 
 def watch(page: Any) -> PageLog:
     log = PageLog()
     page.on("request", lambda r: log.requests.append(r.url))
-    page.on("requestfailed", lambda r: log.failed.append(f"{r.url}: {r.failure}"))
+    page.on("requestfailed", lambda r: _failed(log, r.url, str(r.failure)))
     page.on("console", lambda m: log.errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: log.errors.append(str(e)))
     return log
+
+
+def _failed(log: PageLog, url: str, failure: str) -> None:
+    (log.aborted if "ERR_ABORTED" in failure else log.failed).append(f"{url}: {failure}")
 
 
 @asynccontextmanager
