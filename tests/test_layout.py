@@ -28,6 +28,7 @@ PUBLIC = {
     "sleuthd.drift",
     "sleuthd.errors",
     "sleuthd.manifest",
+    "sleuthd.report",
     "sleuthd.scoring",
     "sleuthd.v1",
 }
@@ -54,6 +55,11 @@ def test_the_client_loads_neither_the_engine_nor_onnxruntime_nor_audio_libraries
     loaded = _modules_after("import sleuthd.client")
     assert not {"onnxruntime", "soxr", "soundfile", "numpy", "sleuthd.engine", "sleuthd.audio"} & loaded
     assert "grpc" in loaded
+
+
+def test_the_report_is_as_light_as_the_client() -> None:
+    loaded = _modules_after("import sleuthd.report")
+    assert not {"onnxruntime", "soxr", "soundfile", "numpy", "sleuthd.engine", "sleuthd.audio"} & loaded
 
 
 def test_domain_types_import_only_the_standard_library() -> None:

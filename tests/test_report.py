@@ -311,3 +311,27 @@ async def test_similarity_matrix_matches_the_verdict_and_to_html_writes_a_report
         write_report(tmp_path / "bad", [CheckedDialogue(verdict, {"t2": tmp_path / "nope.wav"})])
     with pytest.raises(ReportError, match="audio mode 'hardlink' is not one of: copy, link"):
         write_report(tmp_path / "bad", [], audio="hardlink")
+
+
+async def test_a_streams_final_verdict_carries_the_same_matrix(stub: Any, speech: Speech) -> None:
+    """StreamDialogue's final verdict is CheckDialogue's, the matrix included; turn updates never carry one."""
+    from sleuthd.v1 import sleuthd_pb2 as pb
+
+    clips = [("Ann", speech.clips[VOICE_A][0]), ("Bob", speech.clips[VOICE_C][0]), ("Ann", speech.clips[VOICE_A][1]),
+             ("Bob", speech.clips[VOICE_C][1])]  # fmt: skip
+    options = pb.CheckOptions(method=pb.METHOD_AUTO, similarity_matrix=True)
+    unary = pb.CheckDialogueRequest(dialogue_id="m", options=options)
+    call = stub.StreamDialogue(timeout=120)
+    await call.write(pb.StreamDialogueRequest(open=pb.StreamOpen(dialogue_id="m", options=options)))
+    for k, (speaker, path) in enumerate(clips):
+        data = Path(path).read_bytes()
+        unary.turns.add(turn_id=f"t{k}", speaker=speaker, audio=pb.Audio(encoded=data))
+        await call.write(pb.StreamDialogueRequest(turn_start=pb.TurnStart(turn_id=f"t{k}", speaker=speaker, index=k)))
+        await call.write(pb.StreamDialogueRequest(audio=pb.TurnAudio(turn_id=f"t{k}", data=data, final=True)))
+    await call.done_writing()
+    messages = [msg async for msg in call]
+    final = messages[-1].final
+    checked = await stub.CheckDialogue(unary, timeout=120)
+    assert list(final.similarity.turn_ids) == ["t0", "t1", "t2", "t3"]
+    assert final.similarity == checked.similarity
+    assert all(m.WhichOneof("message") == "turn" for m in messages[:-1])
