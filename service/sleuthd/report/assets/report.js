@@ -288,7 +288,7 @@
       `<datalist id="speakers">${[...speakers].map((s) => `<option value="${esc(s)}">`).join('')}</datalist>` +
       `<label>Highest P(not speaker) ≥<input id="f-pmin" type="number" min="0" max="1" step="0.05" value="${st.pmin || ''}" placeholder="0"></label>` +
       `<label>Dialogue id<input id="f-q" type="search" value="${esc(st.q)}" placeholder="search (/)"></label></form>` +
-      `<p class="count">${view.length ? `Dialogues ${first + 1}–${first + rows.length} of ${view.length}` : 'No dialogue matches'}` +
+      `<p class="count" elementtiming="sleuthd-list">${view.length ? `Dialogues ${first + 1}–${first + rows.length} of ${view.length}` : 'No dialogue matches'}` +
       `${view.length !== dialogues.length ? ` (filtered from ${dialogues.length})` : ''}</p>` +
       `<div class="scroll"><table class="list stack"><thead><tr>${head('id', 'Dialogue')}${head('severity', 'Verdict')}${head('speakers', 'Speakers')}` +
       `${head('turns', 'Turns', 'num')}${head('nf', 'Flagged turns')}${head('pmax', 'Highest P(not speaker)', 'num')}</tr></thead><tbody>` +
