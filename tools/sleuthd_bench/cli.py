@@ -287,6 +287,32 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_report_paint(args: argparse.Namespace) -> int:
+    from sleuthd_bench import report_paint
+    from sleuthd_bench.browser import BrowserUnavailable
+
+    try:
+        sizes = sorted({int(n) for n in args.dialogues.split(",") if n.strip()})
+        if not sizes or sizes[0] < 1:
+            raise ValueError
+    except ValueError:
+        return _error("--dialogues takes positive integers, e.g. 10,1000")
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    try:
+        results = report_paint.run(sizes, args.clips, args.out, args.runs, args.target, args.seed, progress)
+    except (BrowserUnavailable, ValueError, RuntimeError, OSError) as exc:
+        return _error(str(exc))
+    print(report_paint.table(results))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- drift
 
 
@@ -700,6 +726,19 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--json", type=Path, help="write the results as JSON")
     la.add_argument("--quiet", action="store_true")
     la.set_defaults(func=cmd_bench_latency)
+
+    rp = sub.add_parser(
+        "report-paint", help="how fast an HTML review report opens in headless Chromium: small vs large, cold"
+    )
+    rp.add_argument("--dialogues", default="10,1000", help="report sizes, each checked for real (default: 10,1000)")
+    rp.add_argument("--clips", type=Path, default=REPO / "data" / "test-speech", help="one folder of WAVs per voice")
+    rp.add_argument("--out", type=Path, default=REPO / "runs" / "report-paint", help="where the reports are written")
+    rp.add_argument("--runs", type=int, default=5, help="cold opens per report (default: 5)")
+    rp.add_argument("--target", help="an already running server (HOST:PORT) instead of a fresh subprocess")
+    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--json", type=Path, help="write the results as JSON")
+    rp.add_argument("--quiet", action="store_true")
+    rp.set_defaults(func=cmd_bench_report_paint)
 
     dr = sub.add_parser(
         "drift",

@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -20,6 +20,7 @@ from typing import Any, TextIO
 import grpc
 
 from sleuthd import client
+from sleuthd.report import CheckedDialogue, write_report
 from sleuthd.v1 import sleuthd_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -197,3 +198,25 @@ def summary_rows(outcomes: Sequence[Outcome]) -> list[tuple[str, ...]]:
 
 def _short(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def report(outcomes: Sequence[Outcome], out_dir: Path, voices: Mapping[str, str], audio: str = "copy") -> Path:
+    """`sleuthd check --report DIR`: the HTML review report of every dialogue checked (failed ones with their
+    error), playing the audio files the dialogues name; ``voices``: the --voice overrides that were sent."""
+    checked = []
+    for o in outcomes:
+        doc, base = o.source.doc, o.source.base
+        turns = [t for t in doc.get("turns", []) if isinstance(t, dict)]
+        checked.append(
+            CheckedDialogue(
+                verdict=None if o.verdict is None else client.Verdict.from_pb(o.verdict),
+                turn_audio={str(t["turn_id"]): base / t["audio"] for t in turns if t.get("audio")},
+                references={s: base / p for s, p in (doc.get("references") or {}).items() if s not in voices},
+                voices={**{s: str(v) for s, v in (doc.get("voices") or {}).items()}, **voices},
+                texts={str(t["turn_id"]): str(t["text"]) for t in turns if t.get("text")},
+                dialogue_id=o.dialogue_id,
+                source=o.source.label,
+                error=f"{o.code}: {o.error}" if o.code else o.error,
+            )
+        )
+    return write_report(out_dir, checked, audio=audio)

@@ -129,6 +129,8 @@ async def _check(args: argparse.Namespace) -> int:
             req.options.threshold = args.threshold
         if args.detect_drift:
             req.options.detect_drift = True
+        if args.report:  # the report's heat map
+            req.options.similarity_matrix = True
         if voices:
             kept = [r for r in req.references if r.speaker not in voices]
             del req.references[:]
@@ -157,6 +159,8 @@ async def _check(args: argparse.Namespace) -> int:
     for o in outcomes:
         if o.code and not single:
             print(f"error: {o.source.label}: {o.code}: {o.error}", file=sys.stderr)
+    if args.report:
+        print(f"report: {check.report(outcomes, args.report, voices, args.report_audio)}", file=sys.stderr)
     return check.exit_code(outcomes)
 
 
@@ -201,6 +205,13 @@ async def _rank(args: argparse.Namespace) -> int:
     async with client.Dialer.from_config(from_cli_args(ConnectConfig, args)).aio() as ch:
         resp = await client.stub(ch).RankCandidates(req, timeout=args.timeout)
     print(_json(resp) if args.json else text.ranking_table(resp))
+    if args.report:
+        from sleuthd.report import RankedCandidates, write_ranking_report
+
+        audio = dict(zip(candidate_ids(args.candidate), args.candidate, strict=True))
+        ranked = RankedCandidates(client.Ranking.from_pb(resp), audio, args.context, args.reference,
+                                  args.reference_voice or "", args.speaker)  # fmt: skip
+        print(f"report: {write_ranking_report(args.report, ranked, audio=args.report_audio)}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -208,12 +219,13 @@ def _run_client(coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]
     import grpc
 
     from sleuthd.client import CredentialsError, DialogueFileError
+    from sleuthd.report import ReportError
 
     try:
         return int(asyncio.run(coro_fn(args)))
     except grpc.aio.AioRpcError as exc:
         return _error(f"{exc.code().name}: {exc.details()}")
-    except (DialogueFileError, CredentialsError, ConfigError) as exc:
+    except (DialogueFileError, CredentialsError, ConfigError, ReportError) as exc:
         return _error(str(exc))
 
 
@@ -301,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--method", choices=methods, help="default: the server's (lalm: a server with a judge)")
         sp.add_argument("--json", action="store_true", help="print the response as JSON, every field")
         sp.add_argument("--timeout", type=float, default=120.0, help="RPC deadline, seconds (default: 120)")
+        sp.add_argument("--report", type=Path, metavar="DIR", help="also write an HTML review report: DIR/index.html")
+        sp.add_argument("--report-audio", choices=["copy", "link"], default="copy", help="copy or link audio")
 
     c = sub.add_parser(
         "check",

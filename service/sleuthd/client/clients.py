@@ -52,8 +52,9 @@ class _Base:
         encoder: str,
         detect_drift: bool,
         sample_rate: int | None,
+        similarity_matrix: bool = False,
     ) -> pb.CheckDialogueRequest:
-        options = make_options(method, thresholds, threshold, encoder, detect_drift)
+        options = make_options(method, thresholds, threshold, encoder, detect_drift, similarity_matrix)
         return dialogue_request(
             turns, references=references, voices=voices, dialogue_id=dialogue_id, options=options,
             sample_rate=sample_rate,
@@ -100,12 +101,15 @@ class SleuthClient(_Base):
         detect_drift: bool = False,
         sample_rate: int | None = None,
         timeout: float | None = None,
+        similarity_matrix: bool = False,
     ) -> Verdict:
         """Check a dialogue: turns as ``(speaker, audio)`` or :class:`Turn`; ``references`` maps speakers to
-        reference audio, ``voices`` to registered voice ids; ``sample_rate`` (Hz) for NumPy samples."""
+        reference audio, ``voices`` to registered voice ids; ``sample_rate`` (Hz) for NumPy samples;
+        ``similarity_matrix``: the verdict also carries the turn x turn cosines (``Verdict.similarity``)."""
         req = self._check(
-            turns, references, voices, dialogue_id, method, thresholds, threshold, encoder, detect_drift, sample_rate
-        )
+            turns, references, voices, dialogue_id, method, thresholds, threshold, encoder, detect_drift, sample_rate,
+            similarity_matrix,
+        )  # fmt: skip
         return Verdict.from_pb(self.stub.CheckDialogue(req, **self._call(timeout)))
 
     def check_file(self, path: str | os.PathLike[str], *, timeout: float | None = None) -> Verdict:
@@ -214,10 +218,12 @@ class AsyncSleuthClient(_Base):
         detect_drift: bool = False,
         sample_rate: int | None = None,
         timeout: float | None = None,
+        similarity_matrix: bool = False,
     ) -> Verdict:
         req = self._check(
-            turns, references, voices, dialogue_id, method, thresholds, threshold, encoder, detect_drift, sample_rate
-        )
+            turns, references, voices, dialogue_id, method, thresholds, threshold, encoder, detect_drift, sample_rate,
+            similarity_matrix,
+        )  # fmt: skip
         return Verdict.from_pb(await self.stub.CheckDialogue(req, **self._call(timeout)))
 
     async def check_file(self, path: str | os.PathLike[str], *, timeout: float | None = None) -> Verdict:

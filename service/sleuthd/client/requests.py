@@ -91,9 +91,10 @@ def make_options(
     threshold: float | None = None,
     encoder: str = "",
     detect_drift: bool = False,
+    similarity_matrix: bool = False,
 ) -> pb.CheckOptions:
     """Request options; None/"" leave the server's default."""
-    opts = pb.CheckOptions(encoder=encoder, detect_drift=detect_drift)
+    opts = pb.CheckOptions(encoder=encoder, detect_drift=detect_drift, similarity_matrix=similarity_matrix)
     if method:
         if method not in METHODS:
             raise DialogueFileError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -223,7 +224,7 @@ def dialogue_request_from_dict(doc: Any, base: Path, where: str, read_audio: boo
     o = doc.get("options") or {}
     req.options.CopyFrom(
         make_options(o.get("method"), o.get("thresholds"), o.get("threshold"), o.get("encoder", ""),
-                     bool(o.get("detect_drift", False)))
+                     bool(o.get("detect_drift", False)), bool(o.get("similarity_matrix", False)))
     )  # fmt: skip
     return req
 
@@ -233,7 +234,7 @@ def dialogue_request_from_file(path: Path) -> pb.CheckDialogueRequest:
 
     Format: {"dialogue_id": str, "turns": [{"turn_id", "speaker", "text"?, "audio"?}],
     "references": {speaker: path}?, "voices": {speaker: registered voice id}?,
-    "options": {"method"?, "thresholds"?, "threshold"?, "encoder"?, "detect_drift"?}?}
+    "options": {"method"?, "thresholds"?, "threshold"?, "encoder"?, "detect_drift"?, "similarity_matrix"?}?}
     """
     try:
         doc = json.loads(path.read_text())

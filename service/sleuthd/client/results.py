@@ -6,9 +6,11 @@ did not compute is None, never 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sleuthd.v1 import sleuthd_pb2 as pb
@@ -139,6 +141,22 @@ class SpeakerVerdict:
 
 
 @dataclass(frozen=True)
+class SimilarityMatrix:
+    """Cosine similarity of every pair of a dialogue's usable turns under the verdict's encoder."""
+
+    turn_ids: tuple[str, ...]  # the usable turns, dialogue order
+    cosines: tuple[float, ...]  # row-major n x n, cosine similarity [-1, 1]; use cosine(a, b)
+
+    def cosine(self, a: str, b: str) -> float:
+        """The cosine similarity of turns ``a`` and ``b`` (KeyError: a turn without usable audio)."""
+        index = {t: i for i, t in enumerate(self.turn_ids)}
+        missing = [t for t in (a, b) if t not in index]
+        if missing:
+            raise KeyError(f"turn(s) {', '.join(missing)} have no usable audio, so they are not in the matrix")
+        return self.cosines[index[a] * len(self.turn_ids) + index[b]]
+
+
+@dataclass(frozen=True)
 class Verdict:
     """A dialogue's verdict. ``consistent``: something was judged and every judged speaker is consistent
     (no turn flagged, none uncertain); ``judged`` False means nothing could be scored (too little speech),
@@ -150,6 +168,7 @@ class Verdict:
     encoder: str
     method: str  # "pairwise", "centroid", "reference", "auto" or "lalm"
     threshold_set: str  # "default" or "paper"
+    similarity: SimilarityMatrix | None = None  # only when asked for (check(..., similarity_matrix=True))
 
     @property
     def judged(self) -> bool:
@@ -195,7 +214,25 @@ class Verdict:
             encoder=v.encoder,
             method=_name(pb.Method, v.method, "METHOD_"),
             threshold_set=_name(pb.ThresholdSet, v.threshold_set, "THRESHOLD_SET_"),
+            similarity=(
+                SimilarityMatrix(tuple(v.similarity.turn_ids), tuple(v.similarity.cosines))
+                if v.HasField("similarity")
+                else None
+            ),
         )
+
+    def to_html(
+        self,
+        out_dir: str | os.PathLike[str],
+        turns: Iterable[Any],
+        references: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Path:
+        """Write a one-dialogue HTML review report to ``out_dir`` and return its index.html.
+        ``turns``: what was passed to ``check`` (the audio to play); see :func:`sleuthd.report.write_report`."""
+        from sleuthd.report import CheckedDialogue, write_report  # stdlib only; loaded when a report is asked for
+
+        return write_report(out_dir, [CheckedDialogue.from_turns(self, turns, references)], **options)
 
 
 @dataclass(frozen=True)
@@ -230,6 +267,23 @@ class Ranking:
             for c in r.candidates
         )  # fmt: skip
         return cls(ranked, r.encoder, _name(pb.Method, r.method, "METHOD_"), r.usable_context)
+
+    def to_html(
+        self,
+        out_dir: str | os.PathLike[str],
+        candidates: Mapping[str, Any],
+        *,
+        context: Sequence[Any] = (),
+        reference: Any = None,
+        speaker: str = "",
+        **options: Any,
+    ) -> Path:
+        """Write an HTML report of this ranking (candidates best first, with players) and return its
+        index.html. ``candidates``: candidate id -> the audio passed to ``rank``."""
+        from sleuthd.report import RankedCandidates, write_ranking_report
+
+        ranked = RankedCandidates(self, candidates, tuple(context), reference, speaker=speaker)
+        return write_ranking_report(out_dir, ranked, **options)
 
 
 @dataclass(frozen=True)

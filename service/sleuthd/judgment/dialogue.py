@@ -26,6 +26,7 @@ from sleuthd.domain import (
     DialogueRequest,
     DialogueResult,
     DriftResult,
+    SimilarityMatrix,
     SpeakerResult,
     TurnResult,
     TurnStatus,
@@ -37,6 +38,7 @@ from sleuthd.judgment.drift import attach_drift, find_drift
 from sleuthd.judgment.options import ResolvedOptions
 from sleuthd.judgment.pool import SpeakerPool
 from sleuthd.judgment.scoring import Method
+from sleuthd.judgment.similarity import similarity_matrix
 from sleuthd.judgment.verdicts import (
     NO_AUDIO,
     STATUS_OF_CODE,
@@ -284,7 +286,16 @@ class EncoderDialogue:
         self._ledger.count(turns)
         # `sleuthd-bench latency` reads this line (--log-level debug) for the judging share of CheckDialogue.
         logger.debug("dialogue %r: judged %d turns in %.2f ms", self.dialogue_id, len(turns), _ms(started))
-        return self.opts.result(self.dialogue_id, turns, speakers)
+        return self.opts.result(self.dialogue_id, turns, speakers, self.similarity())
+
+    def similarity(self) -> SimilarityMatrix | None:
+        """The usable turns' cosine matrix when the request asked for it (sleuthd.judgment.similarity)."""
+        if not self.opts.similarity_matrix:
+            return None
+        rows = []  # a speaker's usable turns, in dialogue order, are the rows of its pool's embeddings
+        for e in self._speakers.values():
+            rows += [(t.position, t.turn_id, e.pool.emb[k]) for k, t in enumerate(u for u in e.turns if u.usable)]
+        return similarity_matrix(rows)
 
 
 def _ms(since: float) -> float:

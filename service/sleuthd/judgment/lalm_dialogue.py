@@ -120,7 +120,7 @@ class LalmDialogue:
         await self._judge_speakers(list(dict.fromkeys(self._speaker.values())), deadline)
         turns, speakers = self._verdicts()
         self._ledger.count(turns)
-        return self.opts.result(self.dialogue_id, turns, speakers)
+        return self.opts.result(self.dialogue_id, turns, speakers, self._inner.similarity())
 
     # ------------------------------------------------------------------ hearing and asking
 

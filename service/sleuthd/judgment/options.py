@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sleuthd.domain import CheckOptions, DialogueResult, SpeakerResult, ThresholdSet, TurnResult
+from sleuthd.domain import CheckOptions, DialogueResult, SimilarityMatrix, SpeakerResult, ThresholdSet, TurnResult
 from sleuthd.encoders.embedder import Placements
 from sleuthd.encoders.fusion import FusedEncoder
 from sleuthd.encoders.manifest import PAPER_THRESHOLDS
@@ -57,6 +57,7 @@ class ResolvedOptions:
     judgment: Judgment
     threshold_set: ThresholdSet
     detect_drift: bool
+    similarity_matrix: bool = False  # the verdict carries the turn x turn cosines
 
     @property
     def encoder(self) -> WindowEncoder:
@@ -75,10 +76,15 @@ class ResolvedOptions:
         return (None,)
 
     def result(
-        self, dialogue_id: str, turns: Sequence[TurnResult], speakers: Sequence[SpeakerResult]
+        self,
+        dialogue_id: str,
+        turns: Sequence[TurnResult],
+        speakers: Sequence[SpeakerResult],
+        similarity: SimilarityMatrix | None = None,
     ) -> DialogueResult:
         """The dialogue verdict, stating which encoder, method and threshold set judged it."""
         return DialogueResult(
+            similarity=similarity,
             dialogue_id=dialogue_id,
             turns=tuple(turns),
             speakers=tuple(speakers),
@@ -134,4 +140,4 @@ def resolve(options: CheckOptions, entries: Mapping[str, EncoderEntry], default_
     if isinstance(entry.encoder, FusedEncoder):
         components = entry.encoder.layout
     judgment = Judgment(method, threshold, usable_calibration, components)
-    return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift)
+    return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift, options.similarity_matrix)

@@ -88,6 +88,7 @@ def options_from_pb(msg: pb.CheckOptions) -> domain.CheckOptions:
         threshold_set=_THRESHOLD_SET_FROM_PB[msg.threshold_set],
         threshold=msg.threshold if msg.HasField("threshold") else None,
         detect_drift=msg.detect_drift,
+        similarity_matrix=msg.similarity_matrix,
     )
 
 
@@ -189,7 +190,7 @@ def speaker_to_pb(s: domain.SpeakerResult) -> pb.SpeakerVerdict:
 
 
 def verdict_to_pb(result: domain.DialogueResult) -> pb.DialogueVerdict:
-    return pb.DialogueVerdict(
+    out = pb.DialogueVerdict(
         dialogue_id=result.dialogue_id,
         turns=[turn_to_pb(t) for t in result.turns],
         speakers=[speaker_to_pb(s) for s in result.speakers],
@@ -197,6 +198,10 @@ def verdict_to_pb(result: domain.DialogueResult) -> pb.DialogueVerdict:
         method=method_to_pb(result.method),  # type: ignore[arg-type]
         threshold_set=_THRESHOLD_SET_TO_PB[result.threshold_set],  # type: ignore[arg-type]
     )
+    if result.similarity is not None:
+        out.similarity.turn_ids.extend(result.similarity.turn_ids)
+        out.similarity.cosines.extend(result.similarity.cosines)
+    return out
 
 
 def rank_from_pb(msg: pb.RankCandidatesRequest) -> domain.RankRequest:

@@ -99,18 +99,20 @@ class Audio(_message.Message):
     def __init__(self, encoded: _Optional[bytes] = ..., pcm: _Optional[_Union[PcmAudio, _Mapping]] = ...) -> None: ...
 
 class CheckOptions(_message.Message):
-    __slots__ = ("encoder", "method", "threshold_set", "threshold", "detect_drift")
+    __slots__ = ("encoder", "method", "threshold_set", "threshold", "detect_drift", "similarity_matrix")
     ENCODER_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_SET_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     DETECT_DRIFT_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_MATRIX_FIELD_NUMBER: _ClassVar[int]
     encoder: str
     method: Method
     threshold_set: ThresholdSet
     threshold: float
     detect_drift: bool
-    def __init__(self, encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., threshold_set: _Optional[_Union[ThresholdSet, str]] = ..., threshold: _Optional[float] = ..., detect_drift: _Optional[bool] = ...) -> None: ...
+    similarity_matrix: bool
+    def __init__(self, encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., threshold_set: _Optional[_Union[ThresholdSet, str]] = ..., threshold: _Optional[float] = ..., detect_drift: _Optional[bool] = ..., similarity_matrix: _Optional[bool] = ...) -> None: ...
 
 class Turn(_message.Message):
     __slots__ = ("turn_id", "speaker", "text", "audio")
@@ -239,20 +241,30 @@ class SpeakerVerdict(_message.Message):
     def __init__(self, speaker: _Optional[str] = ..., consistent: _Optional[bool] = ..., judged: _Optional[bool] = ..., inconsistent_turn_ids: _Optional[_Iterable[str]] = ..., scored_turns: _Optional[int] = ..., unscored_turns: _Optional[int] = ..., uncertain_turn_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DialogueVerdict(_message.Message):
-    __slots__ = ("dialogue_id", "turns", "speakers", "encoder", "method", "threshold_set")
+    __slots__ = ("dialogue_id", "turns", "speakers", "encoder", "method", "threshold_set", "similarity")
     DIALOGUE_ID_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
     SPEAKERS_FIELD_NUMBER: _ClassVar[int]
     ENCODER_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_SET_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     dialogue_id: str
     turns: _containers.RepeatedCompositeFieldContainer[TurnVerdict]
     speakers: _containers.RepeatedCompositeFieldContainer[SpeakerVerdict]
     encoder: str
     method: Method
     threshold_set: ThresholdSet
-    def __init__(self, dialogue_id: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[TurnVerdict, _Mapping]]] = ..., speakers: _Optional[_Iterable[_Union[SpeakerVerdict, _Mapping]]] = ..., encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., threshold_set: _Optional[_Union[ThresholdSet, str]] = ...) -> None: ...
+    similarity: SimilarityMatrix
+    def __init__(self, dialogue_id: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[TurnVerdict, _Mapping]]] = ..., speakers: _Optional[_Iterable[_Union[SpeakerVerdict, _Mapping]]] = ..., encoder: _Optional[str] = ..., method: _Optional[_Union[Method, str]] = ..., threshold_set: _Optional[_Union[ThresholdSet, str]] = ..., similarity: _Optional[_Union[SimilarityMatrix, _Mapping]] = ...) -> None: ...
+
+class SimilarityMatrix(_message.Message):
+    __slots__ = ("turn_ids", "cosines")
+    TURN_IDS_FIELD_NUMBER: _ClassVar[int]
+    COSINES_FIELD_NUMBER: _ClassVar[int]
+    turn_ids: _containers.RepeatedScalarFieldContainer[str]
+    cosines: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, turn_ids: _Optional[_Iterable[str]] = ..., cosines: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Candidate(_message.Message):
     __slots__ = ("candidate_id", "audio")
