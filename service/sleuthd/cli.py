@@ -43,7 +43,7 @@ def _error(message: str) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from sleuthd import logs, runtime
     from sleuthd.engine import Engine
-    from sleuthd.errors import EngineFailure, InvalidRequest
+    from sleuthd.errors import DependencyUnavailable, EngineFailure, InvalidRequest
     from sleuthd.manifest import ManifestError
     from sleuthd.metrics import ServiceMetrics
     from sleuthd.server import check_ports, serve_forever
@@ -56,7 +56,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         runtime.check_before_load(engine_config.device)
         check_ports(server_config)  # before the models load: a clash is reported in a moment, not seconds
         engine = Engine.load(engine_config, observer=metrics)
-    except (ConfigError, ManifestError, EngineFailure, InvalidRequest, OSError) as exc:
+    # DependencyUnavailable: the voice registry's database cannot be reached at start-up
+    except (ConfigError, ManifestError, EngineFailure, DependencyUnavailable, InvalidRequest, OSError) as exc:
         return _error(str(exc))
     try:
         runtime.check_after_load(engine_config.device, [(n, e.provider) for n, e in engine.encoders.items()])
