@@ -40,7 +40,7 @@ COPY --from=wheel /wheels /wheels
 COPY scripts/export_models.sh /usr/local/bin/export_models.sh
 # Real speech for the export's parity checks (the export refuses a graph below 0.999 cosine).
 COPY tests/data/fsdd /parity/fsdd
-RUN TORCH_INDEX_URL="${TORCH_INDEX_URL}" export_models.sh /opt/export "$(ls /wheels/sleuthd-*.whl)" /models /parity/fsdd
+RUN PIP_NO_CACHE_DIR=1 TORCH_INDEX_URL="${TORCH_INDEX_URL}" export_models.sh /opt/export "$(ls /wheels/sleuthd-*.whl)" /models /parity/fsdd
 
 # ------------------------------------------------------------------------------------------- runtimes
 FROM ${PYTHON_IMAGE} AS runtime-cpu
