@@ -216,7 +216,9 @@ def test_the_dockerfile_lints_and_keeps_torch_out_of_the_runtime() -> None:
     assert list(stages) == ["preamble", "wheel", "export", "runtime-cpu", "runtime-gpu", "final"]
     assert stages["final"][0] == "FROM runtime-${RUNTIME}"
     export = "\n".join(stages["export"])
-    assert "[cpu,export]" in export and "models export all" in export
+    assert "export_models.sh" in export  # the install and export that tests/test_install.py runs too
+    script = (REPO / "scripts" / "export_models.sh").read_text()
+    assert "[cpu,export]" in script and "models export all" in script
     for name, extra in (("runtime-cpu", "[cpu]"), ("runtime-gpu", "[gpu]")):
         installs = [x for x in stages[name] if "pip install" in x]
         assert installs and all(extra in x and "torch" not in x and "export" not in x for x in installs), name
@@ -228,7 +230,7 @@ def test_the_dockerfile_lints_and_keeps_torch_out_of_the_runtime() -> None:
     assert "SLEUTHD_HOST=0.0.0.0" in final and 'ENTRYPOINT ["sleuthd"]' in final
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     assert ignore[1] == "**", "the build context starts empty and lists what the Dockerfile copies"
-    for source in ("pyproject.toml", "README.md", "LICENSE", "service", "tests/data/fsdd"):
+    for source in ("pyproject.toml", "README.md", "LICENSE", "service", "scripts/export_models.sh", "tests/data/fsdd"):
         assert (REPO / source).exists() and any(x.strip("!/") == source for x in ignore), source
 
 
