@@ -14,7 +14,7 @@ APT_LIBS := postgresql libsox-fmt-mp3
 # (sleuthd/export/speechbrain_ref.py), so it goes in --no-deps; its other needs are in the export extra.
 SPEECHBRAIN := speechbrain==1.1.2
 
-.PHONY: setup tools models demo test lint typecheck proto clean
+.PHONY: setup tools models demo test lint typecheck proto clean container
 
 # Debian tools for synthetic speech (tests, demo, dev benchmark), MP3 encoders and the registry's PostgreSQL tests.
 tools:
@@ -63,6 +63,15 @@ typecheck:
 
 proto:
 	PATH=.venv/bin:$$PATH scripts/gen_proto.sh
+
+# Build the image with podman on a debootstrap base, run it, one CheckDialogue, SIGTERM (docs/deploy.md).
+# Not part of `test`: about 15-25 minutes on 2 cores, most of it torch and the export inside the build.
+CONTAINER_APT := podman buildah debootstrap runc
+container:
+	@command -v podman >/dev/null && command -v debootstrap >/dev/null && command -v runc >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(CONTAINER_APT) >/dev/null; }
+	scripts/container.sh
 
 clean:
 	rm -rf .venv data runs models/*/manifest.json models/*/*.onnx
