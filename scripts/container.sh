@@ -30,7 +30,7 @@ base_usable() { "${PODMAN[@]}" run --rm --network none --user 10001:10001 "$BASE
 
 base() {
   if "${PODMAN[@]}" image exists "$BASE"; then
-    base_usable && return 0
+    base_usable && { echo "$BASE exists: python3 runs in it as uid 10001"; return 0; }
     echo "$BASE cannot be used by a non-root user (made by an older script with / at mode 0700): rebuilding it"
     "${PODMAN[@]}" rmi -f "$BASE" >/dev/null
   fi

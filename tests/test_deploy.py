@@ -144,10 +144,13 @@ def fresh_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
+    # Without PYTHONPATH: with a checkout's service/ on it, the egg-info that building the wheel leaves there
+    # reads as sleuthd "already installed" and pip would skip the wheel.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if os.environ.get("SLEUTHD_TEST_FULL_INSTALL") == "1":
-        subprocess.run([*pip, f"{wheel}[cpu]"], check=True, timeout=600)
+        subprocess.run([*pip, f"{wheel}[cpu]"], check=True, timeout=600, env=env)
     else:
-        subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=120)
+        subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=120, env=env)
         site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         borrowed = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
