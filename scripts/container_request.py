@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 from sleuthd.client import Dialer
+from sleuthd.export import parity_clips_dir
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-FSDD = Path(__file__).resolve().parents[1] / "service" / "sleuthd" / "export" / "parity_clips"
+FSDD = parity_clips_dir()  # the FSDD takes shipped in the package: a checkout's or the image's
 
 
 def turn(speaker: str, start: int) -> pb.Audio:

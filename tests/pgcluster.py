@@ -79,12 +79,27 @@ class PgCluster:
         )
         return self.url(name)
 
-    def stop(self) -> None:
+    def start_command(self) -> list[str]:
+        return [
+            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60",
+            "-o", f"-c listen_addresses='' -c unix_socket_directories='{self.root}' -c port={PORT} -c fsync=off",
+            "start",
+        ]  # fmt: skip
+
+    def halt(self) -> None:
+        """Stop the server as a crash would (no shutdown checkpoint), keeping its data for `resume`."""
         subprocess.run(
             [*self.run_as, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
             capture_output=True,
             timeout=60,
         )
+
+    def resume(self) -> None:
+        """Start the halted server again on the same data (it recovers from its WAL)."""
+        subprocess.run([*self.run_as, *self.start_command()], check=True, capture_output=True, timeout=120)
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -101,12 +116,8 @@ def start() -> PgCluster:
         # trust: only local socket connections exist, in a folder nobody else can enter.
         # --no-sync and fsync=off: a throwaway cluster; the durability under test is the client's transactions.
         [str(bindir / "initdb"), "-D", str(cluster.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
-        [
-            str(bindir / "pg_ctl"), "-D", str(cluster.data), "-l", str(root / "server.log"), "-w", "-t", "60",
-            "-o", f"-c listen_addresses='' -c unix_socket_directories='{root}' -c port={PORT} -c fsync=off",
-            "start",
-        ],
-    ]  # fmt: skip
+        cluster.start_command(),
+    ]
     for step in steps:
         done = subprocess.run([*run_as, *step], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:

@@ -144,10 +144,13 @@ def fresh_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
+    # Without PYTHONPATH: with a checkout's service/ on it, the egg-info that building the wheel leaves there
+    # reads as sleuthd "already installed" and pip would skip the wheel.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if os.environ.get("SLEUTHD_TEST_FULL_INSTALL") == "1":
-        subprocess.run([*pip, f"{wheel}[cpu]"], check=True, timeout=600)
+        subprocess.run([*pip, f"{wheel}[cpu]"], check=True, timeout=600, env=env)
     else:
-        subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=120)
+        subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=120, env=env)
         site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         borrowed = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
@@ -216,7 +219,9 @@ def test_the_dockerfile_lints_and_keeps_torch_out_of_the_runtime() -> None:
     assert list(stages) == ["preamble", "wheel", "export", "runtime-cpu", "runtime-gpu", "final"]
     assert stages["final"][0] == "FROM runtime-${RUNTIME}"
     export = "\n".join(stages["export"])
-    assert "[cpu,export]" in export and "models export all" in export
+    assert "export_models.sh" in export  # the install and export that tests/test_install.py runs too
+    script = (REPO / "scripts" / "export_models.sh").read_text()
+    assert "[cpu,export]" in script and "models export all" in script
     for name, extra in (("runtime-cpu", "[cpu]"), ("runtime-gpu", "[gpu]")):
         installs = [x for x in stages[name] if "pip install" in x]
         assert installs and all(extra in x and "torch" not in x and "export" not in x for x in installs), name
@@ -228,7 +233,7 @@ def test_the_dockerfile_lints_and_keeps_torch_out_of_the_runtime() -> None:
     assert "SLEUTHD_HOST=0.0.0.0" in final and 'ENTRYPOINT ["sleuthd"]' in final
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     assert ignore[1] == "**", "the build context starts empty and lists what the Dockerfile copies"
-    for source in ("pyproject.toml", "README.md", "LICENSE", "service"):
+    for source in ("pyproject.toml", "README.md", "LICENSE", "service", "scripts/export_models.sh"):
         assert (REPO / source).exists() and any(x.strip("!/") == source for x in ignore), source
 
 

@@ -45,7 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from sleuthd.encoders import runtime
     from sleuthd.encoders.manifest import ManifestError
     from sleuthd.engine.facade import Engine
-    from sleuthd.errors import EngineFailure, InvalidRequest
+    from sleuthd.errors import DependencyUnavailable, EngineFailure, InvalidRequest
     from sleuthd.ops import logs
     from sleuthd.ops.metrics import ServiceMetrics
     from sleuthd.rpc.server import check_ports, serve_forever
@@ -58,7 +58,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         runtime.check_before_load(engine_config.device)
         check_ports(server_config)  # before the models load: a clash is reported in a moment, not seconds
         engine = Engine.load(engine_config, observer=metrics)
-    except (ConfigError, ManifestError, EngineFailure, InvalidRequest, OSError) as exc:
+    # DependencyUnavailable: the voice registry's database cannot be reached at start-up
+    except (ConfigError, ManifestError, EngineFailure, DependencyUnavailable, InvalidRequest, OSError) as exc:
         return _error(str(exc))
     try:
         runtime.check_after_load(engine_config.device, [(n, e.provider) for n, e in engine.encoders.items()])

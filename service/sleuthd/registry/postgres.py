@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sleuthd.config import ConfigError, RegistryConfig
+from sleuthd.registry.location import unreachable_message
 from sleuthd.registry.pool import ConnectionPool
 from sleuthd.registry.sql import Cursor, SqlStore
 from sleuthd.registry.store import RegistryUnavailable
@@ -62,9 +63,13 @@ class PostgresStore(SqlStore):
         self._psycopg = psycopg
         self._url = url
         self._pool: ConnectionPool[Any] = ConnectionPool(self._connect, self._close)
-        self._create_schema()
-        with self._pool.connection() as conn:
-            where = f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}"  # never the URL: it may hold a password
+        try:
+            self._create_schema()
+            with self._pool.connection() as conn:
+                where = f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}"  # never the URL: it may hold a password
+        except RegistryUnavailable as exc:  # at start-up: one line for `sleuthd serve`, URL without password
+            self._pool.close()
+            raise RegistryUnavailable(unreachable_message(url, exc)) from exc
         logger.info("voice registry: PostgreSQL %s", where)
 
     def _connect(self) -> Any:
