@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
-from sleuthd.manifest import read_card
+from sleuthd.encoders.manifest import read_card
 
 from .support import REPO
 

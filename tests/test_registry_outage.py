@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sleuthd.client import AsyncSleuthClient
-from sleuthd.engine import Engine
+from sleuthd.engine.facade import Engine
 from sleuthd.registry.location import redact_url
 
 from tests import pgcluster

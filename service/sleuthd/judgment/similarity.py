@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from sleuthd.domain import SimilarityMatrix
-from sleuthd.gram import gram, quantize
+from sleuthd.judgment.gram import gram, quantize
 
 
 def similarity_matrix(turns: Iterable[tuple[int, str, np.ndarray]]) -> SimilarityMatrix:
