@@ -13,8 +13,16 @@ from __future__ import annotations
 
 import importlib.resources
 from pathlib import Path
+from typing import Any
 
 ARCHITECTURES = ("qwen2-audio", "qwen2.5-omni")
+
+# What to tell an operator whose vLLM renders the judge's prompts differently.
+TEMPLATE_HINT = (
+    "start vLLM with --chat-template set to sleuthd's template for the model "
+    "(python -c \"from sleuthd.lalm.templates import template_path; print(template_path('qwen2-audio'))\"; "
+    "'qwen2.5-omni' for Qwen2.5-Omni) and --chat-template-content-format openai (docs/judge.md)"
+)
 
 
 def template_path(arch: str) -> Path:
@@ -27,3 +35,12 @@ def template_path(arch: str) -> Path:
 def template_text(arch: str) -> str:
     """The template for ``arch`` as text."""
     return template_path(arch).read_text(encoding="utf-8")
+
+
+def render(arch: str, messages: list[dict[str, Any]]) -> str:
+    """``messages`` through the template for ``arch`` with a generation prompt, as transformers'
+    ``apply_chat_template`` renders it (a sandboxed Jinja environment, blocks trimmed), without transformers."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template_text(arch)).render(messages=messages, add_generation_prompt=True)
