@@ -60,6 +60,16 @@ def confident(tiny_dirs: dict[str, Path]) -> LocalModel:
     return model
 
 
+@pytest.fixture(scope="module")
+def evasive(tiny_dirs: dict[str, Path]) -> LocalModel:
+    """The tiny Qwen2-Audio with one token made likelier than "Yes": it would rather say something else."""
+    model = LocalModel.load(tiny_dirs["qwen2-audio"], device="cpu")
+    head = model.model.lm_head.weight
+    with torch.no_grad():
+        head[1000] = 1.3 * head[model.answer_ids(prompts.SAME)[0]]
+    return model
+
+
 def _prompts(voices: dict[str, list[np.ndarray]]) -> list[prompts.Prompt]:
     a, b, f = ([Clip.of(w) for w in voices[v]] for v in (VOICE_A, VOICE_B, VOICE_F))
     return [
@@ -236,15 +246,18 @@ async def test_the_self_test_fails_on_a_template_without_audio_placeholders(serv
         await judge.aclose()
 
 
-async def test_the_self_test_fails_below_the_answer_mass_floor(served: TinyOpenAIServer) -> None:
-    served.reset()
-    for scorer in (RemoteScorer(served.url, served.name), LocalScorer(served.model)):
-        judge = LalmJudge(scorer, min_answer_mass=0.99)
-        try:
-            with pytest.raises(ConfigError, match=r"put 0\.\d+ of its first-token probability on Yes/No .*floor 0\.99"):
-                await judge.start()
-        finally:
-            await judge.aclose()
+async def test_the_self_test_fails_on_a_model_that_does_not_answer(evasive: LocalModel) -> None:
+    server = TinyOpenAIServer(evasive, "tiny-evasive").start()
+    try:
+        for scorer in (RemoteScorer(server.url, server.name), LocalScorer(evasive)):
+            judge = LalmJudge(scorer, min_answer_mass=0.99)  # a strict floor: the bar stays at 0.25
+            try:
+                with pytest.raises(ConfigError, match=r"put 0\.0\d+ of its first-token .*under 0\.25: it does not"):
+                    await judge.start()
+            finally:
+                await judge.aclose()
+    finally:
+        server.stop()
 
 
 async def test_deadline_and_cancellation_leave_the_request(

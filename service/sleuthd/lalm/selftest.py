@@ -9,8 +9,11 @@ answering nonsense) on every request:
   also tells which architecture it serves. A server whose template renders no audio placeholder refuses
   the prompt (vLLM: "Expected there to be N prompt updates corresponding to N audio items…") or renders
   other tokens: either way, the line says to start vLLM with sleuthd's ``--chat-template``;
-- both backends: the answer mass of a plain detection prompt (synthetic voices) must reach the judge's
-  floor (``--judge-min-answer-mass``): below it every turn would be UNCERTAIN;
+- both backends: a plain detection prompt (synthetic voices) must get an answer: at least
+  :data:`SELF_TEST_MIN_MASS` of the first token's probability on Yes/No (or the judge's floor,
+  ``--judge-min-answer-mass``, when that is lower). A model that does not follow the prompt, or a template that
+  garbles it, puts a few hundredths there; a working judge most of it. The bar is not the floor itself: an
+  operator's strict floor must not stop a judge that answers from starting (its low-mass turns are UNCERTAIN);
 - remote: whether the server takes clips by reference (vLLM's media uuids), so that a dialogue's reference
   is sent once, not with every prompt.
 """
@@ -30,6 +33,8 @@ from sleuthd.lalm.types import AnswerScores, Clip, JudgeDeploymentError
 logger = logging.getLogger(__name__)
 
 AUDIO_PLACEHOLDER = "<|AUDIO|>"  # the Qwen audio placeholder token, in both architectures
+# Least answer mass (0-1) on the self-test prompt for the judge to start.
+SELF_TEST_MIN_MASS = 0.25
 
 
 def self_test_prompt() -> prompts.Prompt:
@@ -53,12 +58,12 @@ async def run_self_test(scorer: Any, min_answer_mass: float) -> str:
         scores: AnswerScores = await scorer.score(prompt)
     except (JudgeDeploymentError, EngineFailure) as exc:
         raise ConfigError(f"the judge {scorer.model_name} could not answer its self-test prompt: {exc}") from None
-    if scores.answer_mass < min_answer_mass:
+    bar = min(min_answer_mass, SELF_TEST_MIN_MASS)
+    if scores.answer_mass < bar:
         raise ConfigError(
             f"the judge {scorer.model_name} put {scores.answer_mass:.3f} of its first-token probability on Yes/No "
-            f"for its self-test prompt, under the answer-mass floor {min_answer_mass:.2f} (every turn would be "
-            f"UNCERTAIN): check the model (an instruction-tuned checkpoint) and its chat template ({TEMPLATE_HINT}), "
-            "or lower --judge-min-answer-mass"
+            f"for its self-test prompt, under {bar:.2f}: it does not answer the judge's question; check the model "
+            f"(an instruction-tuned checkpoint) and its chat template ({TEMPLATE_HINT})"
         )
     found.append(f"answer mass {scores.answer_mass:.3f}")
     if isinstance(scorer, RemoteScorer):
