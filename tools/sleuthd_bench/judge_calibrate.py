@@ -149,8 +149,9 @@ def cross_validate(raw: np.ndarray, y: np.ndarray, groups: Sequence[str], k: int
         if len(test) == 0 or not 0 < y[train].sum() < len(train):
             continue
         used += 1
-        held["platt"][test] = _apply(fit_platt(raw[train], y[train].astype(bool)), raw[test])
-        held["temperature"][test] = _apply(fit_platt(raw[train], y[train].astype(bool), with_bias=False), raw[test])
+        fit_raw, fit_y = raw[train].tolist(), [bool(v) for v in y[train]]
+        held["platt"][test] = _apply(fit_platt(fit_raw, fit_y), raw[test])
+        held["temperature"][test] = _apply(fit_platt(fit_raw, fit_y, with_bias=False), raw[test])
     return {
         "folds": k,
         "folds_fitted": used,
@@ -195,7 +196,7 @@ def fit(
         )
     cv = cross_validate(raw, y, data.group, folds)
     chosen = min(("platt", "temperature"), key=lambda m: cv["log_loss"][m])
-    detection = fit_platt(raw, y.astype(bool), with_bias=chosen == "platt")
+    detection = fit_platt(raw.tolist(), data.different, with_bias=chosen == "platt")
     calibrated = _apply(detection, raw)
     floor = math.floor(float(np.quantile(np.asarray(data.mass), mass_quantile)) * 100) / 100
     discrimination: Temperature | None = None
