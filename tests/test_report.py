@@ -271,7 +271,7 @@ async def test_check_and_rank_reports_open_in_chromium(server: RunningServer, sp
         assert log.errors == [] and log.failed == [] and log.outside(report) == []
 
 
-async def test_similarity_matrix_matches_the_verdict_and_to_html_writes_a_report(
+async def test_similarity_matrix_matches_the_verdict_and_the_library_writes_a_report(
     server: RunningServer, speech: Speech, tmp_path: Path
 ) -> None:
     a, c, f = speech.clips[VOICE_A], speech.clips[VOICE_C], speech.clips[VOICE_F]
@@ -296,7 +296,7 @@ async def test_similarity_matrix_matches_the_verdict_and_to_html_writes_a_report
     with pytest.raises(KeyError, match="no usable audio"):
         m.cosine("t1", "t6")
 
-    index = verdict.to_html(tmp_path / "one", turns, references={"Ann": a[5]})
+    index = write_report(tmp_path / "one", [CheckedDialogue.from_turns(verdict, turns, {"Ann": a[5]})])
     data = page_data(index)
     (d,) = data["dialogues"]
     assert [t["id"] for t in d["t"]] == [t.turn_id for t in verdict.turns]

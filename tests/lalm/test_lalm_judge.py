@@ -16,9 +16,9 @@ import pytest
 import pytest_asyncio
 from sleuthd.cli import main as cli
 from sleuthd.config import ConfigError, add_cli_args, from_cli_args
-from sleuthd.errors import InvalidRequest
-from sleuthd.lalm import __main__ as lalm_cli
+from sleuthd.errors import InvalidRequest, LimitExceeded
 from sleuthd.lalm import prompts
+from sleuthd.lalm.batcher import PromptBatcherConfig
 from sleuthd.lalm.calibration import (
     JudgeCalibration,
     Platt,
@@ -31,7 +31,8 @@ from sleuthd.lalm.calibration import (
 )
 from sleuthd.lalm.config import JudgeConfig
 from sleuthd.lalm.inprocess import LocalScorer
-from sleuthd.lalm.judge import NO_JUDGE, LalmJudge, load_judge, nearest_context, rotations
+from sleuthd.lalm.judge import DEFAULT_MIN_ANSWER_MASS, NO_JUDGE, LalmJudge, load_judge, nearest_context, rotations
+from sleuthd.lalm.templates import template_text
 from sleuthd.lalm.types import Clip
 
 from tests.lalm.lalm_support import tone
@@ -152,6 +153,39 @@ async def test_a_calibrated_judge_says_so_and_applies_it(
         LalmJudge(scorer, replace(cal, weights_sha256="0" * 64))
 
 
+async def test_the_answer_mass_floor_comes_from_the_options_else_the_calibration(
+    scorer: LocalScorer, tmp_path: Path
+) -> None:
+    assert LalmJudge(scorer).info.min_answer_mass == DEFAULT_MIN_ANSWER_MASS == 0.5
+    cal = _calibration(scorer, detection=Platt(1.0, 0.0, 10), min_answer_mass=0.31)
+    assert LalmJudge(scorer, cal).info.min_answer_mass == 0.31
+    assert LalmJudge(scorer, cal, min_answer_mass=0.2).info.min_answer_mass == 0.2  # the option wins
+    assert LalmJudge(scorer, replace(cal, min_answer_mass=None)).info.min_answer_mass == 0.5
+    path = tmp_path / "cal.json"
+    save_entry(path, cal)  # the floor travels with the entry
+    assert select(path, scorer.weights_sha256, prompts.PROMPT_VERSION).min_answer_mass == 0.31
+    with pytest.raises(ConfigError, match="probability"):
+        JudgeConfig(judge_min_answer_mass=1.5)
+
+
+async def test_a_request_larger_than_the_queue_is_refused_with_the_limit(
+    models: dict[str, Any], voices: dict[str, list[np.ndarray]]
+) -> None:
+    """More prompts at once than the judge's queue holds could never fit: LimitExceeded (INVALID_ARGUMENT) with
+    the limit named, before anything is queued; not Overloaded ("retry later")."""
+    small = LocalScorer(models["qwen2-audio"], PromptBatcherConfig(max_queue_prompts=2))
+    try:
+        judge = LalmJudge(small, max_context_clips=1)
+        with pytest.raises(LimitExceeded, match=r"asks the judge 3 prompts at once .* holds 2 \(--judge-max-queue"):
+            await judge.detect_turns(voices[VOICE_A][1:4], voices[VOICE_A][0])
+        assert small.stats().prompts == 0
+        assert len(await judge.detect_turns(voices[VOICE_A][1:3], voices[VOICE_A][0])) == 2
+        with pytest.raises(LimitExceeded, match="asks the judge 3 prompts"):  # a ranking asks one per rotation
+            await judge.rank([voices[v][1] for v in (VOICE_A, VOICE_B, VOICE_F)], voices[VOICE_A][0])
+    finally:
+        await small.aclose()
+
+
 def test_a_calibration_for_other_weights_or_wording_is_refused(tmp_path: Path, scorer: LocalScorer) -> None:
     path = tmp_path / "judge-calibration.json"
     other = JudgeCalibration("f" * 64, "someone-else", prompts.PROMPT_VERSION, Platt(1.0, 0.0, 10))
@@ -210,7 +244,7 @@ def test_judge_options_become_flags_and_refuse_contradictions() -> None:
 
 
 def test_the_documented_commands_build_and_hash_a_tiny_judge(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """`sleuthd models tiny-judge DIR` and `sleuthd models judge-hash DIR` (python -m sleuthd.lalm has both too)."""
+    """`sleuthd models tiny-judge DIR` and `sleuthd models judge-hash DIR`."""
     out = tmp_path / "tiny-omni"
     assert cli.main(["--log-level", "warning", "models", "tiny-judge", str(out), "--arch", "qwen2.5-omni"]) == 0
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
@@ -218,8 +252,7 @@ def test_the_documented_commands_build_and_hash_a_tiny_judge(tmp_path: Path, cap
     capsys.readouterr()
     assert cli.main(["models", "judge-hash", str(out)]) == 0
     assert capsys.readouterr().out.strip() == weights_sha256(out)
-    assert lalm_cli.main(["judge-hash", str(out)]) == 0
-    assert capsys.readouterr().out.strip() == weights_sha256(out)
+    assert (out / "chat_template.jinja").read_text() == template_text("qwen2.5-omni")  # sleuthd's own
     assert cli.main(["models", "judge-hash", str(tmp_path)]) == 2  # no weights there: an error, not a hash
     assert (
         capsys.readouterr().err.strip() == f"error: {tmp_path}: no weight files (.safetensors, .bin, .pt, .pth) to hash"
@@ -230,9 +263,28 @@ def test_the_documented_commands_build_and_hash_a_tiny_judge(tmp_path: Path, cap
 def test_importing_the_judge_loads_no_torch_transformers_or_httpx() -> None:
     code = (
         "import sys\n"
-        "import sleuthd.lalm.judge, sleuthd.lalm.config, sleuthd.lalm.tiny\n"
-        "import sleuthd.lalm.remote, sleuthd.lalm.inprocess\n"
+        "import sleuthd.lalm.judge, sleuthd.lalm.config, sleuthd.lalm.tiny, sleuthd.lalm.selftest\n"
+        "import sleuthd.lalm.remote, sleuthd.lalm.inprocess, sleuthd.lalm.openai_reply\n"
         "print(sorted(m for m in ('torch', 'transformers', 'httpx') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_judge_bench_command_times_the_encoder_modes_side_by_side(
+    tiny_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`sleuthd-bench judge bench DIR` runs (its figures are for the docs, not asserted: speed is measured by
+    the command, never in a test)."""
+    from sleuthd_bench.cli import main as bench_main
+
+    rows = tmp_path / "rows.json"
+    args = ["judge", "bench", str(tiny_dirs["qwen2-audio"]), "--batches", "2", "--repeats", "1", "--device", "cpu"]
+    assert bench_main([*args, "--clip-seconds", "1", "--json", str(rows)]) == 0
+    out = capsys.readouterr().out
+    assert "prompts/s: padded  real 8/pass  real" in out
+    found = json.loads(rows.read_text())["rows"]
+    assert [(r["batch"], r["mode"]) for r in found] == [(2, "padded"), (2, "real, 8/pass"), (2, "real")]
+    assert all(r["prompts_per_second"] > 0 and r["encoder_passes_per_call"] >= 1 for r in found)
+    assert bench_main(["judge", "bench"]) == 2  # neither a folder nor --random-7b
+    assert "needs a judge model folder, or --random-7b" in capsys.readouterr().err

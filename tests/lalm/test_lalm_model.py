@@ -59,9 +59,41 @@ def test_audio_token_count_matches_the_feature_extractor(models: dict[str, Any])
     model = models["qwen2-audio"]
     for n in (1_600, 16_000, 16_159, 16_160, 16_161, 47_999, 480_000):
         clip = Clip.of(tone(n / 16_000))
-        _, frames = model._log_mel(clip)
-        assert frames == model._mel_frames(clip), n
+        _, frames = model.audio.log_mel(clip)
+        assert frames == model.audio.mel_frames(clip), n
         assert audio_tokens(frames) == ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_encoder_on_real_frames_equals_the_padded_window(arch: str, models: dict[str, Any]) -> None:
+    """Qwen2-Audio's encoder run on each clip's real frames (plus the tail its convolutions read), by our own
+    loop over its layers, gives what the library's forward gives on the whole 30 s window; batched clips of
+    different lengths too. Qwen2.5-Omni's encoder takes real frames by design: its features must not change."""
+    model = models[arch]
+    seconds = (0.1, 0.35, 1.0, 2.99, 3.0, 7.31, 15.01, 29.99, 30.0)
+    clips = [Clip.of(tone(s, 110 + 20 * i)) for i, s in enumerate(seconds)]
+    encoder = model.audio
+    try:
+        with torch.inference_mode():
+            encoder.real_frames = False
+            padded = [encoder.encode([c])[0] for c in clips]
+            encoder.real_frames = True
+            real = [encoder.encode([c])[0] for c in clips]
+            batched = [e for batch in encoder.batches(clips) for e in encoder.encode(batch)]
+    finally:
+        encoder.real_frames = True
+    order = {c.key: i for i, c in enumerate(clips)}
+    by_key = dict(zip([c.key for batch in encoder.batches(clips) for c in batch], batched, strict=True))
+    for clip, p, r in zip(clips, padded, real, strict=True):
+        hidden = model.model.config.text_config.hidden_size
+        assert r.shape == p.shape == (audio_tokens(encoder.mel_frames(clip)), hidden)
+        scale = float(p.abs().max())
+        assert float((r - p).abs().max()) <= 1e-5 * scale, (clip.seconds, order[clip.key])
+        assert float((by_key[clip.key] - p).abs().max()) <= 1e-5 * scale, clip.seconds
+    if arch == "qwen2-audio":  # the short path reads a fraction of the window: 3 s of 30 s
+        assert encoder.log_mel(clips[4])[0].shape[1] < 0.11 * encoder.features.nb_max_frames
+    # Short clips share encoder calls (fewer passes); a whole window still fits the frame budget per call.
+    assert len(encoder.batches(clips)) < len(clips)
 
 
 def _reference_forward(model: LocalModel, prepared: Any) -> torch.Tensor:
@@ -154,8 +186,8 @@ def test_repeated_clips_are_encoded_once_and_the_cache_changes_nothing(
     )
     batch = _prompts(voices)[:3]
     calls: list[int] = []
-    original = cached._audio_tower
-    cached._audio_tower = lambda f, m: calls.append(len(f)) or original(f, m)  # type: ignore[method-assign]
+    original = cached.audio.encode
+    cached.audio.encode = lambda clips: calls.append(len(clips)) or original(clips)  # type: ignore[method-assign]
     first = cached.run([cached.prepare(p) for p in batch])
     distinct = len({c.key for p in batch for c in p.clips})
     assert sum(calls) == distinct < sum(len(p.clips) for p in batch)

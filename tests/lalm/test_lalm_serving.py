@@ -30,21 +30,22 @@ from sleuthd.config import ConfigError, JudgeConfig, ServerConfig
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.clips import decode
 from sleuthd.engine.facade import Engine
-from sleuthd.lalm.calibration import weights_sha256
+from sleuthd.lalm.calibration import Platt, weights_sha256
 from sleuthd.lalm.judge import NO_JUDGE, LalmJudge
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+from sleuthd_bench import cli as bench_cli
 from sleuthd_bench.replay import ReplayConfig, ReplayError, replay
 
-from tests.lalm.openai_server import TinyOpenAIServer
+from tests.lalm.openai_server import OLD_TEMPLATE, TinyOpenAIServer
 from tests.support import REPO, VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, encode_wav
 
 ARCH = "qwen2.5-omni"  # cheaper on short clips (its encoder takes only real frames); also its folder name
 SILENCE = encode_wav(np.zeros(32_000, np.float32), 16_000)  # 2 s of digital silence: INSUFFICIENT_AUDIO
 TOL = 1e-5  # float32 answers of one prompt batched with different prompts differ by ~1e-7
-REMOTE_TOL = 1e-4  # the endpoint reports only its top 20 tokens: spellings outside them are not counted
+REMOTE_TOL = 1e-4  # the endpoint reads every answer spelling by id, over the whole vocabulary, one prompt a call
 
 
 @dataclass
@@ -330,6 +331,7 @@ async def test_server_info_describes_the_judge_and_metrics_count_its_calls(
     )
     assert info.weights_sha256 == weights_sha256(tiny_dirs[ARCH])
     assert (info.max_clip_seconds, info.max_context_clips, info.orderings, info.decision_threshold) == (300, 1, 0, 0.5)
+    assert info.min_answer_mass == 0.5  # no option, no calibration: the default floor
     assert not info.calibrated_detection and not info.calibrated_discrimination and info.prompt_version
     # Every prompt the judge answered went through a batched model call the metrics saw.
     stats = local.judge.scorer.stats()  # type: ignore[attr-defined]
@@ -393,8 +395,74 @@ async def test_the_remote_judge_serves_as_the_in_process_one(local: Served, remo
         "remote",
         remote.engine.config.judge.judge_endpoint,
         "tiny-omni-served",
-        "",
+        ARCH,  # told apart at start-up by how the server renders the judge's prompt
     )
+
+
+async def test_turns_under_the_answer_mass_floor_are_uncertain_not_verdicts(
+    engine: Engine, endpoint: TinyOpenAIServer, speech: Speech
+) -> None:
+    """A floor above every answer mass of the tiny judge (about 0.7): each judged turn is UNCERTAIN
+    (LOW_ANSWER_MASS), still with what the judge said, and no speaker is called consistent."""
+    endpoint.reset()
+    strict = JudgeConfig(
+        judge_endpoint=endpoint.url,
+        judge_model_name=endpoint.name,
+        judge_max_context_clips=1,
+        judge_min_answer_mass=0.99,
+    )
+    served, channel = await _serve(engine, strict)
+    try:
+        info = (await served.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)).judge
+        assert info.min_answer_mass == 0.99 and not info.calibrated_detection
+        turns, refs = _dialogue(speech)
+        verdict = await served.stub.CheckDialogue(_check_request(turns, refs), timeout=120)
+        judged = [t for t in verdict.turns if t.HasField("judge_probability")]
+        assert len(judged) == 6
+        for t in judged:
+            assert (t.status, t.uncertain_reason, t.reason) == (pb.UNCERTAIN, pb.LOW_ANSWER_MASS, 0), t.turn_id
+            assert t.judge_answer_mass < 0.99 and t.score == t.judge_probability and not t.judge_calibrated
+            assert "under the floor 0.99" in t.detail and "neither flagged nor cleared" in t.detail
+        speakers = {s.speaker: s for s in verdict.speakers}
+        assert not speakers["A"].consistent and list(speakers["A"].uncertain_turn_ids) == ["a0", "a1", "x", "a2"]
+        assert not speakers["A"].inconsistent_turn_ids and list(speakers["B"].uncertain_turn_ids) == ["b0", "b1"]
+    finally:
+        await _stop(served, channel)
+
+
+async def test_deployment_refusals_and_oversized_requests_say_what_to_fix(
+    engine: Engine, remote: Served, endpoint: TinyOpenAIServer, speech: Speech
+) -> None:
+    """The endpoint's HTTP 400 reaches the client as FAILED_PRECONDITION with the endpoint's reason (not
+    UNAVAILABLE "retry on another replica"); a request of more prompts than the judge's queue can ever hold is
+    INVALID_ARGUMENT with the limit named (not RESOURCE_EXHAUSTED "retry later")."""
+    turns, refs = _dialogue(speech)
+    endpoint.limit_audio = 2  # vLLM started with --limit-mm-per-prompt '{"audio": 2}'; a prompt here has 3
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await remote.stub.CheckDialogue(_check_request(turns, refs), timeout=60)
+    finally:
+        endpoint.limit_audio = None
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "At most 2 audio(s) may be provided in one prompt" in (err.value.details() or "")
+    assert "--limit-mm-per-prompt" in (err.value.details() or "")
+    small = JudgeConfig(
+        judge_endpoint=endpoint.url,
+        judge_model_name=endpoint.name,
+        judge_max_queue_prompts=1,
+        judge_max_concurrent_requests=1,
+    )
+    served, channel = await _serve(engine, small)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await served.stub.CheckDialogue(_check_request(turns, refs), timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "asks the judge 6 prompts at once" in (err.value.details() or "")
+        assert "queue holds 2 (--judge-max-queue-prompts plus --judge-max-concurrent-requests)" in (
+            err.value.details() or ""
+        )
+    finally:
+        await _stop(served, channel)
 
 
 async def test_remote_startup_checks_the_model_and_refuses_long_clips(
@@ -447,10 +515,12 @@ def test_the_serving_path_imports_no_torch_transformers_or_httpx() -> None:
 # ------------------------------------------------------------------------------------------ replay
 
 
-async def test_replay_with_lalm_reports_the_judge(
-    local: Served, server: RunningServer, speech: Speech, tmp_path: Path
+async def test_replay_with_lalm_reports_the_judge_and_calibrates_it(
+    local: Served, server: RunningServer, engine: Engine, tiny_dirs: dict[str, Path], speech: Speech, tmp_path: Path
 ) -> None:
-    """Two dialogues of the test speech as a benchmark manifest, replayed with --methods lalm."""
+    """Two dialogues of the test speech as a benchmark manifest, replayed with --methods lalm; then
+    `sleuthd-bench judge calibrate` fits the judge's calibration from that replay, and a server started with it
+    (--judge-calibration) applies it to every verdict."""
     for voice in (VOICE_A, VOICE_B, VOICE_F, VOICE_C):
         for k in range(6):
             (tmp_path / f"{voice}-{k}.wav").write_bytes(speech.wav_bytes(voice, k))
@@ -494,12 +564,57 @@ async def test_replay_with_lalm_reports_the_judge(
     with pytest.raises(ReplayError, match="has no LALM judge, so --methods lalm cannot run"):
         await replay(bare)
 
+    # `sleuthd-bench judge calibrate OUT --out FILE`: keyed to the weights and prompt version the replay names.
+    cal = tmp_path / "judge-calibration.json"
+    assert bench_cli.main(["--log-level", "warning", "judge", "calibrate", str(out), "--out", str(cal)]) == 0
+    weights = weights_sha256(tiny_dirs[ARCH])
+    entry = json.loads(cal.read_text())["calibrations"][weights]
+    assert entry["prompt_version"] == local.judge.info.prompt_version and entry["model_name"] == ARCH
+    assert entry["detection"]["kind"] in ("platt", "temperature") and entry["detection"]["instances"] == 24
+    assert entry["discrimination"]["instances"] == 2 and 0 < entry["min_answer_mass"] < 1
+    fit_report = json.loads((tmp_path / "judge_calibration_report.json").read_text())
+    det = fit_report["detection"]
+    assert det["chosen"] == entry["detection"]["kind"] and set(det["cv_log_loss"]) == {"platt", "temperature"}
+    assert {"ece", "brier", "log_loss"} <= set(det["before"]) == set(det["after_cross_validated"])
+    assert (tmp_path / "judge_reliability.png").stat().st_size > 0
+    # Refused: a replay of a calibrated judge (its probabilities are not raw).
+    doc = json.loads((out / "replay.json").read_text())
+    doc["judge"]["calibrated_detection"] = True
+    (tmp_path / "calibrated").mkdir()
+    (tmp_path / "calibrated" / "replay.json").write_text(json.dumps(doc))
+    assert bench_cli.main(["judge", "calibrate", str(tmp_path / "calibrated"), "--out", str(cal)]) == 2
+
+    # The server started with that file uses it: GetServerInfo and every verdict say so.
+    raw_verdict = await local.stub.CheckDialogue(_check_request(*_dialogue(speech)), timeout=120)
+    config = replace(local.engine.config.judge, judge_calibration=str(cal))
+    served, channel = await _serve(engine, config)
+    try:
+        info = (await served.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)).judge
+        assert info.calibrated_detection and info.calibrated_discrimination
+        assert info.min_answer_mass == pytest.approx(entry["min_answer_mass"])
+        verdict = await served.stub.CheckDialogue(_check_request(*_dialogue(speech)), timeout=120)
+        platt = Platt(**entry["detection"])
+        raw = {t.turn_id: t for t in raw_verdict.turns}
+        judged = [t for t in verdict.turns if t.HasField("judge_probability")]
+        assert len(judged) == 6
+        for t in judged:
+            assert t.judge_calibrated and ", calibrated)" in t.detail
+            assert t.judge_probability == pytest.approx(platt.apply(raw[t.turn_id].judge_probability), abs=TOL)
+            decided = pb.INCONSISTENT if t.judge_probability > 0.5 else pb.CONSISTENT
+            assert t.status == (pb.UNCERTAIN if t.judge_answer_mass < info.min_answer_mass else decided)
+    finally:
+        await _stop(served, channel)
+
 
 # ------------------------------------------------------------------------------------------ the command line
 
 
 def test_sleuthd_serve_with_a_judge_model_folder(
-    tmp_path: Path, tiny_dirs: dict[str, Path], speech: Speech, capsys: pytest.CaptureFixture
+    tmp_path: Path,
+    tiny_dirs: dict[str, Path],
+    endpoint: TinyOpenAIServer,
+    speech: Speech,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     """`sleuthd serve --judge-model DIR` in a subprocess (DIR as `sleuthd models tiny-judge` writes it)."""
     folder = tiny_dirs[ARCH]
@@ -508,6 +623,17 @@ def test_sleuthd_serve_with_a_judge_model_folder(
     assert cli.main(["--log-level", "warning", *serve, "--judge-model", str(tmp_path / "missing")]) == 2
     missing = f"error: {tmp_path / 'missing'} is not a model folder: it has no config.json"
     assert capsys.readouterr().err.strip().splitlines()[-1] == missing
+    # A vLLM started without sleuthd's chat template (an old checkpoint template: no audio placeholder).
+    endpoint.reset()
+    endpoint.chat_template = OLD_TEMPLATE
+    try:
+        remote = ["--judge-endpoint", endpoint.url, "--judge-model-name", endpoint.name]
+        assert cli.main(["--log-level", "warning", *serve, *remote]) == 2
+    finally:
+        endpoint.reset()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: judge endpoint {endpoint.url} cannot render the judge's prompts: ")
+    assert "found 0 prompt updates" in last and "--chat-template" in last
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     base = [sys.executable, "-m", "sleuthd.cli", "--log-level", "warning", *serve]

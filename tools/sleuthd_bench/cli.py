@@ -636,6 +636,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     kokoro_cli.add_parser(sub, engine_args)
 
+    from sleuthd_bench import judge_cli  # the LALM judge: `judge bench`, `judge calibrate` (its own module)
+
+    judge_cli.add_parser(sub)
+
     r = sub.add_parser(
         "replay",
         help="replay a benchmark manifest through a running server and write a report",

@@ -6,11 +6,9 @@ did not compute is None, never 0.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from sleuthd.v1 import sleuthd_pb2 as pb
@@ -221,19 +219,6 @@ class Verdict:
             ),
         )
 
-    def to_html(
-        self,
-        out_dir: str | os.PathLike[str],
-        turns: Iterable[Any],
-        references: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> Path:
-        """Write a one-dialogue HTML review report to ``out_dir`` and return its index.html.
-        ``turns``: what was passed to ``check`` (the audio to play); see :func:`sleuthd.report.write_report`."""
-        from sleuthd.report import CheckedDialogue, write_report  # stdlib only; loaded when a report is asked for
-
-        return write_report(out_dir, [CheckedDialogue.from_turns(self, turns, references)], **options)
-
 
 @dataclass(frozen=True)
 class RankedCandidate:
@@ -267,23 +252,6 @@ class Ranking:
             for c in r.candidates
         )  # fmt: skip
         return cls(ranked, r.encoder, _name(pb.Method, r.method, "METHOD_"), r.usable_context)
-
-    def to_html(
-        self,
-        out_dir: str | os.PathLike[str],
-        candidates: Mapping[str, Any],
-        *,
-        context: Sequence[Any] = (),
-        reference: Any = None,
-        speaker: str = "",
-        **options: Any,
-    ) -> Path:
-        """Write an HTML report of this ranking (candidates best first, with players) and return its
-        index.html. ``candidates``: candidate id -> the audio passed to ``rank``."""
-        from sleuthd.report import RankedCandidates, write_ranking_report
-
-        ranked = RankedCandidates(self, candidates, tuple(context), reference, speaker=speaker)
-        return write_ranking_report(out_dir, ranked, **options)
 
 
 @dataclass(frozen=True)

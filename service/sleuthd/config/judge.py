@@ -64,6 +64,16 @@ class JudgeConfig:
     judge_top_logprobs: int = option(
         20, help="remote: first-token log-probabilities asked for (vLLM allows up to --max-logprobs, default 20)"
     )
+    judge_min_answer_mass: float = option(
+        -1.0,
+        help="detection turns whose judge answer mass (0-1: the probability the model put on Yes/No) is below this "
+        "are UNCERTAIN (LOW_ANSWER_MASS), never a verdict; negative = the calibration's floor, or 0.5 without one",
+    )
+    judge_remote_reuse_clips: Literal["on", "off"] = option(
+        "on",
+        help="remote: send a clip in full once and by reference (vLLM media uuid) in later prompts when the server "
+        "takes that (probed at start); off: every prompt carries its clips in full (several servers behind one URL)",
+    )
     judge_max_stream_audio_mb: float = option(
         256.0,
         help="method lalm: decoded audio of a stream's finished turns kept for the judge (it hears them again as "
@@ -96,6 +106,8 @@ class JudgeConfig:
             value = getattr(self, name)
             if not value >= low:  # also refuses NaN
                 raise ConfigError(f"{name} must be at least {low:g}, got {value}")
+        if not self.judge_min_answer_mass <= 1:  # also refuses NaN
+            raise ConfigError(f"judge_min_answer_mass is a probability (0-1), got {self.judge_min_answer_mass}")
         if self.judge_top_logprobs > 20:
             raise ConfigError(f"judge_top_logprobs must be at most 20 (OpenAI's limit), got {self.judge_top_logprobs}")
 

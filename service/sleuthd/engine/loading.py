@@ -144,30 +144,31 @@ async def start_judge(config: JudgeConfig, observer: JudgeObserver | None = None
     """The LALM judge ``config`` names (None when it names none), ready to serve.
 
     The weights load on a thread (minutes for a 7B model; the server answers health checks with
-    NOT_SERVING meanwhile); a remote judge must list its model at ``/models``. torch, transformers and httpx
-    are imported only here, and only for the backend configured. Raises ConfigError when the judge cannot
-    work (a missing extra, an unsupported folder, a calibration for other weights, a remote that does not
-    serve the model), which ends ``sleuthd serve`` with one line.
+    NOT_SERVING meanwhile); a remote judge must list its model at ``/models``; both must pass the judge's
+    self-test (sleuthd.lalm.selftest). torch, transformers and httpx are imported only here, and only for the
+    backend configured. Raises ConfigError when the judge cannot work (a missing extra, an unsupported
+    folder, a calibration for other weights, a remote that does not serve the model or renders no audio
+    placeholder, a self-test answer under the answer-mass floor), which ends ``sleuthd serve`` with one line.
     """
     if not config.enabled:
         return None
     from sleuthd.lalm.judge import load_judge
-    from sleuthd.lalm.remote import RemoteScorer
 
     judge = await asyncio.to_thread(load_judge, config, observer)
     try:
-        if isinstance(judge.scorer, RemoteScorer):
-            await judge.scorer.check()
+        found = await judge.start()  # a remote one lists its model; both answer a self-test prompt
     except BaseException:
         await judge.aclose()
         raise
     info = judge.info
     logger.info(
-        "LALM judge %s (%s, %s %s), %s",
+        "LALM judge %s (%s, %s %s), %s, answer-mass floor %.2f; self-test: %s",
         info.model_name,
         info.backend,
         info.device,
         info.dtype or "-",
         "calibrated" if info.calibrated_detection else "uncalibrated",
+        info.min_answer_mass,
+        found,
     )
     return judge

@@ -31,6 +31,7 @@ from sleuthd.domain import (
     TurnResult,
     TurnStatus,
     TurnUpdate,
+    UncertainReason,
 )
 from sleuthd.encoders.clips import Heard
 from sleuthd.errors import LimitExceeded
@@ -144,19 +145,32 @@ class LalmDialogue:
             self._drift[turn.turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
 
     async def _judge_speakers(self, speakers: Sequence[str], deadline: float | None) -> None:
-        """Ask the judge about ``speakers``' turns whose prompts are new or changed, all concurrently."""
-        await gather_or_cancel([self._judge_speaker(s, deadline) for s in dict.fromkeys(speakers)])
+        """Ask the judge about ``speakers``' turns whose prompts are new or changed, all concurrently (a request
+        of more prompts than the judge's queue holds is refused first: it could never fit)."""
+        plans = [plan for s in dict.fromkeys(speakers) if (plan := self._plan(s)) is not None]
+        self._judge.admit(sum(len(todo) for _, _, _, todo in plans))
+        await gather_or_cancel([self._judge_speaker(*plan, deadline) for plan in plans])
 
-    async def _judge_speaker(self, speaker: str, deadline: float | None) -> None:
+    def _plan(self, speaker: str) -> tuple[list[str], np.ndarray | None, list[tuple[str, ...]], list[int]] | None:
+        """A speaker's usable turns in order, reference, each turn's context and the turns to ask; None when
+        there is nothing to ask."""
         ids = sorted((t for t in self._waves if self._speaker[t] == speaker), key=self._position.__getitem__)
         reference = self._reference_waves.get(speaker)
         if not ids or (len(ids) < 2 and reference is None):
-            return  # nothing to compare with: INSUFFICIENT_CONTEXT
+            return None  # nothing to compare with: INSUFFICIENT_CONTEXT
         k = self._judge.max_context_clips
         contexts = [tuple(ids[j] for j in nearest_context(len(ids), i, k)) for i in range(len(ids))]
         todo = [i for i, ctx in enumerate(contexts) if ids[i] not in self._answers or self._answers[ids[i]][0] != ctx]
-        if not todo:
-            return
+        return (ids, reference, contexts, todo) if todo else None
+
+    async def _judge_speaker(
+        self,
+        ids: list[str],
+        reference: np.ndarray | None,
+        contexts: list[tuple[str, ...]],
+        todo: list[int],
+        deadline: float | None,
+    ) -> None:
         answers: list[JudgeProbability]
         if len(todo) == len(ids):  # the whole speaker (CheckDialogue): the judge's per-speaker call
             answers = await self._judge.detect_turns([self._waves[t] for t in ids], reference, deadline)
@@ -176,7 +190,9 @@ class LalmDialogue:
         """The embedding side's verdict of a turn, with the judge's status, score and fields."""
         if t.status is TurnStatus.INSUFFICIENT_AUDIO:
             return t
-        cleared = replace(t, score=None, score_scale="", threshold=None, reason=FlagReason.NONE)
+        cleared = replace(
+            t, score=None, score_scale="", threshold=None, reason=FlagReason.NONE, uncertain_reason=UncertainReason.NONE
+        )
         if t.turn_id not in self._answers:
             return replace(
                 cleared,
@@ -190,22 +206,46 @@ class LalmDialogue:
         p, threshold = answer.probability, self.opts.judgment.threshold
         bad = p > threshold
         calibrated = "calibrated" if answer.calibrated else "uncalibrated"
-        return replace(
+        said = replace(  # what the judge said, on every scored turn
             cleared,
-            status=TurnStatus.INCONSISTENT if bad else TurnStatus.CONSISTENT,
-            reason=FlagReason.SCORE_THRESHOLD if bad else FlagReason.NONE,
             score=p,
             score_scale="probability",
             threshold=threshold,
-            detail=(
-                f"lalm ({answer.model_name}, {calibrated}): probability {p:.3f} {'>' if bad else '<='} "
-                f"{threshold:.3f}; answer mass {answer.answer_mass:.2f}"
-            ),
             judge_probability=p,
             judge_answer_mass=answer.answer_mass,
             judge_model=answer.model_name,
             judge_calibrated=answer.calibrated,
         )
+        unsure = self._unsure(answer, threshold)
+        if unsure:
+            detail = f"lalm ({answer.model_name}, {calibrated}): {unsure}; neither flagged nor cleared"
+            return replace(
+                said, status=TurnStatus.UNCERTAIN, uncertain_reason=UncertainReason.LOW_ANSWER_MASS, detail=detail
+            )
+        return replace(
+            said,
+            status=TurnStatus.INCONSISTENT if bad else TurnStatus.CONSISTENT,
+            reason=FlagReason.SCORE_THRESHOLD if bad else FlagReason.NONE,
+            detail=(
+                f"lalm ({answer.model_name}, {calibrated}): probability {p:.3f} {'>' if bad else '<='} "
+                f"{threshold:.3f}; answer mass {answer.answer_mass:.2f}"
+            ),
+        )
+
+    def _unsure(self, answer: JudgeProbability, threshold: float) -> str:
+        """Why the judge's answer is no verdict (the turn is UNCERTAIN, LOW_ANSWER_MASS), or "" when it is one."""
+        floor = self._judge.info.min_answer_mass
+        if answer.answer_mass < floor:
+            return (
+                f"answer mass {answer.answer_mass:.2f} under the floor {floor:.2f}: the model barely answered Yes or "
+                f"No, so its probability {answer.probability:.3f} means little"
+            )
+        if answer.bounds is not None and (answer.bounds[0] > threshold) != (answer.bounds[1] > threshold):
+            return (
+                f"the judge server reported only its top tokens, which leave the probability between "
+                f"{answer.bounds[0]:.3f} and {answer.bounds[1]:.3f}, on both sides of {threshold:.3f}"
+            )
+        return ""
 
     def _verdicts(self) -> tuple[list[TurnResult], list[SpeakerResult]]:
         """Verdicts of every turn added so far, in dialogue order, and per speaker in order of appearance."""

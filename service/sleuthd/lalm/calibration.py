@@ -38,11 +38,13 @@ _EPS = 1e-6
 
 @dataclass(frozen=True)
 class Platt:
-    """P(different) = sigmoid(a · logit(raw) + b), fitted on ``instances`` dev prompts."""
+    """P(different) = sigmoid(a · logit(raw) + b), fitted on ``instances`` dev prompts. ``kind`` is
+    "platt" (a and b fitted) or "temperature" (b fixed at 0, a = 1/T), whichever cross-validated better."""
 
     a: float
     b: float
     instances: int
+    kind: str = "platt"
 
     def apply(self, raw: float) -> float:
         p = min(max(raw, _EPS), 1 - _EPS)
@@ -74,6 +76,9 @@ class JudgeCalibration:
     detection: Platt | None = None
     discrimination: Temperature | None = None
     fitted_on: str = ""  # which dev data, in words
+    # The answer mass (0-1) below which a detection turn is UNCERTAIN with this calibration: the dev turns'
+    # low tail, where the fit has seen too little to vouch for a probability. None: the server's default.
+    min_answer_mass: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -90,9 +95,18 @@ class JudgeCalibration:
                 detection=Platt(**det) if isinstance(det, dict) else None,
                 discrimination=Temperature(**dis) if isinstance(dis, dict) else None,
                 fitted_on=str(d.get("fitted_on", "")),
+                min_answer_mass=_optional_float(d.get("min_answer_mass")),
             )
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"{where}: malformed judge calibration entry ({exc})") from exc
+
+
+def _optional_float(value: object) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise TypeError(f"min_answer_mass must be a probability (0-1) or null, got {value!r}")
+    return float(value)
 
 
 def weights_sha256(folder: Path) -> str:
@@ -168,11 +182,11 @@ def save_entry(path: Path, entry: JudgeCalibration) -> None:
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
-def fit_platt(raw: Sequence[float], different: Sequence[bool], l2: float = 1e-3) -> Platt:
+def fit_platt(raw: Sequence[float], different: Sequence[bool], l2: float = 1e-3, with_bias: bool = True) -> Platt:
     """Fit ``a, b`` by regularised logistic regression of the labels on logit(raw) (Newton's method).
 
     ``raw``: the judge's raw P(different) per dev prompt; ``different``: whether that turn really was
-    another speaker. Needs both labels present.
+    another speaker. Needs both labels present. ``with_bias=False`` fits temperature scaling (b = 0).
     """
     p = np.clip(np.asarray(raw, np.float64), _EPS, 1 - _EPS)
     y = np.asarray(different, np.float64)
@@ -180,18 +194,21 @@ def fit_platt(raw: Sequence[float], different: Sequence[bool], l2: float = 1e-3)
         raise ValueError(f"raw and different must be equal-length 1-D sequences, got {p.shape} and {y.shape}")
     if not (0 < y.sum() < len(y)):
         raise ValueError("fit_platt needs dev prompts of both kinds (same speaker and different speaker)")
-    x = np.stack([np.log(p / (1 - p)), np.ones_like(p)], axis=1)
-    w = np.array([1.0, 0.0])
-    reg = np.diag([l2, 0.0]) * len(y)
+    x = np.stack([np.log(p / (1 - p)), np.ones_like(p)], axis=1)[:, : 2 if with_bias else 1]
+    w = np.array([1.0, 0.0])[: x.shape[1]]
+    reg = np.diag([l2, 0.0])[: x.shape[1], : x.shape[1]] * len(y)
     for _ in range(100):
-        q = 1.0 / (1.0 + np.exp(-(x @ w)))
+        z = np.clip(x @ w, -500, 500)
+        q = 1.0 / (1.0 + np.exp(-z))
         grad = x.T @ (q - y) + reg @ w
-        hess = x.T @ (x * (q * (1 - q))[:, None]) + reg + 1e-9 * np.eye(2)
+        hess = x.T @ (x * (q * (1 - q))[:, None]) + reg + 1e-9 * np.eye(x.shape[1])
         step = np.linalg.solve(hess, grad)
         w -= step
         if np.abs(step).max() < 1e-10:
             break
-    return Platt(float(w[0]), float(w[1]), len(y))
+    if with_bias:
+        return Platt(float(w[0]), float(w[1]), len(y))
+    return Platt(float(w[0]), 0.0, len(y), kind="temperature")
 
 
 def fit_temperature(shares: Sequence[Sequence[float]], correct: Sequence[int]) -> Temperature:

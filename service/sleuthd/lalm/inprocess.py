@@ -66,6 +66,11 @@ class LocalScorer:
         prepared = await asyncio.get_running_loop().run_in_executor(self._prepare, self.model.prepare, prompt)
         return await self.batcher.submit(prepared, deadline)
 
+    @property
+    def max_request_prompts(self) -> int:
+        """Prompts one request may have waiting at once: the batcher's queue."""
+        return self.batcher.config.max_queue_prompts
+
     def stats(self) -> PromptBatcherStats:
         return self.batcher.stats()
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
 import numpy as np
 
 from sleuthd.config import JudgeConfig
-from sleuthd.errors import InvalidRequest
+from sleuthd.errors import InvalidRequest, LimitExceeded
 from sleuthd.lalm import prompts
 from sleuthd.lalm.batcher import PromptBatcherConfig
 from sleuthd.lalm.calibration import JudgeCalibration, select, weights_sha256
@@ -39,6 +40,10 @@ NO_JUDGE = (
 )
 
 T = TypeVar("T")
+
+# The answer mass (0-1) below which a detection turn is UNCERTAIN when neither the options nor the
+# calibration set a floor: the model put more probability on saying something other than Yes or No.
+DEFAULT_MIN_ANSWER_MASS = 0.5
 
 
 class PromptScorer(Protocol):
@@ -58,6 +63,8 @@ class PromptScorer(Protocol):
     def device(self) -> str: ...
     @property
     def dtype(self) -> str: ...
+    @property
+    def max_request_prompts(self) -> int: ...  # prompts one request can have waiting at once
 
     async def score(self, prompt: prompts.Prompt, deadline: float | None = None) -> AnswerScores: ...
     async def aclose(self) -> None: ...
@@ -68,6 +75,10 @@ class Judge(Protocol):
 
     info: JudgeInfo
     max_context_clips: int  # other turns heard with each turn by detect_turns (the nearest in the dialogue)
+
+    def admit(self, prompts: int) -> None:
+        """Refuse (LimitExceeded) a request that would ask more prompts at once than the judge's queue holds."""
+        ...
 
     async def detect(
         self,
@@ -125,13 +136,20 @@ class LalmJudge:
         calibration: JudgeCalibration | None = None,
         max_context_clips: int = 4,
         orderings: int = 0,
+        min_answer_mass: float = -1.0,
     ) -> None:
+        """``min_answer_mass``: detection turns with less answer mass (0-1) are UNCERTAIN; negative = the
+        calibration's floor, or :data:`DEFAULT_MIN_ANSWER_MASS`."""
         if calibration is not None and calibration.weights_sha256 != scorer.weights_sha256:
             raise ValueError("the calibration was fitted for other weights")  # select() refuses this earlier
         self.scorer = scorer
         self.calibration = calibration
         self.max_context_clips = max_context_clips
         self.orderings = orderings
+        if min_answer_mass < 0:
+            floor = calibration.min_answer_mass if calibration is not None else None
+            min_answer_mass = DEFAULT_MIN_ANSWER_MASS if floor is None else floor
+        self.min_answer_mass = min_answer_mass
         self.info = JudgeInfo(
             model_name=scorer.model_name,
             backend=scorer.backend,
@@ -143,6 +161,7 @@ class LalmJudge:
             calibrated_detection=calibration is not None and calibration.detection is not None,
             calibrated_discrimination=calibration is not None and calibration.discrimination is not None,
             prompt_version=prompts.PROMPT_VERSION,
+            min_answer_mass=min_answer_mass,
         )
 
     def _clip(self, wave: np.ndarray, what: str) -> Clip:
@@ -155,15 +174,41 @@ class LalmJudge:
             )
         return clip
 
+    def admit(self, prompts: int) -> None:
+        """Refuse a request of more prompts than can wait at once (it would never fit; not "retry later")."""
+        limit = self.scorer.max_request_prompts
+        if prompts > limit:
+            raise LimitExceeded(
+                f"this request asks the judge {prompts} prompts at once (one per turn of each speaker) and the "
+                f"judge's queue holds {limit} (--judge-max-queue-prompts"
+                + (" plus --judge-max-concurrent-requests" if self.scorer.backend == "remote" else "")
+                + "): send fewer turns per request"
+            )
+
+    async def start(self) -> str:
+        """The start-up self-test (sleuthd.lalm.selftest); ConfigError (one line) when the judge cannot work."""
+        from sleuthd.lalm.remote import RemoteScorer
+        from sleuthd.lalm.selftest import run_self_test
+
+        if isinstance(self.scorer, RemoteScorer):
+            await self.scorer.check()
+        found = await run_self_test(self.scorer, self.min_answer_mass)
+        self.info = replace(self.info, architecture=self.scorer.architecture)
+        return found
+
     def _probability(self, scores: AnswerScores) -> JudgeProbability:
-        raw = float(scores.shares()[1])  # options are (Yes = same, No = different)
         platt = self.calibration.detection if self.calibration else None
+        low, high = scores.share_bounds(1)  # options are (Yes = same, No = different)
+        # From a server that reported only its top tokens an answer may be unknown: report the most it can be.
+        raw = float(scores.shares()[1]) if scores.exact else high
+        bounds = None if scores.exact else ((platt.apply(low), platt.apply(high)) if platt else (low, high))
         return JudgeProbability(
             probability=platt.apply(raw) if platt else raw,
             raw_probability=raw,
             answer_mass=scores.answer_mass,
             calibrated=platt is not None,
             model_name=self.scorer.model_name,
+            bounds=bounds,
         )
 
     async def detect(
@@ -186,6 +231,7 @@ class LalmJudge:
         (up to ``max_context_clips``); the prompts share batched model calls."""
         clips = [self._clip(t, f"turn {i + 1} of the speaker") for i, t in enumerate(turns)]
         ref = self._clip(reference, "the reference") if reference is not None else None
+        self.admit(len(clips))
         batch = []
         for i, clip in enumerate(clips):
             ctx = [clips[j] for j in nearest_context(len(clips), i, self.max_context_clips)]
@@ -203,19 +249,24 @@ class LalmJudge:
         """Candidates ranked by how much they sound like the speaker of ``reference``/``context``.
 
         The candidates are asked in several orders (rotations) and each candidate's answer probability is
-        averaged over them, so the letter a candidate happens to get does not decide its rank.
+        averaged over them, so the letter a candidate happens to get does not decide its rank. The prompts
+        hear the first ``max_context_clips`` context clips, as a detection prompt hears that many other turns
+        (so a prompt never has more than reference + ``max_context_clips`` + 10 audio inputs: the number a
+        vLLM server's --limit-mm-per-prompt must allow).
         """
         cands = [self._clip(c, f"candidate {i + 1}") for i, c in enumerate(candidates)]
         ref = self._clip(reference, "the reference") if reference is not None else None
-        ctx = [self._clip(c, f"context clip {i + 1}") for i, c in enumerate(context)]
+        ctx = [self._clip(c, f"context clip {i + 1}") for i, c in enumerate(context[: self.max_context_clips])]
         n = len(cands)
         shifts = rotations(n, self.orderings)
+        self.admit(len(shifts))
         orders = [[(j + r) % n for j in range(n)] for r in shifts]
         batch = [prompts.discrimination([cands[k] for k in order], ref, ctx) for order in orders]
         scores = await _all([self.scorer.score(p, deadline) for p in batch])
         shares = np.zeros(n)
         for order, s in zip(orders, scores, strict=True):
-            shares[order] += s.shares()  # option j of this prompt is candidate order[j]
+            # option j of this prompt is candidate order[j]; from a top-k-only server, the letters it reported
+            shares[order] += s.shares()
         shares /= len(orders)
         temp = self.calibration.discrimination if self.calibration else None
         if temp is not None:
@@ -282,6 +333,7 @@ def load_judge(config: JudgeConfig, observer: JudgeObserver | None = None) -> La
             max_concurrent_requests=config.judge_max_concurrent_requests,
             max_queue_prompts=config.judge_max_queue_prompts,
             request_timeout_s=config.judge_request_timeout_s,
+            reuse_clips=config.judge_remote_reuse_clips == "on",
         )
     else:
         raise ConfigError(NO_JUDGE)
@@ -289,4 +341,6 @@ def load_judge(config: JudgeConfig, observer: JudgeObserver | None = None) -> La
         logger.warning(
             "judge %s runs uncalibrated: its probabilities are the model's raw answer shares", scorer.model_name
         )
-    return LalmJudge(scorer, calibration, config.judge_max_context_clips, config.judge_orderings)
+    return LalmJudge(
+        scorer, calibration, config.judge_max_context_clips, config.judge_orderings, config.judge_min_answer_mass
+    )

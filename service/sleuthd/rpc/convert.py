@@ -268,6 +268,7 @@ def judge_info_to_pb(info: JudgeInfo, max_context_clips: int, orderings: int, th
         max_context_clips=max_context_clips,
         orderings=orderings,
         decision_threshold=threshold,
+        min_answer_mass=info.min_answer_mass,
     )
 
 

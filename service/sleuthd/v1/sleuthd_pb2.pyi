@@ -457,7 +457,7 @@ class GetServerInfoResponse(_message.Message):
     def __init__(self, version: _Optional[str] = ..., encoders: _Optional[_Iterable[_Union[EncoderInfo, _Mapping]]] = ..., default_encoder: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., paper_thresholds: _Optional[_Mapping[str, float]] = ..., registry: _Optional[_Union[VoiceRegistryInfo, _Mapping]] = ..., judge: _Optional[_Union[JudgeInfo, _Mapping]] = ...) -> None: ...
 
 class JudgeInfo(_message.Message):
-    __slots__ = ("model_name", "backend", "architecture", "device", "dtype", "max_clip_seconds", "weights_sha256", "calibrated_detection", "calibrated_discrimination", "prompt_version", "max_context_clips", "orderings", "decision_threshold")
+    __slots__ = ("model_name", "backend", "architecture", "device", "dtype", "max_clip_seconds", "weights_sha256", "calibrated_detection", "calibrated_discrimination", "prompt_version", "max_context_clips", "orderings", "decision_threshold", "min_answer_mass")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -471,6 +471,7 @@ class JudgeInfo(_message.Message):
     MAX_CONTEXT_CLIPS_FIELD_NUMBER: _ClassVar[int]
     ORDERINGS_FIELD_NUMBER: _ClassVar[int]
     DECISION_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    MIN_ANSWER_MASS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     backend: str
     architecture: str
@@ -484,7 +485,8 @@ class JudgeInfo(_message.Message):
     max_context_clips: int
     orderings: int
     decision_threshold: float
-    def __init__(self, model_name: _Optional[str] = ..., backend: _Optional[str] = ..., architecture: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_clip_seconds: _Optional[float] = ..., weights_sha256: _Optional[str] = ..., calibrated_detection: _Optional[bool] = ..., calibrated_discrimination: _Optional[bool] = ..., prompt_version: _Optional[str] = ..., max_context_clips: _Optional[int] = ..., orderings: _Optional[int] = ..., decision_threshold: _Optional[float] = ...) -> None: ...
+    min_answer_mass: float
+    def __init__(self, model_name: _Optional[str] = ..., backend: _Optional[str] = ..., architecture: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_clip_seconds: _Optional[float] = ..., weights_sha256: _Optional[str] = ..., calibrated_detection: _Optional[bool] = ..., calibrated_discrimination: _Optional[bool] = ..., prompt_version: _Optional[str] = ..., max_context_clips: _Optional[int] = ..., orderings: _Optional[int] = ..., decision_threshold: _Optional[float] = ..., min_answer_mass: _Optional[float] = ...) -> None: ...
 
 class RegisterVoiceRequest(_message.Message):
     __slots__ = ("voice_id", "clips", "metadata", "replace", "keep_audio")
