@@ -20,6 +20,7 @@ from sleuthd.engine import Engine
 from sleuthd.guard import RequestGuard
 from sleuthd.metrics import ServiceMetrics
 from sleuthd.ops_http import OpsHttpServer
+from sleuthd.rpc.encoder_health import EncoderHealthPublisher
 from sleuthd.servicer import SleuthServicer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
@@ -198,6 +199,7 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         running.http = http
     await server.start()
     await running.set_serving(True)
+    await EncoderHealthPublisher(health_servicer, engine.encoders).start()  # sleuthd.encoder.<name>
     return running
 
 

@@ -28,6 +28,7 @@ from sleuthd.config.base import (
 )
 from sleuthd.config.judge import JudgeConfig
 from sleuthd.config.registry import RegistryConfig
+from sleuthd.config.triton import EncoderBackendConfig
 
 __all__ = [
     "ENV_PREFIX",
@@ -36,6 +37,7 @@ __all__ = [
     "BatcherConfig",
     "ConfigError",
     "ConnectConfig",
+    "EncoderBackendConfig",
     "EngineConfig",
     "JudgeConfig",
     "RegistryConfig",
@@ -96,6 +98,9 @@ class EngineConfig:
         "per clip, nothing shared (a baseline for `sleuthd-bench throughput`)",
     )
     batcher: BatcherConfig = option(factory=BatcherConfig, help="micro-batcher knobs")  # noqa: RUF009
+    backend: EncoderBackendConfig = option(  # noqa: RUF009
+        factory=EncoderBackendConfig, help="in-process ONNX Runtime or a Triton server (sleuthd.encoders.triton)"
+    )
     workers: int = option(0, help="threads for decoding and silence detection; 0 = the CPU count")
     embedding_cache_entries: int = option(
         4096, help="clip embeddings remembered by audio hash (about 2 KB each); 0 = off"

@@ -1,0 +1,1 @@
+"""Encoder runners (the planned home of the ONNX runner, batcher and fusion; today: the Triton client)."""
