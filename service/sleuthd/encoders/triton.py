@@ -108,7 +108,8 @@ def check_served_model(manifest: EncoderManifest, config: Any, model: str) -> Se
     served = config.parameters[SHA256_PARAMETER].string_value if SHA256_PARAMETER in config.parameters else ""
     if served != manifest.sha256:
         raise ConfigError(
-            f"{where} serves ONNX sha256 {served[:12] or '(not recorded)'}…, the manifest's is {manifest.sha256[:12]}…: "
+            f"{where} serves ONNX sha256 {served[:12] or '(not recorded)'}…, "
+            f"the manifest's is {manifest.sha256[:12]}…: "
             f"its embeddings would not be comparable with this server's (or the registry's): {fix}"
         )
     return ServedModel(int(config.max_batch_size))

@@ -12,6 +12,7 @@ Parameters (config.pbtxt): ``onnx_file`` (default model.onnx, in the version fol
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ def split_rows(out: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
     if len(out) < sum(counts):
         raise ValueError(f"the model returned {len(out)} rows for {sum(counts)} windows")
     bounds = np.cumsum([0, *counts])
-    return [np.ascontiguousarray(out[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [np.ascontiguousarray(out[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 def _parameters(config: dict[str, Any]) -> dict[str, str]:
