@@ -68,6 +68,7 @@ class _Call:
     started: float = 0.0
     dialogue_id: str = ""
     requests_ended: bool = False
+    attempt: int = 1  # a client retry (gRPC's retry policy) arrives with grpc-previous-rpc-attempts
 
 
 def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
@@ -102,11 +103,41 @@ def _expired(context: grpc.aio.ServicerContext, slack: float = 0.0) -> bool:
     return remaining is not None and remaining <= slack
 
 
+def _attempt(metadata: Any) -> int:
+    """1 for a first attempt; n + 1 when the client's channel retried (grpc-previous-rpc-attempts: n)."""
+    given = next((v for k, v in metadata or () if k == "grpc-previous-rpc-attempts"), "0")
+    return 1 + int(given) if isinstance(given, str) and given.isdigit() and len(given) < 4 else 1
+
+
 def _code_after(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the call was cancelled under the handler
         deadline = _expired(context, DEADLINE_SLACK_SECONDS)
         return grpc.StatusCode.DEADLINE_EXCEEDED if deadline else grpc.StatusCode.CANCELLED
     return context.code() or grpc.StatusCode.UNKNOWN
+
+
+class _AnswerHeader:
+    """A unary call's context that sends the ``x-request-id`` header with the answer (or the error), not when
+    the call starts. Why: a client's channel retries a call (UNAVAILABLE: a replica killed or restarted
+    under it) only while it has received no header from the server; a header sent at once would commit the
+    call to the dead replica, and the caller would see UNAVAILABLE instead of the answer from another one."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, request_id: str) -> None:
+        self._context = context
+        self._header = ((REQUEST_ID_KEY, request_id),)
+        self._sent = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def send_header(self) -> None:
+        if not self._sent:
+            self._sent = True
+            await self._context.send_initial_metadata(self._header)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        await self.send_header()
+        await self._context.abort(code, details, trailing_metadata)
 
 
 class RpcGate(grpc.aio.ServerInterceptor):
@@ -159,6 +190,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
             peer="",
             work=work,
             refusal=self._refusal(method, metadata, work),
+            attempt=_attempt(metadata),
         )
         return self._wrap(handler, call)
 
@@ -183,8 +215,9 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
     # ------------------------------------------------------------------ per-call plumbing
 
-    async def _begin(self, call: _Call, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Start the books for a call and answer refused or malformed ones; returns the request to hand on."""
+    async def _begin(self, call: _Call, request: Any, context: grpc.aio.ServicerContext, header: bool = True) -> Any:
+        """Start the books for a call and answer refused or malformed ones; returns the request to hand on.
+        ``header``: send the request id now (streams); unary calls send it with their answer (_AnswerHeader)."""
         call.started = time.perf_counter()
         call.peer = printable(context.peer() or "", 64)
         request_id.set(call.request_id)
@@ -192,7 +225,8 @@ class RpcGate(grpc.aio.ServerInterceptor):
             self._in_flight += 1
             self._idle.clear()
             self.metrics.rpcs_in_flight.set(self._in_flight)
-        await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
+        if header:
+            await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
         if call.refusal is not None:
             await context.abort(*call.refusal)
         if isinstance(request, _Malformed):
@@ -236,30 +270,35 @@ class RpcGate(grpc.aio.ServerInterceptor):
         level = logging.DEBUG if not call.work and code == grpc.StatusCode.OK else logging.INFO
         dialogue = printable(call.dialogue_id, 128)
         fields = {"method": call.label, "code": code.name, "ms": round(seconds * 1000, 1), "dialogue_id": dialogue,
-                  "peer": call.peer}  # fmt: skip
+                  "peer": call.peer, "attempt": call.attempt}  # fmt: skip
         access_logger.log(
             level,
-            "rpc %s %s %.1f ms dialogue=%s peer=%s",
+            "rpc %s %s %.1f ms dialogue=%s peer=%s%s",
             call.label,
             code.name,
             seconds * 1000,
             dialogue or "-",
             call.peer or "-",
+            f" attempt={call.attempt}" if call.attempt > 1 else "",
             extra={"fields": fields},
         )
 
-    def _unary(self, inner: Any, call: _Call, streamed: bool = False) -> Callable[..., Any]:
-        """Wraps unary-response handlers (request: one message, or a stream when ``streamed``)."""
+    def _unary(self, inner: Any, call: _Call, streamed: bool = False, eager: bool = False) -> Callable[..., Any]:
+        """Wraps unary-response handlers (request: one message, or a stream when ``streamed``). ``eager``: send
+        the header at once (a handler that writes responses itself), else with the answer (_AnswerHeader)."""
 
-        async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def behaviour(request: Any, raw_context: grpc.aio.ServicerContext) -> Any:
+            context: Any = raw_context if eager else _AnswerHeader(raw_context, call.request_id)
             try:
-                request = await self._begin(call, request, context)
+                request = await self._begin(call, request, context, header=eager)
                 if streamed:
                     request = self._watched(request, call, context)
                 try:
                     response = await inner(request, context)
                 except MalformedMessage as exc:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                if not eager:
+                    await context.send_header()
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
                 raise
@@ -273,7 +312,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
         if not inspect.isasyncgenfunction(inner):
 
             async def writer(request: Any, context: grpc.aio.ServicerContext) -> None:
-                await self._unary(inner, call, streamed)(request, context)
+                await self._unary(inner, call, streamed, eager=True)(request, context)
 
             return writer
 
