@@ -248,21 +248,6 @@ def cmd_models_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_models_triton_repo(args: argparse.Namespace) -> int:
-    """A Triton model repository for the exported encoders (sleuthd.export.triton_repo)."""
-    from sleuthd.export.triton_repo import RepoOptions, write_repository
-    from sleuthd.manifest import ManifestError
-
-    try:
-        options = RepoOptions(args.python_backend, args.max_batch_windows, args.pad_batch, args.max_queue_delay_us,
-                              args.max_queue_requests, args.instances, args.intra_op_threads)  # fmt: skip
-        for folder in write_repository(args.models_dir, args.out, options):
-            print(f"wrote {folder}")
-    except (ManifestError, OSError, ValueError) as exc:
-        return _error(str(exc))
-    return EXIT_OK
-
-
 def cmd_models_tiny_judge(args: argparse.Namespace) -> int:
     """A tiny randomly initialised judge checkpoint (for tests and trying `serve --judge-model`)."""
     from sleuthd.lalm.tiny import build_tiny_judge
@@ -356,24 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of real-speech WAVs to measure parity with resemblyzer on",
     )
     e.set_defaults(func=cmd_models_export)
-    tr = msub.add_parser("triton-repo", help="write a Triton model repository serving the exported encoders")
-    tr.add_argument("out", type=Path, help="the repository folder (tritonserver --model-repository OUT)")
-    tr.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
-    tr.add_argument("--python-backend", action="store_true",
-                    help="run the ONNX files in Triton's Python backend with ONNX Runtime on the CPU (tests, or a "
-                    "Triton without the onnxruntime backend) instead of the onnxruntime backend on GPUs")  # fmt: skip
-    tr.add_argument("--max-batch-windows", type=int, default=64, help="windows per model call (default: 64)")
-    tr.add_argument("--pad-batch", type=int, default=None,
-                    help="pad every model call to this many windows (default: --max-batch-windows on GPUs, "
-                    "where ONNX Runtime's CUDA convolutions need one shape; 0 = off, the CPU default)")  # fmt: skip
-    tr.add_argument("--max-queue-delay-us", type=int, default=5000,
-                    help="the dynamic batcher's longest wait for a fuller batch, microseconds (default: 5000)")
-    tr.add_argument("--max-queue-requests", type=int, default=4096,
-                    help="requests queued per model before Triton refuses more (default: 4096)")
-    tr.add_argument("--instances", type=int, default=1, help="model instances (per GPU on GPUs; default: 1)")
-    tr.add_argument("--intra-op-threads", type=int, default=0,
-                    help="--python-backend: ONNX Runtime threads per instance (default: 0 = the CPU count)")
-    tr.set_defaults(func=cmd_models_triton_repo)
+    from sleuthd.export.triton_repo import add_parser as add_triton_repo_parser
+
+    add_triton_repo_parser(msub, default_models_dir())
     t = msub.add_parser("tiny-judge", help="write a tiny random LALM judge folder (serve --judge-model DIR)")
     t.add_argument("dir", type=Path)
     t.add_argument("--arch", choices=["qwen2-audio", "qwen2.5-omni"], default="qwen2-audio")

@@ -127,7 +127,17 @@ def server_options(config: ServerConfig) -> list[tuple[str, int]]:
         # gRPC turns SO_REUSEPORT on by default: a second server on the same port would start silently and
         # take part of the traffic. Off, the second one fails to bind.
         ("grpc.so_reuseport", 0),
+        *_connection_age(config),
     ]
+
+
+def _connection_age(config: ServerConfig) -> list[tuple[str, int]]:
+    """GOAWAY to each connection after max_connection_age_seconds: clients balancing over a DNS name (a
+    headless Service) re-resolve it when they reconnect, and so reach replicas added since."""
+    if config.max_connection_age_seconds <= 0:
+        return []
+    return [("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(config.max_connection_age_grace_seconds * 1000))]  # fmt: skip
 
 
 async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMetrics | None = None) -> RunningServer:

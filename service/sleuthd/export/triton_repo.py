@@ -25,7 +25,9 @@ on the CPU, where a card's ``batching.cpu_max_batch_windows`` caps it (CAM++: 8)
 
 from __future__ import annotations
 
+import argparse
 import shutil
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -200,3 +202,42 @@ def write_repository(models_dir: Path, out: Path, options: RepoOptions) -> list[
     if not written:
         raise ValueError(f"no encoder manifests under {models_dir}: run `sleuthd models export all` first")
     return written
+
+
+# ---------------------------------------------------------------------------------------------- command
+
+
+def add_parser(models: Any, default_models_dir: Path) -> None:
+    """`sleuthd models triton-repo` on the ``models`` subparsers of the sleuthd command line."""
+    p = models.add_parser("triton-repo", help="write a Triton model repository serving the exported encoders")
+    p.add_argument("out", type=Path, help="the repository folder (tritonserver --model-repository OUT)")
+    p.add_argument("--models-dir", type=Path, default=default_models_dir, help="folder of model manifests")
+    p.add_argument("--python-backend", action="store_true",
+                   help="run the ONNX files in Triton's Python backend with ONNX Runtime on the CPU (tests, or a "
+                   "Triton without the onnxruntime backend) instead of the onnxruntime backend on GPUs")  # fmt: skip
+    p.add_argument("--max-batch-windows", type=int, default=64, help="windows per model call (default: 64)")
+    p.add_argument("--pad-batch", type=int, default=None,
+                   help="pad every model call to this many windows (default: --max-batch-windows on GPUs, where "
+                   "ONNX Runtime's CUDA convolutions need one shape; 0 = off, the CPU default)")  # fmt: skip
+    p.add_argument("--max-queue-delay-us", type=int, default=5000,
+                   help="the dynamic batcher's longest wait for a fuller batch, microseconds (default: 5000)")
+    p.add_argument("--max-queue-requests", type=int, default=4096,
+                   help="requests queued per model before Triton refuses more (default: 4096)")
+    p.add_argument("--instances", type=int, default=1, help="model instances (per GPU on GPUs; default: 1)")
+    p.add_argument("--intra-op-threads", type=int, default=0,
+                   help="--python-backend: ONNX Runtime threads per instance (default: 0 = the CPU count)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sleuthd.manifest import ManifestError
+
+    try:
+        options = RepoOptions(args.python_backend, args.max_batch_windows, args.pad_batch, args.max_queue_delay_us,
+                              args.max_queue_requests, args.instances, args.intra_op_threads)  # fmt: skip
+        for folder in write_repository(args.models_dir, args.out, options):
+            print(f"wrote {folder}")
+    except (ManifestError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
