@@ -9,7 +9,10 @@ Modes, on the same real (synthetic-voice) dialogues of 5 turns x 2-6 s:
   --max-wait-ms 0``, as many model calls in flight as there are cores): no batching at all;
 - ``per_clip``: our server with ``--batching off``: each clip's windows in one model call but nothing
   shared across clips or requests (how resemblyzer batches inside one utterance), for reference;
-- ``batched``: our server with the micro-batcher on (default knobs).
+- ``batched``: our server with the micro-batcher on (default knobs);
+- ``triton``: our server with ``--encoder-backend triton``: the windows go to a real Triton server (the
+  nvidia-pytriton wheel's, started here on loopback with ``sleuthd models triton-repo --python-backend``:
+  Triton's dynamic batcher in front of the same ONNX files in ONNX Runtime), on the same machine.
 
 Both servers run as subprocesses with the embedding cache off (every request is scored from scratch)
 and are driven through real gRPC channels by ``concurrency`` closed-loop workers for a fixed time per
@@ -50,12 +53,13 @@ from sleuthd_bench import synth
 
 logger = logging.getLogger(__name__)
 
-MODES = ("resemblyzer", "unbatched", "per_clip", "batched")
+MODES = ("resemblyzer", "unbatched", "per_clip", "batched", "triton")
 # The server flags of each mode (the same server, configured three ways).
 SERVER_MODES = {
     "unbatched": ["--max-batch-windows", "1", "--max-wait-ms", "0", "--max-concurrent-batches", str(os.cpu_count())],
     "per_clip": ["--batching", "off"],
     "batched": [],
+    "triton": [],  # + --encoder-backend triton --triton-url of the Triton started for it (TritonForBench)
 }
 TURNS = 5
 
@@ -234,6 +238,31 @@ class ServerProcess:
             self.proc.kill()
 
 
+class TritonForBench:
+    """A Triton server for the ``triton`` mode: the models folder's encoders as a --python-backend repository
+    (written by `sleuthd models triton-repo`, the product's command), served on loopback."""
+
+    def __init__(self, models_dir: Path) -> None:
+        import tempfile
+
+        from sleuthd_bench import tritonserver
+
+        self.workdir = Path(tempfile.mkdtemp(prefix="sleuthd-bench-triton-"))
+        repo = self.workdir / "repo"
+        subprocess.run([sys.executable, "-m", "sleuthd.cli", "models", "triton-repo", str(repo), "--python-backend",
+                        "--models-dir", str(models_dir)], check=True, capture_output=True, timeout=300)  # fmt: skip
+        self.server = tritonserver.start(repo, startup_timeout_s=120, workdir=self.workdir)
+
+    def flags(self) -> list[str]:
+        return ["--encoder-backend", "triton", "--triton-url", self.server.url]
+
+    def stop(self) -> None:
+        import shutil
+
+        self.server.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------------------ the run
 
 
@@ -305,7 +334,15 @@ def run(
     for mode, flags in SERVER_MODES.items():
         if mode not in modes:
             continue
-        server = ServerProcess([*flags, "--device", device, *server_args])
+        triton = TritonForBench(default_models_dir()) if mode == "triton" else None
+        if triton is not None:
+            flags = triton.flags()
+        try:
+            server = ServerProcess([*flags, "--device", device, *server_args])
+        except BaseException:
+            if triton is not None:
+                triton.stop()
+            raise
         try:
             merged: dict[int, list[float]] = {}
             for c in concurrency:
@@ -316,12 +353,16 @@ def run(
             mode_scores[mode] = merged
         finally:
             server.stop()
-    common = sorted(set(mode_scores["batched"]) & set(mode_scores.get("unbatched", {})))
-    if common:
-        diff = max(
-            float(np.max(np.abs(np.subtract(mode_scores["batched"][i], mode_scores["unbatched"][i])))) for i in common
-        )
-        agreement = {"dialogues_compared": float(len(common)), "max_abs_pairwise_cosine_difference": diff}
+            if triton is not None:
+                triton.stop()
+    for other in ("unbatched", "triton"):
+        common = sorted(set(mode_scores["batched"]) & set(mode_scores.get(other, {})))
+        if common:
+            diff = max(
+                float(np.max(np.abs(np.subtract(mode_scores["batched"][i], mode_scores[other][i])))) for i in common
+            )
+            agreement[f"{other}_dialogues_compared"] = float(len(common))
+            agreement[f"{other}_max_abs_pairwise_cosine_difference"] = diff
     ratios = {
         str(c): {
             f"batched_over_{other}": _ratio(results["batched"][str(c)], results[other][str(c)])
@@ -404,11 +445,13 @@ def table(report: dict[str, Any]) -> str:
         )
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     agreement = report.get("agreement_batched_vs_unbatched") or {}
-    if agreement:
-        lines.append(
-            f"\nbatched vs unbatched: max |Δ pairwise cosine| = {agreement['max_abs_pairwise_cosine_difference']:.2e} "
-            f"over {int(agreement['dialogues_compared'])} dialogues"
-        )
+    for other in ("unbatched", "triton"):
+        if f"{other}_dialogues_compared" in agreement:
+            lines.append(
+                f"\nbatched vs {other}: max |Δ pairwise cosine| = "
+                f"{agreement[f'{other}_max_abs_pairwise_cosine_difference']:.2e} "
+                f"over {int(agreement[f'{other}_dialogues_compared'])} dialogues"
+            )
     machine = report["machine"]
     if "load_average_start" in machine:
         lines.append(
