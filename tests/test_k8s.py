@@ -6,6 +6,7 @@ init container writes a repository the replicas accept, and vLLM serves the name
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
@@ -25,11 +26,13 @@ from sleuthd.config import ConnectConfig, EngineConfig, JudgeConfig, ServerConfi
 from sleuthd.encoders.triton import check_served_model
 from sleuthd.manifest import load_encoder_manifest
 from sleuthd.metrics import ServiceMetrics
+from sleuthd.server import RunningServer
 from tritonclient.grpc import model_config_pb2
 
-from tests.support import REPO
+from tests.support import REPO, VOICE_A, VOICE_F, Speech
 
 K8S = REPO / "deploy" / "k8s"
+CHECK_POD = K8S / "examples" / "check-pod.yaml"
 OVERLAYS = ("cpu", "gpu", "triton", "vllm")
 KUBERNETES_VERSION = "1.33"  # the API the manifests are written for (autoscaling/v2, policy/v1, grpc probes)
 
@@ -187,6 +190,7 @@ def test_checkov_finds_nothing_but_the_justified_skips(
         pytest.fail(f"checkov is not installed at {checkov}: make setup puts it in .venv/checkov (see the Makefile)")
     for overlay, resources in rendered.items():
         (tmp_path / f"{overlay}.yaml").write_text(yaml.safe_dump_all(resources, sort_keys=False))
+    shutil.copy(CHECK_POD, tmp_path / "check-pod.yaml")
     run = subprocess.run(
         [checkov, "--directory", str(tmp_path), "--framework", "kubernetes", "--output", "json", "--quiet",
          "--skip-check", ",".join(sorted(SKIPPED_CHECKS))],
@@ -203,3 +207,26 @@ def test_the_triton_client_image_recipe_lints() -> None:
     recipe = K8S / "images" / "triton-client.Containerfile"
     lint = subprocess.run([hadolint, str(recipe)], capture_output=True, text=True, timeout=60)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+async def test_the_documented_check_runs_against_a_server(
+    server: RunningServer, speech: Speech, tmp_path: Path
+) -> None:
+    """The last step from an empty cluster: deploy/k8s/check.py with a dialogue file, through the client
+    library's balancing channel (here to a plaintext in-process server; in the cluster with TLS and a token)."""
+    (pod_spec,) = yaml.safe_load_all(CHECK_POD.read_text())
+    kubernetes_validate.validate(pod_spec, KUBERNETES_VERSION, strict=True)
+    turns = []
+    for k, voice in enumerate((VOICE_A, VOICE_A, VOICE_F, VOICE_A)):
+        shutil.copy(speech.clips[voice][k], tmp_path / f"t{k}.wav")
+        turns.append({"turn_id": f"t{k}", "speaker": "Ann", "audio": f"t{k}.wav"})
+    shutil.copy(speech.clips[VOICE_A][5], tmp_path / "ref.wav")
+    (tmp_path / "dialogue.json").write_text(json.dumps({"dialogue_id": "k8s-check", "turns": turns,
+        "references": {"Ann": "ref.wav"}, "options": {"method": "reference"}}))  # fmt: skip
+    run = await asyncio.create_subprocess_exec(
+        sys.executable, str(K8S / "check.py"), f"ipv4:127.0.0.1:{server.port}", str(tmp_path / "dialogue.json"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(run.communicate(), 120)
+    assert run.returncode == 0, err.decode()
+    assert out.decode().splitlines() == ["dialogue k8s-check: encoder ge2e, 4 turns judged", "  Ann: flagged ['t2']"]

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from sleuthd_bench import synth
+from sleuthd_bench.footprint import Footprint
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,15 @@ class LevelResult:
     errors: int
     dialogues: int
     wall_seconds: float
+    # What the serving processes used meanwhile (sleuthd_bench.footprint): cores on average, peak resident MiB.
+    server_cores: float | None = None
+    server_rss_peak_mib: float | None = None
+    triton_cores: float | None = None  # the triton mode: Triton and its model processes
+    triton_rss_peak_mib: float | None = None
+
+    @property
+    def turns_per_second(self) -> float:
+        return self.dialogues * TURNS / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
 def build_dialogues(cache_dir: Path, n_dialogues: int, seed: int) -> list[Dialogue]:
@@ -347,8 +357,19 @@ def run(
             merged: dict[int, list[float]] = {}
             for c in concurrency:
                 progress(f"{mode} server, concurrency {c} ...")
-                level, scores = asyncio.run(drive_server(server.target, dialogues, c, seconds))
-                results[mode][str(c)] = level
+                watched = {"server": server.proc.pid}
+                if triton is not None and triton.server.process is not None:
+                    watched["triton"] = triton.server.process.pid
+                with Footprint(watched) as footprint:
+                    level, scores = asyncio.run(drive_server(server.target, dialogues, c, seconds))
+                used = footprint.fields()
+                results[mode][str(c)] = replace(
+                    level,
+                    server_cores=used["server_cores"],
+                    server_rss_peak_mib=used["server_rss_peak_mib"],
+                    triton_cores=used.get("triton_cores"),
+                    triton_rss_peak_mib=used.get("triton_rss_peak_mib"),
+                )
                 merged.update(scores)
             mode_scores[mode] = merged
         finally:
@@ -394,7 +415,10 @@ def run(
         "dialogues": len(dialogues),
         "turns_per_dialogue": TURNS,
         "seconds_per_level": seconds,
-        "modes": {m: {c: asdict(r) for c, r in levels.items()} for m, levels in results.items()},
+        "modes": {
+            m: {c: asdict(r) | {"turns_per_second": r.turns_per_second} for c, r in levels.items()}
+            for m, levels in results.items()
+        },
         "ratios": ratios,
         "agreement_batched_vs_unbatched": agreement,
     }
@@ -407,14 +431,21 @@ def _ratio(a: LevelResult, b: LevelResult) -> float:
 def table(report: dict[str, Any]) -> str:
     modes = report["modes"]
     lines = [
-        "| mode | concurrency | audio s / s | p50 ms | p95 ms | p99 ms | errors | dialogues |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| mode | concurrency | audio s / s | turns / s | p50 ms | p95 ms | p99 ms | errors | dialogues "
+        "| server cores | server RSS peak MiB | Triton cores | Triton RSS peak MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+
+    def cell(value: float | None, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
     for mode in MODES:
         for c, r in modes.get(mode, {}).items():
             lines.append(
-                f"| {mode} | {c} | {r['audio_seconds_per_second']:.1f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} "
-                f"| {r['p99_ms']:.0f} | {r['errors']} | {r['dialogues']} |"
+                f"| {mode} | {c} | {r['audio_seconds_per_second']:.1f} | {r.get('turns_per_second', 0):.1f} "
+                f"| {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['errors']} | {r['dialogues']} "
+                f"| {cell(r.get('server_cores'), 2)} | {cell(r.get('server_rss_peak_mib'), 0)} "
+                f"| {cell(r.get('triton_cores'), 2)} | {cell(r.get('triton_rss_peak_mib'), 0)} |"
             )
     others = [m for m in MODES if m in modes and m != "batched"]
     raw = report["raw_model"]
