@@ -13,6 +13,7 @@ models run in a small environment of their own with numpy<2 and the same onnxrun
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -24,6 +25,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sleuthd_bench.footprint import tree
 
 
 class TritonUnavailable(RuntimeError):
@@ -124,7 +127,7 @@ class TritonProcess:
             "--exit-timeout-secs=2",
             # Shared memory between the server and each model's stub: a region of our own (several servers can
             # run on one machine) and room for a batch of CAM++ windows (64 x 48240 floats = 12 MB) at once.
-            f"--backend-config=python,shm-region-prefix-name=sleuthd{os.getpid()}x{self.grpc_port}_",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=python,shm-growth-byte-size=16777216",
         ]
@@ -162,11 +165,23 @@ class TritonProcess:
         return text[-chars:]
 
     def kill(self) -> None:
-        """SIGKILL (an outage, not a shutdown) and reap; the stubs exit when their server is gone."""
+        """SIGKILL the server and its model processes (an outage, not a shutdown), reap it and remove its shared
+        memory. The stubs would notice their server's death only by polling its pid, which a busy machine may
+        already have given to another process: one outlived its server here, so they are killed too."""
         if self.process is not None and self.process.poll() is None:
+            stubs = tree(self.process.pid)[1:]
             self.process.send_signal(signal.SIGKILL)
+            for pid in stubs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.process.wait(timeout=30)
+        for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            region.unlink(missing_ok=True)
         self.process = None
+
+    @property
+    def shm_prefix(self) -> str:
+        return f"sleuthd{os.getpid()}x{self.grpc_port}_"
 
     def restart(self) -> None:
         self.kill()
