@@ -14,6 +14,15 @@ APT_LIBS := postgresql libsox-fmt-mp3 chromium-driver
 # reference, not part of `models export all`): it declares torchaudio, which has no build for our torch
 # (sleuthd/export/speechbrain_ref.py), so it goes in --no-deps; its other needs are in the export extra.
 SPEECHBRAIN := speechbrain==1.1.2
+# A real Triton server for tests/test_triton.py and `sleuthd-bench throughput --backends onnx,triton`: the
+# nvidia-pytriton wheel carries tritonserver 2.51 with the Python backend (only its files are used). Its
+# declared dependencies pin numpy<2, so it goes in --no-deps; the Python backend's stub was built against
+# numpy 1.x (under numpy 2 every output arrives empty), so Triton's models run in .venv/triton-python with
+# numpy<2 and this venv's onnxruntime version (sleuthd_bench/tritonserver.py finds both).
+TRITON_SERVER := nvidia-pytriton==0.7.0
+TRITON_PYTHON_NUMPY := numpy==1.26.4
+# checkov (tests/test_k8s.py) in a venv of its own: it pins networkx<2.7 and packaging<24 (torch needs networkx).
+CHECKOV := checkov==3.3.30
 
 .PHONY: setup tools models demo test lint typecheck proto clean container
 
@@ -31,8 +40,12 @@ tools:
 .venv/.stamp: pyproject.toml tools/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	# torch comes with the export extra, pinned there: 2.13.0 resolves to the local CPU build.
-	$(PY) -m pip install -q -e '.[export,judge,dev,postgres]' -e './tools[baseline,load,kokoro]'
-	$(PY) -m pip install -q --no-deps $(SPEECHBRAIN)
+	$(PY) -m pip install -q -e '.[export,judge,dev,postgres,triton]' -e './tools[baseline,load,kokoro]'
+	$(PY) -m pip install -q --no-deps $(SPEECHBRAIN) $(TRITON_SERVER)
+	test -x .venv/triton-python/bin/python || $(PY) -m venv .venv/triton-python
+	.venv/triton-python/bin/pip install -q $(TRITON_PYTHON_NUMPY) onnxruntime==$$($(PY) -c 'import onnxruntime; print(onnxruntime.__version__)')
+	test -x .venv/checkov/bin/python || $(PY) -m venv .venv/checkov
+	.venv/checkov/bin/pip install -q $(CHECKOV)
 	touch $@
 
 setup: tools .venv/.stamp

@@ -41,6 +41,16 @@ def rpc_count(metrics: ServiceMetrics, method: str, code: str) -> float:
     return metrics.registry.get_sample_value("sleuthd_rpc_total", {"method": method, "code": code}) or 0.0
 
 
+async def settled_rpc_count(metrics: ServiceMetrics, method: str, code: str, want: float) -> float:
+    """:func:`rpc_count` once it reaches ``want`` (or after 2 s): the gate books a call's outcome just after
+    its status is sent, so a client that has the status may look a moment before the count moves."""
+    for _ in range(100):
+        if rpc_count(metrics, method, code) >= want:
+            break
+        await asyncio.sleep(0.02)
+    return rpc_count(metrics, method, code)
+
+
 async def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
     def get() -> tuple[int, str]:
         request = urllib.request.Request(url, headers=headers or {})

@@ -26,7 +26,7 @@ from sleuthd.rpc.status import STATUS_OF
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from .ops_support import SLEUTHD, ServeProcess, http_get, own_server, rpc_count, wait_for
+from .ops_support import SLEUTHD, ServeProcess, http_get, own_server, rpc_count, settled_rpc_count, wait_for
 from .support import REPO, VOICE_A, VOICE_F, Speech, enc
 from .test_serving import fresh_pcm
 
@@ -142,8 +142,8 @@ async def test_malformed_protobuf_is_invalid_argument_and_counted(engine: Engine
             await call.read()
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "sleuthd.v1.StreamDialogueRequest" in err.value.details()
-        assert rpc_count(metrics, "CheckDialogue", "INVALID_ARGUMENT") == 1
-        assert rpc_count(metrics, "StreamDialogue", "INVALID_ARGUMENT") == 1
+        assert await settled_rpc_count(metrics, "CheckDialogue", "INVALID_ARGUMENT", 1) == 1
+        assert await settled_rpc_count(metrics, "StreamDialogue", "INVALID_ARGUMENT", 1) == 1
 
 
 async def test_deadline_expiry_and_vanished_stream_clients_are_labelled_truthfully(

@@ -9,7 +9,10 @@ Modes, on the same real (synthetic-voice) dialogues of 5 turns x 2-6 s:
   --max-wait-ms 0``, as many model calls in flight as there are cores): no batching at all;
 - ``per_clip``: our server with ``--batching off``: each clip's windows in one model call but nothing
   shared across clips or requests (how resemblyzer batches inside one utterance), for reference;
-- ``batched``: our server with the micro-batcher on (default knobs).
+- ``batched``: our server with the micro-batcher on (default knobs);
+- ``triton``: our server with ``--encoder-backend triton``: the windows go to a real Triton server (the
+  nvidia-pytriton wheel's, started here on loopback with ``sleuthd models triton-repo --python-backend``:
+  Triton's dynamic batcher in front of the same ONNX files in ONNX Runtime), on the same machine.
 
 Both servers run as subprocesses with the embedding cache off (every request is scored from scratch)
 and are driven through real gRPC channels by ``concurrency`` closed-loop workers for a fixed time per
@@ -33,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +50,18 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from sleuthd_bench import synth
+from sleuthd_bench.footprint import Footprint
 from sleuthd_bench.model_rate import model_rate
 
 logger = logging.getLogger(__name__)
 
-MODES = ("resemblyzer", "unbatched", "per_clip", "batched")
+MODES = ("resemblyzer", "unbatched", "per_clip", "batched", "triton")
 # The server flags of each mode (the same server, configured three ways).
 SERVER_MODES = {
     "unbatched": ["--max-batch-windows", "1", "--max-wait-ms", "0", "--max-concurrent-batches", str(os.cpu_count())],
     "per_clip": ["--batching", "off"],
     "batched": [],
+    "triton": [],  # + --encoder-backend triton --triton-url of the Triton started for it (TritonForBench)
 }
 TURNS = 5
 
@@ -76,6 +81,15 @@ class LevelResult:
     errors: int
     dialogues: int
     wall_seconds: float
+    # What the serving processes used meanwhile (sleuthd_bench.footprint): cores on average, peak resident MiB.
+    server_cores: float | None = None
+    server_rss_peak_mib: float | None = None
+    triton_cores: float | None = None  # the triton mode: Triton and its model processes
+    triton_rss_peak_mib: float | None = None
+
+    @property
+    def turns_per_second(self) -> float:
+        return self.dialogues * TURNS / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
 def build_dialogues(cache_dir: Path, n_dialogues: int, seed: int) -> list[Dialogue]:
@@ -235,6 +249,31 @@ class ServerProcess:
             self.proc.kill()
 
 
+class TritonForBench:
+    """A Triton server for the ``triton`` mode: the models folder's encoders as a --python-backend repository
+    (written by `sleuthd models triton-repo`, the product's command), served on loopback."""
+
+    def __init__(self, models_dir: Path) -> None:
+        import tempfile
+
+        from sleuthd_bench import tritonserver
+
+        self.workdir = Path(tempfile.mkdtemp(prefix="sleuthd-bench-triton-"))
+        repo = self.workdir / "repo"
+        subprocess.run([sys.executable, "-m", "sleuthd.cli", "models", "triton-repo", str(repo), "--python-backend",
+                        "--models-dir", str(models_dir)], check=True, capture_output=True, timeout=300)  # fmt: skip
+        self.server = tritonserver.start(repo, startup_timeout_s=120, workdir=self.workdir)
+
+    def flags(self) -> list[str]:
+        return ["--encoder-backend", "triton", "--triton-url", self.server.url]
+
+    def stop(self) -> None:
+        import shutil
+
+        self.server.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------------------ the run
 
 
@@ -306,23 +345,46 @@ def run(
     for mode, flags in SERVER_MODES.items():
         if mode not in modes:
             continue
-        server = ServerProcess([*flags, "--device", device, *server_args])
+        triton = TritonForBench(default_models_dir()) if mode == "triton" else None
+        if triton is not None:
+            flags = triton.flags()
+        try:
+            server = ServerProcess([*flags, "--device", device, *server_args])
+        except BaseException:
+            if triton is not None:
+                triton.stop()
+            raise
         try:
             merged: dict[int, list[float]] = {}
             for c in concurrency:
                 progress(f"{mode} server, concurrency {c} ...")
-                level, scores = asyncio.run(drive_server(server.target, dialogues, c, seconds))
-                results[mode][str(c)] = level
+                watched = {"server": server.proc.pid}
+                if triton is not None and triton.server.process is not None:
+                    watched["triton"] = triton.server.process.pid
+                with Footprint(watched) as footprint:
+                    level, scores = asyncio.run(drive_server(server.target, dialogues, c, seconds))
+                used = footprint.fields()
+                results[mode][str(c)] = replace(
+                    level,
+                    server_cores=used["server_cores"],
+                    server_rss_peak_mib=used["server_rss_peak_mib"],
+                    triton_cores=used.get("triton_cores"),
+                    triton_rss_peak_mib=used.get("triton_rss_peak_mib"),
+                )
                 merged.update(scores)
             mode_scores[mode] = merged
         finally:
             server.stop()
-    common = sorted(set(mode_scores["batched"]) & set(mode_scores.get("unbatched", {})))
-    if common:
-        diff = max(
-            float(np.max(np.abs(np.subtract(mode_scores["batched"][i], mode_scores["unbatched"][i])))) for i in common
-        )
-        agreement = {"dialogues_compared": float(len(common)), "max_abs_pairwise_cosine_difference": diff}
+            if triton is not None:
+                triton.stop()
+    for other in ("unbatched", "triton"):
+        common = sorted(set(mode_scores["batched"]) & set(mode_scores.get(other, {})))
+        if common:
+            diff = max(
+                float(np.max(np.abs(np.subtract(mode_scores["batched"][i], mode_scores[other][i])))) for i in common
+            )
+            agreement[f"{other}_dialogues_compared"] = float(len(common))
+            agreement[f"{other}_max_abs_pairwise_cosine_difference"] = diff
     ratios = {
         str(c): {
             f"batched_over_{other}": _ratio(results["batched"][str(c)], results[other][str(c)])
@@ -354,7 +416,10 @@ def run(
         "dialogues": len(dialogues),
         "turns_per_dialogue": TURNS,
         "seconds_per_level": seconds,
-        "modes": {m: {c: asdict(r) for c, r in levels.items()} for m, levels in results.items()},
+        "modes": {
+            m: {c: asdict(r) | {"turns_per_second": r.turns_per_second} for c, r in levels.items()}
+            for m, levels in results.items()
+        },
         "ratios": ratios,
         "agreement_batched_vs_unbatched": agreement,
     }
@@ -367,14 +432,21 @@ def _ratio(a: LevelResult, b: LevelResult) -> float:
 def table(report: dict[str, Any]) -> str:
     modes = report["modes"]
     lines = [
-        "| mode | concurrency | audio s / s | p50 ms | p95 ms | p99 ms | errors | dialogues |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| mode | concurrency | audio s / s | turns / s | p50 ms | p95 ms | p99 ms | errors | dialogues "
+        "| server cores | server RSS peak MiB | Triton cores | Triton RSS peak MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+
+    def cell(value: float | None, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
     for mode in MODES:
         for c, r in modes.get(mode, {}).items():
             lines.append(
-                f"| {mode} | {c} | {r['audio_seconds_per_second']:.1f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} "
-                f"| {r['p99_ms']:.0f} | {r['errors']} | {r['dialogues']} |"
+                f"| {mode} | {c} | {r['audio_seconds_per_second']:.1f} | {r.get('turns_per_second', 0):.1f} "
+                f"| {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['errors']} | {r['dialogues']} "
+                f"| {cell(r.get('server_cores'), 2)} | {cell(r.get('server_rss_peak_mib'), 0)} "
+                f"| {cell(r.get('triton_cores'), 2)} | {cell(r.get('triton_rss_peak_mib'), 0)} |"
             )
     others = [m for m in MODES if m in modes and m != "batched"]
     raw = report["raw_model"]
@@ -405,11 +477,13 @@ def table(report: dict[str, Any]) -> str:
         )
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     agreement = report.get("agreement_batched_vs_unbatched") or {}
-    if agreement:
-        lines.append(
-            f"\nbatched vs unbatched: max |Δ pairwise cosine| = {agreement['max_abs_pairwise_cosine_difference']:.2e} "
-            f"over {int(agreement['dialogues_compared'])} dialogues"
-        )
+    for other in ("unbatched", "triton"):
+        if f"{other}_dialogues_compared" in agreement:
+            lines.append(
+                f"\nbatched vs {other}: max |Δ pairwise cosine| = "
+                f"{agreement[f'{other}_max_abs_pairwise_cosine_difference']:.2e} "
+                f"over {int(agreement[f'{other}_dialogues_compared'])} dialogues"
+            )
     machine = report["machine"]
     if "load_average_start" in machine:
         lines.append(

@@ -35,3 +35,17 @@ def test_throughput_reports_each_encoder_against_its_raw_model(tmp_path: Path) -
     assert 0 < ratio < 2
     text = throughput.table(report)
     assert text.startswith("encoder fused: raw model ge2e ") and "batched / raw model" in text
+
+
+def test_triton_mode_serves_the_same_scores_and_reports_both_processes(tmp_path: Path) -> None:
+    """`--modes batched,triton`: the same dialogues through a real Triton (the wheel's server, --python-backend
+    repository) score exactly as in-process, and the table carries the server's and Triton's CPU and memory."""
+    report = throughput.run([2], 1.0, 2, tmp_path / "speech", "cpu", [], lambda _: None, ["batched", "triton"])
+    for mode in ("batched", "triton"):
+        level = report["modes"][mode]["2"]
+        assert level["errors"] == 0 and level["dialogues"] >= 1 and level["turns_per_second"] > 0
+        assert level["server_cores"] > 0 and level["server_rss_peak_mib"] > 50
+    assert report["modes"]["triton"]["2"]["triton_cores"] > 0  # the models ran in Triton's processes
+    assert report["modes"]["batched"]["2"]["triton_cores"] is None
+    assert report["agreement_batched_vs_unbatched"]["triton_max_abs_pairwise_cosine_difference"] < 1e-6
+    assert "batched / triton (audio s/s)" in throughput.table(report)

@@ -364,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
         "takes shipped in sleuthd/export/parity_clips)",
     )
     e.set_defaults(func=cmd_models_export)
+    from sleuthd.export.triton_repo import add_parser as add_triton_repo_parser
+
+    add_triton_repo_parser(msub, default_models_dir())
     t = msub.add_parser("tiny-judge", help="write a tiny random LALM judge folder (serve --judge-model DIR)")
     t.add_argument("dir", type=Path)
     t.add_argument("--arch", choices=["qwen2-audio", "qwen2.5-omni"], default="qwen2-audio")

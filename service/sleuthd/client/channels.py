@@ -47,9 +47,15 @@ class CredentialsError(ValueError):
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
-    """Message limits and the retry policy (a request is retried only if it fits the retry buffer, so
-    the buffer is as large as the largest message)."""
-    config = {"methodConfig": [{"name": [{"service": SERVICE_NAME}], "retryPolicy": RETRY_POLICY}]}
+    """Message limits, the retry policy (a request is retried only if it fits the retry buffer, so
+    the buffer is as large as the largest message) and client-side balancing: ``round_robin`` keeps a
+    connection to every address the target resolves to (a DNS name of several replicas, e.g. a Kubernetes
+    headless Service, or ``ipv4:10.0.0.1:50051,10.0.0.2:50051``) and sends each call to the next ready one,
+    skipping replicas that are down; a retry goes to the next one too. With one address it is pick_first."""
+    config = {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "methodConfig": [{"name": [{"service": SERVICE_NAME}], "retryPolicy": RETRY_POLICY}],
+    }
     return [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -130,10 +136,7 @@ class Dialer:
         return cls(config.target, creds, token, config.tls_server_name or None, **kwargs)
 
     def _options(self) -> list[tuple[str, Any]]:
-        opts = [*channel_options(self.max_message_bytes)]
-        if "," in self.target or self.target.startswith("dns:"):
-            # Several addresses: spread calls instead of gRPC's default of sticking to the first that answers.
-            opts.append(("grpc.lb_policy_name", "round_robin"))
+        opts = [*channel_options(self.max_message_bytes)]  # balancing over replicas: round_robin, there
         if self.server_name:
             opts.append(("grpc.ssl_target_name_override", self.server_name))
         return [*opts, *self.options]

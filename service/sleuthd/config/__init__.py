@@ -28,6 +28,7 @@ from sleuthd.config.base import (
 )
 from sleuthd.config.judge import JudgeConfig
 from sleuthd.config.registry import RegistryConfig
+from sleuthd.config.triton import EncoderBackendConfig
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -36,6 +37,7 @@ __all__ = [
     "BatcherConfig",
     "ConfigError",
     "ConnectConfig",
+    "EncoderBackendConfig",
     "EngineConfig",
     "JudgeConfig",
     "RegistryConfig",
@@ -96,6 +98,9 @@ class EngineConfig:
         "per clip, nothing shared (a baseline for `sleuthd-bench throughput`)",
     )
     batcher: BatcherConfig = option(factory=BatcherConfig, help="micro-batcher knobs")  # noqa: RUF009
+    backend: EncoderBackendConfig = option(  # noqa: RUF009
+        factory=EncoderBackendConfig, help="in-process ONNX Runtime or a Triton server (sleuthd.encoders.triton)"
+    )
     workers: int = option(0, help="threads for decoding and silence detection; 0 = the CPU count")
     embedding_cache_entries: int = option(
         4096, help="clip embeddings remembered by audio hash (about 2 KB each); 0 = off"
@@ -180,6 +185,15 @@ class ServerConfig:
     keepalive_timeout_seconds: float = option(
         20.0, help="close the connection (and cancel its calls) when a ping is not answered within this long"
     )
+    max_connection_age_seconds: float = option(
+        300.0,
+        help="ask each client connection to close (GOAWAY) this long after it opened; its calls finish first "
+        "(up to max_connection_age_grace_seconds) and new ones reconnect, so clients balancing over a DNS name "
+        "re-resolve it and reach replicas added since (Kubernetes autoscaling); 0 = never",
+    )
+    max_connection_age_grace_seconds: float = option(
+        3600.0, help="how long calls on a connection past its age may still run (longer than the longest stream)"
+    )
     min_client_ping_seconds: float = option(
         60.0,
         help="clients may ping at most this often while no data flows; a client that pings more often is "
@@ -192,6 +206,8 @@ class ServerConfig:
         _at_least(self, "max_streams_per_connection", 1)
         for name in ("keepalive_seconds", "keepalive_timeout_seconds", "min_client_ping_seconds"):
             _at_least(self, name, 1e-3)
+        _at_least(self, "max_connection_age_seconds", 0)
+        _at_least(self, "max_connection_age_grace_seconds", 0)
         if not -1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be -1 (off), 0 (any) or a port number, got {self.metrics_port}")
         if bool(self.tls_cert) != bool(self.tls_key):

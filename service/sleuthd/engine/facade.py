@@ -91,6 +91,7 @@ class Engine:
     async def start(self, judge_observer: JudgeObserver | None = None) -> None:
         """Before the server reports SERVING: load the LALM judge when one is configured (ConfigError if it
         cannot work)."""
+        await self.models.start()
         await self.lalm.start(judge_observer)
 
     async def aclose(self) -> None:

@@ -22,6 +22,7 @@ from sleuthd.encoders.batcher import MicroBatcher
 from sleuthd.encoders.fusion import FUSED, load_fusion
 from sleuthd.encoders.manifest import ManifestError, find_encoders, load_encoder_manifest, vad_model_path
 from sleuthd.encoders.runner import OnnxEncoder, PerClipEncoder, WindowEncoder
+from sleuthd.encoders.triton import TritonEncoder, load_triton_encoder
 from sleuthd.engine.admission import BoundedThreadPool
 from sleuthd.ops.observe import BatchObserver
 from sleuthd.registry.open import open_store
@@ -44,9 +45,15 @@ class LoadedModels:
     model_pool: ThreadPoolExecutor  # model calls
     default_encoder: str  # what a request that names no encoder gets (``--encoder``, ``auto`` resolved)
 
+    async def start(self) -> None:
+        """In the server's event loop: encoders on Triton connect (and probe while Triton is down)."""
+        for encoder in self.encoders.values():
+            if isinstance(encoder, TritonEncoder):
+                await encoder.start()
+
     async def aclose(self) -> None:
         for encoder in self.encoders.values():
-            if isinstance(encoder, MicroBatcher):
+            if isinstance(encoder, MicroBatcher | TritonEncoder):
                 await encoder.close()
         for pool in (self.prep_pool, self.model_pool):
             pool.shutdown(wait=True, cancel_futures=True)
@@ -74,6 +81,9 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         encoders: dict[str, WindowEncoder] = {}
         for model_dir in find_encoders(config.models_dir):
             manifest = load_encoder_manifest(model_dir)
+            if config.backend.encoder_backend == "triton":  # Triton batches across replicas: no batcher here
+                encoders[manifest.name] = load_triton_encoder(manifest, config.backend, config.batcher, observer)
+                continue
             runner = OnnxEncoder(manifest, device=config.device, gpu_batch=config.batcher.max_batch_windows)
             runner.warm_up()
             if batched:

@@ -93,6 +93,7 @@ class _Call:
     started: float = 0.0
     dialogue_id: str = ""
     requests_ended: bool = False
+    attempt: int = 1  # a client retry (gRPC's retry policy) arrives with grpc-previous-rpc-attempts
 
 
 def _dialogue_of(message: Any) -> str:
@@ -109,6 +110,36 @@ def _expired(context: grpc.aio.ServicerContext, slack: float = 0.0) -> bool:
     return remaining is not None and remaining <= slack
 
 
+def _attempt(metadata: Any) -> int:
+    """1 for a first attempt; n + 1 when the client's channel retried (grpc-previous-rpc-attempts: n)."""
+    given = next((v for k, v in metadata or () if k == "grpc-previous-rpc-attempts"), "0")
+    return 1 + int(given) if isinstance(given, str) and given.isdigit() and len(given) < 4 else 1
+
+
+class _AnswerHeader:
+    """A unary call's context that sends the ``x-request-id`` header with the answer (or the error), not when
+    the call starts. Why: a client's channel retries a call (UNAVAILABLE: a replica killed or restarted
+    under it) only while it has received no header from the server; a header sent at once would commit the
+    call to the dead replica, and the caller would see UNAVAILABLE instead of the answer from another one."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, request_id: str) -> None:
+        self._context = context
+        self._header = ((REQUEST_ID_KEY, request_id),)
+        self._sent = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def send_header(self) -> None:
+        if not self._sent:
+            self._sent = True
+            await self._context.send_initial_metadata(self._header)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        await self.send_header()
+        await self._context.abort(code, details, trailing_metadata)
+
+
 def _code_after(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the call was cancelled under the handler
         deadline = _expired(context, DEADLINE_SLACK_SECONDS)
@@ -116,7 +147,7 @@ def _code_after(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.S
     return context.code() or grpc.StatusCode.UNKNOWN
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
+async def _abort(context: Any, error: BaseException) -> NoReturn:
     known = status_of(error)
     code, details = known if known is not None else (grpc.StatusCode.INTERNAL, "internal error")
     await context.abort(code, details)
@@ -175,6 +206,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
             peer="",
             work=work,
             refusal=self._refusal(method, metadata, work),
+            attempt=_attempt(metadata),
         )
         message_class = getattr(getattr(handler, "request_deserializer", None), "__self__", None)
         if getattr(message_class, "DESCRIPTOR", None) is None:
@@ -232,8 +264,9 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
     # ------------------------------------------------------------------ per-call books
 
-    async def _begin(self, call: _Call, context: grpc.aio.ServicerContext) -> None:
-        """Start the books for a call and refuse it when access says no (before its request is read)."""
+    async def _begin(self, call: _Call, context: Any, header: bool = True) -> None:
+        """Start the books for a call and refuse it when access says no (before its request is read).
+        ``header``: send the request id now (streams); unary calls of ours send it with their answer."""
         call.started = time.perf_counter()
         call.peer = printable(context.peer() or "", 64)
         request_id.set(call.request_id)
@@ -241,7 +274,8 @@ class RpcGate(grpc.aio.ServerInterceptor):
             self._in_flight += 1
             self._idle.clear()
             self.metrics.rpcs_in_flight.set(self._in_flight)
-        await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
+        if header:
+            await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
         if call.refusal is not None:
             await context.abort(*call.refusal)
 
@@ -267,15 +301,16 @@ class RpcGate(grpc.aio.ServerInterceptor):
         level = logging.DEBUG if not call.work and code == grpc.StatusCode.OK else logging.INFO
         dialogue = printable(call.dialogue_id, 128)
         fields = {"method": call.label, "code": code.name, "ms": round(seconds * 1000, 1), "dialogue_id": dialogue,
-                  "peer": call.peer}  # fmt: skip
+                  "peer": call.peer, "attempt": call.attempt}  # fmt: skip
         access_logger.log(
             level,
-            "rpc %s %s %.1f ms dialogue=%s peer=%s",
+            "rpc %s %s %.1f ms dialogue=%s peer=%s%s",
             call.label,
             code.name,
             seconds * 1000,
             dialogue or "-",
             call.peer or "-",
+            f" attempt={call.attempt}" if call.attempt > 1 else "",
             extra={"fields": fields},
         )
 
@@ -287,9 +322,10 @@ class RpcGate(grpc.aio.ServerInterceptor):
         recent = self._recent[call.label]
         budget = self.limits.budget
 
-        async def behaviour(requests: AsyncIterator[tuple[Any, int]], context: grpc.aio.ServicerContext) -> Any:
+        async def behaviour(requests: AsyncIterator[tuple[Any, int]], raw: grpc.aio.ServicerContext) -> Any:
+            context: Any = _AnswerHeader(raw, call.request_id)  # the request id goes out with the answer
             try:
-                await self._begin(call, context)
+                await self._begin(call, context, header=False)
                 # The smallest recent request of this method: refusing on it wrongs no request of usual size.
                 expected = min(recent) if recent else 0
                 busy = budget.refusal(
@@ -315,6 +351,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                     done = True
                 finally:
                     budget.release(size, done)
+                await context.send_header()
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
                 raise

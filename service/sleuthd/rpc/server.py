@@ -18,6 +18,7 @@ from sleuthd.engine.admission import AudioBudget, HeapTrimmer, Slots
 from sleuthd.engine.facade import Engine
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc.auth import TokenSet, server_credentials, warn_if_exposed
+from sleuthd.rpc.encoder_health import EncoderHealthPublisher
 from sleuthd.rpc.gate import EdgeLimits, RpcGate
 from sleuthd.rpc.limits import RequestLimits
 from sleuthd.rpc.ops_http import OpsHttpServer
@@ -127,7 +128,17 @@ def server_options(config: ServerConfig) -> list[tuple[str, int]]:
         # gRPC turns SO_REUSEPORT on by default: a second server on the same port would start silently and
         # take part of the traffic. Off, the second one fails to bind.
         ("grpc.so_reuseport", 0),
+        *_connection_age(config),
     ]
+
+
+def _connection_age(config: ServerConfig) -> list[tuple[str, int]]:
+    """GOAWAY to each connection after max_connection_age_seconds: clients balancing over a DNS name (a
+    headless Service) re-resolve it when they reconnect, and so reach replicas added since."""
+    if config.max_connection_age_seconds <= 0:
+        return []
+    return [("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(config.max_connection_age_grace_seconds * 1000))]  # fmt: skip
 
 
 async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMetrics | None = None) -> RunningServer:
@@ -201,6 +212,7 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         running.http = http
     await server.start()
     await running.set_serving(True)
+    await EncoderHealthPublisher(health_servicer, engine.encoders).start()  # sleuthd.encoder.<name>
     return running
 
 

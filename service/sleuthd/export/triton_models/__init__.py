@@ -1,0 +1,1 @@
+"""Triton Python-backend models that `sleuthd models triton-repo` copies into a repository as model.py."""
