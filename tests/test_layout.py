@@ -87,6 +87,7 @@ def test_the_product_never_imports_the_tools_and_the_tools_use_only_public_modul
 # may import only itself and the packages listed after it; the leaves import nothing of the product.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # the command line: serve, check, rank, health, voices, models
+    ("report",),  # the HTML review report (as light as the client)
     ("rpc",),  # the gRPC edge: server, gate, servicer, conversions
     ("api",),  # the in-process façade (sleuthd.api): what the tools and scripts use without a server
     ("export",),  # building the ONNX models (`sleuthd models export`)
