@@ -103,7 +103,7 @@ def read_sources(paths: Sequence[Path]) -> list[DialogueSource]:
         try:
             source.request(read_audio=False)
         except client.MissingAudioError as exc:
-            sources[i] = replace(source, problem=str(exc))
+            sources[i] = replace(source, problem=exc.detail)
     return sources
 
 
@@ -218,7 +218,7 @@ async def check_all(
         try:
             req = source.request()
         except client.MissingAudioError as exc:  # removed since it was read
-            return Outcome(source, source.dialogue_id, code=MISSING_AUDIO, error=f"{exc} (not sent)")
+            return Outcome(source, source.dialogue_id, code=MISSING_AUDIO, error=f"{exc.detail} (not sent)")
         customize(req)
         if server_gone.is_set():
             return Outcome(source, req.dialogue_id, error="not sent: the server was unavailable")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -200,8 +201,12 @@ async def _check_locally(args: argparse.Namespace, sources: Any, customize: Any,
     from sleuthd.errors import EngineFailure
     from sleuthd.rpc.status import status_of
 
+    # The server's engine options, SLEUTHD_* variables included, as `sleuthd serve` would read them.
+    defaults = argparse.ArgumentParser()
+    add_cli_args(defaults, EngineConfig)
+    config = dataclasses.replace(from_cli_args(EngineConfig, defaults.parse_args([])), models_dir=args.models_dir)
     try:
-        judge = Judge.load(args.models_dir)
+        judge = Judge.from_config(config)
     except (ManifestError, EngineFailure, OSError) as exc:
         raise ConfigError(str(exc)) from None
 

@@ -32,7 +32,13 @@ class DialogueFileError(ValueError):
 
 class MissingAudioError(DialogueFileError):
     """A dialogue names an audio file that does not exist (a batch records it as that dialogue's error and
-    goes on with the others)."""
+    goes on with the others). ``detail`` says which file, for which turn or reference; ``where`` names the
+    dialogue (its file, or FILE:LINE) when known."""
+
+    def __init__(self, detail: str, where: str = "") -> None:
+        super().__init__(f"{where}: {detail}" if where else detail)
+        self.detail = detail
+        self.where = where
 
 
 def turn_id_or_default(turn_id: object, position: int) -> str:
@@ -349,7 +355,7 @@ def dialogue_request_from_dict(doc: Any, base: Path, where: str, read_audio: boo
         try:
             return audio_file(base / path, read_audio)
         except MissingAudioError as exc:
-            raise MissingAudioError(f"{where}: {what}: {exc}") from None
+            raise MissingAudioError(f"{what}: {exc.detail}", where) from None
 
     for n, t in enumerate(doc["turns"]):
         if not isinstance(t, dict) or "speaker" not in t:
