@@ -26,7 +26,7 @@ import pytest
 import soundfile as sf
 from sleuthd.client import AsyncSleuthClient, Turn
 from sleuthd.report import CheckedDialogue, ReportError, write_report
-from sleuthd.server import RunningServer
+from sleuthd.rpc.server import RunningServer
 from sleuthd_bench import driftset, synth
 from sleuthd_bench.browser import chromium, watch
 
