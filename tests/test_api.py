@@ -117,3 +117,23 @@ def test_importing_the_api_loads_no_grpc() -> None:
     assert out.stdout.strip() == "False"
 
 
+
+
+def test_the_readme_judge_example_runs_as_written(speech: Speech, tmp_path: Path) -> None:
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from .support import REPO
+
+    match = re.search(r"<!-- judge-example -->\n```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert match, "README.md lost its Judge example (marked <!-- judge-example -->)"
+    files = {"m1": speech.clips[VOICE_A][0], "t1": speech.clips[VOICE_C][0], "m2": speech.clips[VOICE_F][2],
+             "ref": speech.clips[VOICE_A][5], "a": speech.clips[VOICE_A][4], "b": speech.clips[VOICE_B][3]}  # fmt: skip
+    for name, path in files.items():
+        shutil.copy(path, tmp_path / f"{name}.wav")
+    out = subprocess.run([sys.executable, "-c", match.group(1)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False ('t3',)"
