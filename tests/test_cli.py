@@ -318,6 +318,10 @@ def test_a_folder_checks_every_dialogue_file_under_it(served: str, speech: Speec
     labels = [line.split()[0] for line in r.stdout.splitlines()[1:4]]
     assert labels == [f"{folder}/a.jsonl:1", f"{folder}/b/bad.json", f"{folder}/z-clean.json"]  # sorted by path
     assert "3 dialogues: 2 consistent, 1 inconsistent" in r.stdout
+    (folder / "b" / "meta.json").write_text('{"voices_used": 2}')  # not a dialogue: named, with the way out
+    r = run("check", str(folder), "--target", served)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert f"{folder}/b/meta.json: expected an object with a 'turns' list (found in folder {folder}: every" in r.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     r = run("check", str(empty), "--target", served)

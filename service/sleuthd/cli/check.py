@@ -62,12 +62,13 @@ class DialogueSource:
         return req
 
 
-def dialogue_files(paths: Sequence[Path]) -> Iterator[Path]:
+def dialogue_files(paths: Sequence[Path]) -> Iterator[tuple[Path, Path | None]]:
     """``paths`` with each folder replaced by the dialogue files under it: every ``*.json`` and ``*.jsonl``,
-    subfolders included, hidden files and folders left out, in sorted path order."""
+    subfolders included, hidden files and folders left out, in sorted path order. Each file comes with the
+    folder it was found in (None: named itself)."""
     for path in paths:
         if not path.is_dir():
-            yield path
+            yield path, None
             continue
         found = sorted(
             p
@@ -80,31 +81,48 @@ def dialogue_files(paths: Sequence[Path]) -> Iterator[Path]:
             raise client.DialogueFileError(
                 f"folder {path} holds no dialogue files (*.json or *.jsonl, subfolders included)"
             )
-        yield from found
+        for p in found:
+            yield p, path
 
 
 def read_sources(paths: Sequence[Path]) -> list[DialogueSource]:
     """Every dialogue of ``paths`` (files, or folders of them; ``*.jsonl``: one dialogue object per line),
     each checked without reading its audio. Raises DialogueFileError naming the file (and line) of the first
     malformed one; a dialogue naming audio that does not exist is kept, with the problem recorded."""
-    sources: list[DialogueSource] = []
-    for path in dialogue_files(paths):
-        text = client.read_dialogue_text(path)
-        if path.suffix == ".jsonl":
-            lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-            if not lines:
-                raise client.DialogueFileError(f"{path} has no dialogues (one JSON object per line expected)")
-            for n, line in lines:
-                where = f"{path}:{n}"
-                sources.append(DialogueSource(where, _json(line, where), path.parent, f"{path.stem}:{n}"))
-        else:
-            sources.append(DialogueSource(str(path), _json(text, str(path)), path.parent, path.stem))
-    for i, source in enumerate(sources):
+    sources: list[tuple[DialogueSource, Path | None]] = []
+    for path, folder in dialogue_files(paths):
+        try:
+            text = client.read_dialogue_text(path)
+            if path.suffix == ".jsonl":
+                lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+                if not lines:
+                    raise client.DialogueFileError(f"{path} has no dialogues (one JSON object per line expected)")
+                for n, line in lines:
+                    where = f"{path}:{n}"
+                    sources.append((DialogueSource(where, _json(line, where), path.parent, f"{path.stem}:{n}"), folder))
+            else:
+                sources.append((DialogueSource(str(path), _json(text, str(path)), path.parent, path.stem), folder))
+        except client.DialogueFileError as exc:
+            raise _found_in(exc, folder) from None
+    checked = []
+    for source, folder in sources:
         try:
             source.request(read_audio=False)
         except client.MissingAudioError as exc:
-            sources[i] = replace(source, problem=exc.detail)
-    return sources
+            source = replace(source, problem=exc.detail)
+        except client.DialogueFileError as exc:
+            raise _found_in(exc, folder) from None
+        checked.append(source)
+    return checked
+
+
+def _found_in(exc: client.DialogueFileError, folder: Path | None) -> client.DialogueFileError:
+    if folder is None:
+        return exc
+    return client.DialogueFileError(
+        f"{exc} (found in folder {folder}: every *.json and *.jsonl file under a folder given to `sleuthd check` "
+        "must be a dialogue file; move this one out, or name the dialogue files instead)"
+    )
 
 
 def _json(text: str, where: str) -> Any:
