@@ -1,5 +1,6 @@
 """The console script end to end: `sleuthd serve --port 0 --registry FILE` in a subprocess, `sleuthd
-check`/`rank` against it: one dialogue or a batch, the JSON output, exit codes, candidate ids, voices."""
+check`/`rank`/`voices` against it: one dialogue, a batch or a folder, the JSON output, exit codes, candidate
+ids, voices; `sleuthd check --local` without a server."""
 
 from __future__ import annotations
 
@@ -147,6 +148,8 @@ def test_a_dialogue_with_nothing_to_judge_has_its_own_exit_code(served: str, spe
     r = run("check", str(too_short_dialogue(tmp_path, speech)), "--target", served)
     assert r.returncode == 4, r.stdout + r.stderr
     assert "speaker Ann: NOT JUDGED (no scorable turn)" in r.stdout
+    # The header says so too, instead of a scale and a threshold direction for scores that do not exist.
+    assert r.stdout.splitlines()[0].endswith("method auto; no turn was scored (each turn's reason is below)")
     assert r.stdout.count("INSUFFICIENT_AUDIO") == 2
 
 
@@ -231,3 +234,140 @@ def test_check_against_a_registered_voice(served: str, speech: Speech, tmp_path:
     path.write_text(json.dumps(doc))
     r = run("check", str(path), "--target", served)
     assert r.returncode == 2 and "NOT_FOUND: no voice 'ghost' is registered" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- issue 32: a first day
+
+
+def test_a_missing_audio_file_is_its_own_error_row_and_the_batch_goes_on(
+    served: str, speech: Speech, tmp_path: Path
+) -> None:
+    lines = tmp_path / "batch.jsonl"
+    gone = dialogue_doc(speech, None, "gone")
+    gone["turns"][1]["audio"] = "missing.wav"  # type: ignore[index]
+    docs = [dialogue_doc(speech, None, "first"), gone, dialogue_doc(speech, None, "last")]
+    lines.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    r = run("check", str(lines), "--target", served, "--quiet")
+    assert r.returncode == 2, r.stdout + r.stderr  # the batch's code: a dialogue failed, nothing inconsistent
+    rows = {line.split()[0]: line.split()[2] for line in r.stdout.splitlines()[1:4]}
+    assert rows == {f"{lines}:1": "consistent", f"{lines}:2": "ERROR", f"{lines}:3": "consistent"}
+    assert "3 dialogues: 2 consistent, 1 error" in r.stdout
+    (err,) = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    missing = tmp_path / "missing.wav"
+    assert err == (
+        f"error: {lines}:2: dialogue 'gone': NOT_FOUND: turn 't1': audio file {missing} does not exist (not sent)"
+    )
+    # --json: the same error in the dialogue's own object; an inconsistent dialogue still makes the batch's code 3.
+    docs.append(dialogue_doc(speech, VOICE_F, "bad"))
+    lines.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    r = run("check", str(lines), "--target", served, "--json", "--quiet")
+    assert r.returncode == 3, r.stderr
+    out = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [o["result"] for o in out] == ["consistent", "error", "consistent", "inconsistent"]
+    assert out[1]["dialogue_id"] == "gone" and out[1]["error"]["code"] == "NOT_FOUND"
+    # One dialogue alone: one line, exit 2, as before.
+    alone = tmp_path / "alone.json"
+    alone.write_text(json.dumps(gone))
+    r = run("check", str(alone), "--target", served)
+    assert r.returncode == 2 and r.stderr.strip().endswith("missing.wav does not exist (not sent)"), r.stderr
+
+
+def test_an_audio_file_given_for_a_dialogue_is_named_for_what_it_is(speech: Speech, tmp_path: Path) -> None:
+    r = run("check", str(speech.clips[VOICE_A][0]), "--target", "127.0.0.1:1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "codec" not in r.stderr
+    assert f"{speech.clips[VOICE_A][0]} is a WAV audio file, not a dialogue: give a dialogue JSON file" in r.stderr
+    mp3 = tmp_path / "turn.mp3"
+    mp3.write_bytes(b"ID3\x04\x00" + bytes(range(256)) * 4)
+    assert "is an MP3 audio file, not a dialogue" in run("check", str(mp3)).stderr
+    binary = tmp_path / "x.json"
+    binary.write_bytes(b"\xac\xed\x00\x05" * 10)
+    r = run("check", str(binary))
+    assert r.returncode == 2 and f"{binary} is not UTF-8 text: expected a dialogue JSON file" in r.stderr
+
+
+def test_turns_without_ids_are_numbered_as_the_client_library_numbers_them(
+    served: str, speech: Speech, tmp_path: Path
+) -> None:
+    doc = dialogue_doc(speech, VOICE_F)
+    for turn in doc["turns"]:  # type: ignore[attr-defined]
+        del turn["turn_id"]
+    path = tmp_path / "no-ids.json"
+    path.write_text(json.dumps(doc))
+    r = run("check", str(path), "--target", served, "--json", "--method", "reference")
+    assert r.returncode == 3, r.stderr
+    verdict = json.loads(r.stdout)
+    assert [t["turn_id"] for t in verdict["turns"]] == ["t1", "t2", "t3", "t4"]
+    assert verdict["speakers"][0]["inconsistent_turn_ids"] == ["t3"]
+    with SleuthClient(served, timeout=60) as c:  # the client library, the same turns without ids
+        by_client = c.check([(t["speaker"], t["audio"]) for t in doc["turns"]], method="reference",  # type: ignore[attr-defined]
+                            references={"Ann": speech.clips[VOICE_A][5]}, dialogue_id="cli")  # fmt: skip
+    assert [t.turn_id for t in by_client.turns] == ["t1", "t2", "t3", "t4"] and by_client.inconsistent_turns == ("t3",)
+
+
+def test_a_folder_checks_every_dialogue_file_under_it(served: str, speech: Speech, tmp_path: Path) -> None:
+    folder = tmp_path / "episodes"
+    (folder / "b").mkdir(parents=True)
+    (folder / ".cache").mkdir()
+    write_dialogue(folder, speech, None, "z-clean.json")
+    write_dialogue(folder / "b", speech, VOICE_F, "bad.json")
+    (folder / "a.jsonl").write_text(json.dumps(dialogue_doc(speech, None, "line")) + "\n")
+    (folder / ".cache" / "old.json").write_text("{not a dialogue")  # hidden: left out
+    (folder / "notes.txt").write_text("not a dialogue file")
+    r = run("check", str(folder), "--target", served, "--quiet")
+    assert r.returncode == 3, r.stderr
+    labels = [line.split()[0] for line in r.stdout.splitlines()[1:4]]
+    assert labels == [f"{folder}/a.jsonl:1", f"{folder}/b/bad.json", f"{folder}/z-clean.json"]  # sorted by path
+    assert "3 dialogues: 2 consistent, 1 inconsistent" in r.stdout
+    (folder / "b" / "meta.json").write_text('{"voices_used": 2}')  # not a dialogue: named, with the way out
+    r = run("check", str(folder), "--target", served)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert f"{folder}/b/meta.json: expected an object with a 'turns' list (found in folder {folder}: every" in r.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run("check", str(empty), "--target", served)
+    assert r.returncode == 2 and f"error: folder {empty} holds no dialogue files (*.json or *.jsonl" in r.stderr
+
+
+def test_check_local_judges_without_a_server_as_the_server_does(served: str, speech: Speech, tmp_path: Path) -> None:
+    clean = write_dialogue(tmp_path, speech, None, "clean.json")
+    bad = write_dialogue(tmp_path, speech, VOICE_F, "bad.json")
+    for args in ([str(bad), "--json", "--detect-drift"], [str(clean), str(bad), "--json", "--quiet"]):
+        remote = run("check", *args, "--target", served)
+        local = run("check", *args, "--local", "--target", "127.0.0.1:1")  # no server there: never dialed
+        assert local.returncode == remote.returncode == 3, local.stderr
+        assert local.stdout == remote.stdout  # the same verdicts, to the last digit printed
+    table = run("check", str(tmp_path), "--local", "--quiet")
+    assert table.returncode == 3 and "2 dialogues: 1 inconsistent, 1 consistent" in table.stdout, table.stderr
+    r = run("check", str(clean), "--local", "--voice", "Ann=ann-v1")
+    assert r.returncode == 2 and "--local judges without one" in r.stderr
+    r = run("check", str(clean), "--local", "--models-dir", str(tmp_path / "none"))
+    assert r.returncode == 2 and "sleuthd models export all --models-dir" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_voices_commands_register_list_show_and_delete(served: str, speech: Speech, tmp_path: Path) -> None:
+    clips = [str(p) for p in speech.clips[VOICE_B][5:7]]
+    r = run("voices", "register", "bob-cli", *clips, "--metadata", "tts=espeak", "--target", served)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("voice bob-cli: revision 1, ") and "tts = espeak" in r.stdout
+    again = run("voices", "register", "bob-cli", clips[0], "--target", served)
+    assert again.returncode == 2 and "ALREADY_EXISTS" in again.stderr and "replace" in again.stderr
+    replaced = run("voices", "register", "bob-cli", clips[0], "--replace", "--json", "--target", served)
+    assert replaced.returncode == 0 and json.loads(replaced.stdout)["revision"] == "2", replaced.stderr  # uint64
+    listed = run("voices", "list", "--target", served)
+    assert listed.returncode == 0 and any(line.split()[:2] == ["bob-cli", "2"] for line in listed.stdout.splitlines())
+    as_json = [json.loads(line) for line in run("voices", "list", "--json", "--target", served).stdout.splitlines()]
+    assert "bob-cli" in [v["voice_id"] for v in as_json]
+    shown = run("voices", "show", "bob-cli", "--target", served)
+    assert shown.returncode == 0 and "ge2e" in shown.stdout and "#0" in shown.stdout
+    assert run("voices", "delete", "bob-cli", "--target", served).stdout.strip() == "deleted voice bob-cli"
+    gone = run("voices", "show", "bob-cli", "--target", served)
+    assert gone.returncode == 2 and gone.stderr.startswith("error: NOT_FOUND: ") and "Traceback" not in gone.stderr
+    missing = run("voices", "register", "x", str(tmp_path / "nope.wav"), "--target", served)
+    assert missing.returncode == 2 and "nope.wav does not exist" in missing.stderr
+
+
+def test_a_missing_models_folder_names_the_command_that_builds_it(tmp_path: Path) -> None:
+    r = run("serve", "--port", "0", "--metrics-port", "-1", "--models-dir", str(tmp_path / "models"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"error: models folder {tmp_path / 'models'} does not exist: build the models into it with " in r.stderr
+    assert f"`sleuthd models export all --models-dir {tmp_path / 'models'}` (`make models` in a checkout)" in r.stderr

@@ -1,5 +1,6 @@
 """The client library against real servers: the README's example, audio as paths, bytes and NumPy samples,
-sync and asyncio clients, deadlines, retries on UNAVAILABLE only, a bearer token, and TLS."""
+sync and asyncio clients, deadlines, retries on UNAVAILABLE only, a bearer token, TLS, streams (turns in,
+verdict updates out) and the server's description."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -16,7 +18,17 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import soundfile as sf
-from sleuthd.client import AsyncSleuthClient, SleuthClient, Turn, Verdict
+from sleuthd.client import (
+    AsyncSleuthClient,
+    DialogueFileError,
+    ServerInfo,
+    SleuthClient,
+    Turn,
+    TurnUpdate,
+    Verdict,
+    dialogue_request,
+    dialogue_request_from_dict,
+)
 from sleuthd.rpc.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
@@ -122,6 +134,103 @@ async def test_bad_input_is_refused_before_any_request(client: AsyncSleuthClient
     for kind, message, call in cases:
         with pytest.raises(kind, match=re.escape(message)):
             await call()
+
+
+async def test_an_unknown_method_is_a_value_error_naming_the_valid_ones(client: AsyncSleuthClient) -> None:
+    """Issue 32: check(method="bogus") raised DialogueFileError, as if a file were at fault."""
+    for call in (lambda: client.check([("Ann", b"x")], method="bogus"), lambda: client.rank([b"x", b"y"], method="x")):
+        with pytest.raises(ValueError, match="choose from pairwise, centroid, reference, auto, lalm") as err:
+            await call()
+        assert not isinstance(err.value, DialogueFileError)
+    with pytest.raises(ValueError, match="thresholds must be one of default, paper") as err:
+        await client.check([("Ann", b"x")], thresholds="strict")
+    assert not isinstance(err.value, DialogueFileError)
+    # In a dialogue file it is the file's error, naming where.
+    doc = {"turns": [{"speaker": "Ann"}], "options": {"method": "bogus"}}
+    with pytest.raises(DialogueFileError, match=r"^d\.json: options: unknown method 'bogus'; choose from pairwise"):
+        dialogue_request_from_dict(doc, Path("."), "d.json")
+
+
+def test_dialogue_files_number_turns_as_the_client_library_does() -> None:
+    """Issue 32: a dialogue file without turn ids was refused although the client library numbers turns."""
+    doc = {"turns": [{"speaker": "Ann"}, {"speaker": "Bob", "turn_id": "b"}, {"speaker": "Ann", "turn_id": ""}]}
+    from_file = dialogue_request_from_dict(doc, Path("."), "d.json")
+    from_code = dialogue_request([("Ann", None), Turn("Bob", None, turn_id="b"), ("Ann", None)])
+    assert [t.turn_id for t in from_file.turns] == [t.turn_id for t in from_code.turns] == ["t1", "b", "t3"]
+
+
+async def test_stream_sends_turns_as_they_come_and_yields_updates_then_the_final_verdict(
+    client: AsyncSleuthClient, server: RunningServer, speech: Speech
+) -> None:
+    whole = await client.check([("Ann", p) for p in four_turns(speech)], dialogue_id="live")
+    heard = {f"t{k}": asyncio.Event() for k in range(1, 5)}
+
+    async def turns() -> AsyncIterator[tuple[str, Path]]:
+        """A pipeline that makes each turn after hearing the verdict of the one before: a stream that read
+        all its turns before sending any would wait here for ever."""
+        for k, path in enumerate(four_turns(speech)):
+            if k:
+                await asyncio.wait_for(heard[f"t{k}"].wait(), 60)
+            yield ("Ann", path)
+
+    results: list[TurnUpdate | Verdict] = []
+    async for result in client.stream(turns(), dialogue_id="live"):
+        results.append(result)
+        if isinstance(result, TurnUpdate):
+            heard[result.verdict.turn_id].set()
+    *updates, final = results
+    assert isinstance(final, Verdict) and final == whole  # the stream's final verdict is CheckDialogue's
+    assert all(isinstance(u, TurnUpdate) for u in updates)
+    firsts = [u for u in updates if isinstance(u, TurnUpdate) and not u.revision]
+    assert [u.verdict.turn_id for u in firsts] == ["t1", "t2", "t3", "t4"]
+    assert all(u.trigger_turn_id == u.verdict.turn_id for u in firsts)
+    last = {u.verdict.turn_id: u.verdict for u in updates if isinstance(u, TurnUpdate)}  # revisions replace
+    assert {t: v.status for t, v in last.items()} == {t.turn_id: t.status for t in final.turns}
+    assert final.inconsistent_turns == ("t3",)
+
+    def sync_stream() -> list[TurnUpdate | Verdict]:  # the blocking client: a plain generator in and out
+        done = {f"t{k}": threading.Event() for k in range(1, 5)}
+
+        def made() -> Iterator[tuple[str, Path]]:
+            for k, path in enumerate(four_turns(speech)):
+                if k:
+                    assert done[f"t{k}"].wait(60)
+                yield ("Ann", path)
+
+        out = []
+        with SleuthClient(f"127.0.0.1:{server.port}", timeout=60) as c:
+            for r in c.stream(made(), dialogue_id="live"):
+                out.append(r)
+                if isinstance(r, TurnUpdate):
+                    done[r.verdict.turn_id].set()
+        return out
+
+    assert await asyncio.to_thread(sync_stream) == results
+    # NumPy samples go as headerless PCM and give the same verdict.
+    floats = [sf.read(p, dtype="float32")[0] for p in four_turns(speech)]
+    pcm = [r async for r in client.stream([("Ann", x) for x in floats], sample_rate=16_000,
+                                          dialogue_id="live")]  # fmt: skip
+    assert pcm[-1] == whole
+
+
+async def test_server_info_is_typed(client: AsyncSleuthClient, server: RunningServer) -> None:
+    info = await client.server_info()
+    assert isinstance(info, ServerInfo) and info.version and info.default_encoder == "ge2e"
+    ge2e = info.encoder("ge2e")
+    assert ge2e.embedding_size == 256 and ge2e.execution_provider == "CPUExecutionProvider"
+    assert set(ge2e.default_thresholds) == {"pairwise", "centroid", "reference"}
+    assert info.encoder("fused").components == ("ge2e", "campplus")
+    assert info.paper_thresholds == {"pairwise": pytest.approx(0.4), "centroid": pytest.approx(0.3),
+                                     "reference": pytest.approx(0.4)}  # fmt: skip
+    assert info.registry is None and info.judge is None  # this server runs neither
+    with pytest.raises(KeyError, match="has no encoder 'nope'"):
+        info.encoder("nope")
+
+    def sync_info() -> ServerInfo:
+        with SleuthClient(f"127.0.0.1:{server.port}") as c:
+            return c.server_info()
+
+    assert await asyncio.to_thread(sync_info) == info
 
 
 async def test_a_deadline_that_passes_ends_the_call(client: AsyncSleuthClient, speech: Speech) -> None:

@@ -98,8 +98,10 @@ def test_the_product_never_imports_the_tools_and_the_tools_use_only_public_modul
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # the command line: serve, check, rank, health, voices, models
     ("report",),  # the HTML review report (client side: it imports the client, never the engine)
+    # The in-process façade (sleuthd.api): what the tools, scripts and `check --local` use without a server.
+    # Above the edge, because it answers with the edge's own conversions (rpc.convert) around the same engine.
+    ("api",),
     ("rpc",),  # the gRPC edge: server, gate, servicer, conversions
-    ("api",),  # the in-process façade (sleuthd.api): what the tools and scripts use without a server
     ("export",),  # building the ONNX models (`sleuthd models export`)
     ("engine",),  # façade, stream sessions, loading, admission
     ("judgment",),  # the Dialogue protocol, verdict rules, scoring, calibration, drift, ranking

@@ -251,7 +251,23 @@ async def test_check_rank_and_health_dial_a_tls_and_token_server(
         # Without the token: a clear one-line error naming the fix; without the CA: the TLS handshake fails.
         code, _, err = await _sleuthd("check", str(dialogue), *target)
         assert code == 2 and err.strip() == f"error: UNAUTHENTICATED: {UNAUTHENTICATED_ADVICE}"
-        code, _, err = await _sleuthd("check", str(dialogue), "--target", f"127.0.0.1:{running.port}", *token)
-        assert code == 2 and err.startswith("error: UNAVAILABLE"), err
         code, _, err = await _sleuthd("check", str(dialogue), *target, "--auth-token-file", str(tmp_path / "nope"))
         assert code == 2 and "cannot read token file" in err
+        code, _, err = await _sleuthd("check", str(dialogue), "--target", f"127.0.0.1:{running.port}", *token)
+        assert code == 2 and err.startswith("error: UNAVAILABLE"), err
+        # Plaintext to a TLS port: gRPC says only "Socket closed"; the CLI says what to try (issue 32), in the one
+        # place it words RPC errors, so check, rank, voices and health all say it.
+        tls_hint = "(the server may require TLS: connect with --tls (a certificate from a public CA) or --tls-root-ca"
+        assert "Socket closed" in err and tls_hint in err, err
+        code, _, err = await _sleuthd("health", "--target", f"127.0.0.1:{running.port}")
+        assert code == 1 and err.startswith("unhealthy: UNAVAILABLE") and tls_hint in err, err
+        code, _, err = await _sleuthd("voices", "list", "--target", f"127.0.0.1:{running.port}", *token)
+        assert code == 2 and tls_hint in err, err
+        code, _, err = await _sleuthd("check", str(dialogue), "--target", f"127.0.0.1:{running.port}", *token,
+                                      "--tls-root-ca", str(pki.other_ca))  # fmt: skip
+        assert code == 2 and "the server's certificate is not trusted: give --tls-root-ca" in err, err
+    async with own_server(engine) as (plain, _):  # TLS to a plaintext port
+        code, _, err = await _sleuthd("check", str(dialogue), "--target", f"127.0.0.1:{plain.port}", "--tls-root-ca",
+                                      str(pki.ca))  # fmt: skip
+        assert code == 2 and "the server may not speak TLS: connect without --tls" in err, err
+

@@ -60,7 +60,23 @@ async def test_metrics_endpoint_reports_rpcs_batches_and_verdicts(
     req = pb.CheckDialogueRequest(dialogue_id="m")
     for k in range(3):
         req.turns.add(turn_id=f"t{k}", speaker="A", audio=fresh_pcm(speech, VOICE_A, k, 7))
-    await stub.CheckDialogue(req, timeout=60)
+    req.turns.add(turn_id="odd", speaker="A", audio=fresh_pcm(speech, VOICE_F, 0, 7))
+    flagged = await stub.CheckDialogue(req, timeout=60)
+    assert [t.turn_id for t in flagged.turns if t.status == pb.INCONSISTENT] == ["odd"]
+    # The fused encoder runs two micro-batchers (GE2E's and CAM++'s): each has its own series.
+    fused = pb.CheckDialogueRequest(dialogue_id="f", options=pb.CheckOptions(encoder="fused"))
+    for k in range(2):
+        fused.turns.add(turn_id=f"t{k}", speaker="A", audio=fresh_pcm(speech, VOICE_A, k, 8))
+    await stub.CheckDialogue(fused, timeout=60)
+    # Ann's fifth turn is spoken by Fay's voice: speaker confusion (auto, two speakers).
+    confused = pb.CheckDialogueRequest(dialogue_id="c")
+    for k, (speaker, voice, clip) in enumerate(
+        [("Ann", VOICE_A, 0), ("Fay", VOICE_F, 0), ("Ann", VOICE_A, 1), ("Fay", VOICE_F, 1),
+         ("Ann", VOICE_F, 2), ("Fay", VOICE_F, 3), ("Ann", VOICE_A, 3), ("Fay", VOICE_F, 4)]
+    ):  # fmt: skip
+        confused.turns.add(turn_id=f"t{k}", speaker=speaker, audio=fresh_pcm(speech, voice, clip, 9))
+    swapped = (await stub.CheckDialogue(confused, timeout=60)).turns[4]
+    assert swapped.reason == pb.SPEAKER_CONFUSION
     try:
         await stub.CheckDialogue(pb.CheckDialogueRequest(), timeout=10)
     except grpc.aio.AioRpcError as exc:
@@ -75,16 +91,24 @@ async def test_metrics_endpoint_reports_rpcs_batches_and_verdicts(
         assert m, f"{pattern} missing from /metrics"
         return float(m.group(1))
 
-    assert value(r'sleuthd_rpc_total\{code="OK",method="CheckDialogue"\}') >= 1
+    assert value(r'sleuthd_rpc_total\{code="OK",method="CheckDialogue"\}') >= 2
     assert value(r'sleuthd_rpc_total\{code="INVALID_ARGUMENT",method="CheckDialogue"\}') >= 1
     assert value(r'sleuthd_rpc_latency_seconds_count\{code="OK",method="CheckDialogue"\}') >= 1
-    assert value(r"sleuthd_batch_execution_seconds_count") >= 1
-    assert value(r"sleuthd_batch_windows_sum") >= 3
-    assert value(r"sleuthd_batch_queue_wait_seconds_count") >= 1
+    for encoder in ("ge2e", "campplus"):
+        assert value(rf'sleuthd_batch_execution_seconds_count\{{encoder="{encoder}"\}}') >= 1
+        assert value(rf'sleuthd_batch_windows_sum\{{encoder="{encoder}"\}}') >= 2
+        assert value(rf'sleuthd_batch_queue_wait_seconds_count\{{encoder="{encoder}"\}}') >= 1
+        assert value(rf'sleuthd_batch_queue_windows\{{encoder="{encoder}"\}}') == 0
+    assert 'encoder="fused"' not in body  # the fusion is no batcher of its own: its two encoders are
     assert value(r'sleuthd_audio_seconds_total\{cached="false"\}') > 3.0
-    assert value(r'sleuthd_verdicts_total\{status="consistent"\}') >= 3
-    assert value(r"sleuthd_batch_queue_windows") == 0
+    assert value(r'sleuthd_verdicts_total\{reason="none",status="consistent"\}') >= 3
+    assert value(r'sleuthd_verdicts_total\{reason="score_threshold",status="inconsistent"\}') >= 1
+    assert value(r'sleuthd_verdicts_total\{reason="speaker_confusion",status="inconsistent"\}') >= 1
     assert value(r"sleuthd_streams_active") == 0
+    # The process itself (prometheus_client's ProcessCollector on the server's registry).
+    assert value(r"process_resident_memory_bytes") > 50e6  # bytes; the models alone take more
+    assert value(r"process_cpu_seconds_total") > 0
+    assert 0 < value(r"process_open_fds") <= value(r"process_max_fds")
 
 
 async def test_deadline_exceeded_is_reported(stub: pb_grpc.SleuthStub, speech: Speech) -> None:

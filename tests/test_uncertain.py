@@ -54,3 +54,22 @@ def test_check_exits_5_on_uncertain_unless_something_is_inconsistent(tmp_path: P
     assert check_batch.exit_code([outcome(_CLEAR)]) == 0
     table = tables.verdict_table(convert.verdict_to_pb(_result(_CLEAR, _UNSURE)))
     assert "speaker Maya: UNCERTAIN (listen): t3" in table and "t3: outside the calibration's range" in table
+
+
+def test_the_verdict_metric_says_why_a_turn_is_uncertain_or_flagged() -> None:
+    """sleuthd_verdicts_total carries the reason (issue 32): the uncertain reasons as well as the flag reasons,
+    each turn counted once however often a stream revises it."""
+    from sleuthd.judgment.dialogue import VerdictLedger
+    from sleuthd.ops.metrics import ServiceMetrics
+
+    metrics = ServiceMetrics()
+    ledger = VerdictLedger(metrics)
+    confused = domain.TurnResult(
+        "t4", "Maya", domain.TurnStatus.INCONSISTENT, 3.0, 2.5, score=0.8, reason=domain.FlagReason.SPEAKER_CONFUSION
+    )
+    ledger.count([_CLEAR, _UNSURE, confused])
+    ledger.count([_CLEAR, _UNSURE])  # already counted
+    count = metrics.registry.get_sample_value
+    assert count("sleuthd_verdicts_total", {"status": "uncertain", "reason": "out_of_support"}) == 1
+    assert count("sleuthd_verdicts_total", {"status": "inconsistent", "reason": "speaker_confusion"}) == 1
+    assert count("sleuthd_verdicts_total", {"status": "consistent", "reason": "none"}) == 1

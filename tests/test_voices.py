@@ -3,6 +3,8 @@ delete, restart the server on the same SQLite file, and kill -9 a `sleuthd serve
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 import signal
 import sqlite3
@@ -232,9 +234,10 @@ async def test_the_registry_survives_a_server_restart(engine: Engine, tmp_path: 
 
 
 async def test_a_locked_registry_is_unavailable_for_now_and_the_server_stays_healthy(
-    engine: Engine, tmp_path: Path, speech: Speech
+    engine: Engine, tmp_path: Path, speech: Speech, caplog: pytest.LogCaptureFixture
 ) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from sleuthd.ops import logs
 
     location = tmp_path / "locked.sqlite3"
     server = await start_voice_server(engine, str(location), registry_busy_timeout_ms=200)
@@ -244,9 +247,19 @@ async def test_a_locked_registry_is_unavailable_for_now_and_the_server_stays_hea
             holder = sqlite3.connect(location, isolation_level=None)
             holder.execute("BEGIN EXCLUSIVE")  # another process holds the database's write lock
             try:
-                with pytest.raises(grpc.aio.AioRpcError) as err:
+                caplog.clear()
+                with caplog.at_level(logging.INFO), pytest.raises(grpc.aio.AioRpcError) as err:
                     await c.register_voice("bob", speech.clips[VOICE_B][5:6])
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+                # The failure itself is logged with its cause, not only the access line (issue 32), in both formats.
+                (failure,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+                assert failure.levelname == "WARNING" and "database is locked" in failure.getMessage()
+                text = logs.TextFormatter().format(failure)
+                assert " WARNING sleuthd.rpc.servicer" in text
+                assert f"voice registry {location}: database is locked" in text
+                as_json = json.loads(logs.JsonFormatter().format(failure))
+                assert as_json["level"] == "warning" and "database is locked" in as_json["msg"]
+                assert as_json["error"] == "RegistryUnavailable" and "OperationalError" in as_json["cause"]
                 async with grpc.aio.insecure_channel(server.target) as ch:
                     health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
                 assert health.status == health_pb2.HealthCheckResponse.SERVING  # not the server's own failure

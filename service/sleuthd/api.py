@@ -1,6 +1,20 @@
-"""The public in-process API: speaker embeddings through exactly the service's own path.
+"""The public in-process API: dialogues judged, candidates ranked and speaker embeddings computed through
+exactly the service's own path, without a server.
 
-For scripts, the research tools and tests, in the spirit of SpeechBrain's ``inference/speaker.py``::
+Judging, with the client library's own result types, equal to a server's answers bit for bit::
+
+    from sleuthd.api import Judge
+
+    judge = Judge.load()                                 # models/ of the checkout (or $SLEUTHD_MODELS_DIR)
+    verdict = judge.check([("Maya", "m1.wav"), ("Tom", "t1.wav"), ("Maya", "m2.wav")], references={"Maya": "ref.wav"})
+    print(verdict.consistent, verdict.inconsistent_turns)
+    judge.close()
+
+A request is built by the client library's own functions (sleuthd.client.requests), read and answered by the
+server's own conversions (sleuthd.rpc.convert) around the server's engine (sleuthd.engine.facade.Engine), and
+the answer read back by the client's result types: the one path a server's request takes, minus the wire.
+
+Embeddings, for scripts, the research tools and tests, in the spirit of SpeechBrain's ``inference/speaker.py``::
 
     from sleuthd.api import SpeakerEncoder
 
@@ -17,22 +31,245 @@ A clip with too little speech comes back unusable (``embedding`` None) with the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
 from sleuthd.audio.windows import WindowSpec
-from sleuthd.config import EngineConfig, default_models_dir
-from sleuthd.domain import AudioInput
+from sleuthd.config import EngineConfig, RegistryConfig, default_models_dir
+from sleuthd.domain import AudioInput, VoiceRef
 from sleuthd.encoders.clips import ClipEmbedding, prepare_waveform
 from sleuthd.encoders.embedder import ClipEmbedder, embed_prepared
 from sleuthd.encoders.manifest import EncoderManifest
+from sleuthd.engine.facade import Engine
 from sleuthd.engine.loading import LoadedModels, load_models
+from sleuthd.errors import Unsupported
 from sleuthd.ops.observe import NullObserver
+from sleuthd.rpc import convert
+from sleuthd.v1 import sleuthd_pb2 as pb
 
-__all__ = ["ClipEmbedding", "SpeakerEncoder", "WindowSpec"]
+if TYPE_CHECKING:
+    from sleuthd.client import Ranking, Turn, Verdict
+    from sleuthd.client.requests import AudioLike
+
+__all__ = ["ClipEmbedding", "Judge", "SpeakerEncoder", "WindowSpec"]
+
+T = TypeVar("T")
+
+
+class _SyncLoop:
+    """One private event loop for synchronous callers, for an object's lifetime: its micro-batchers belong to
+    the loop that first uses them (use either the async or the sync methods of one object, not both)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(work)
+
+    def close(self, last: Coroutine[Any, Any, None]) -> None:
+        """Run ``last`` (the release of the models), then close the loop."""
+        loop = self._loop or asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(last)
+        finally:
+            loop.close()
+            self._loop = None
+
+
+class Judge:
+    """Dialogues judged and candidates ranked in-process, through the server's exact path: the request the
+    client library builds, the server's conversions and engine, the client library's result types. A verdict
+    equals the one a server with the same models and options answers, bit for bit.
+
+    ``check``/``rank`` block (on a private event loop); ``acheck``/``arank`` are their asyncio twins. Errors
+    are the engine's own, each a ValueError or RuntimeError subclass of :mod:`sleuthd.errors` whose message
+    says what to fix (InvalidRequest for bad audio or options, UnknownName, Unsupported, ...).
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sync = _SyncLoop()
+
+    @classmethod
+    def load(
+        cls,
+        models_dir: Path | None = None,
+        *,
+        encoder: str = "auto",
+        device: Literal["auto", "cpu", "cuda"] = "auto",
+        vad: Literal["energy", "silero"] = "energy",
+        registry: str = "",
+    ) -> Judge:
+        """Load every encoder under ``models_dir`` (default: $SLEUTHD_MODELS_DIR, else the checkout's models/),
+        as `sleuthd serve` does with the same options: ``encoder`` is what a request that names none gets
+        (``auto``: the GE2E + CAM++ fusion when both are there), ``registry`` a voice registry to name voices
+        from (a SQLite file or postgresql:// URL; "" = none). Raises ManifestError when the folder has no
+        models (the message names the command that builds them)."""
+        return cls.from_config(
+            EngineConfig(
+                models_dir=models_dir or default_models_dir(),
+                default_encoder=encoder,
+                device=device,
+                vad=vad,
+                voice_registry=RegistryConfig(registry=registry),
+            )
+        )
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> Judge:
+        """The engine of ``config`` (every option of `sleuthd serve`'s engine), loaded and warmed up."""
+        return cls(Engine.load(config))
+
+    # ------------------------------------------------------------------ the wire types, as a server takes them
+
+    async def check_request(self, request: pb.CheckDialogueRequest, timeout: float | None = None) -> pb.DialogueVerdict:
+        """CheckDialogue in-process: ``request`` read as the server reads it, the verdict it would answer.
+        ``timeout``: the deadline, seconds (None: none)."""
+        dialogue = convert.dialogue_from_pb(request)
+        self._require_registry(dialogue.references.values())
+        return convert.verdict_to_pb(await self.engine.check_dialogue(dialogue, _deadline(timeout)))
+
+    async def rank_request(
+        self, request: pb.RankCandidatesRequest, timeout: float | None = None
+    ) -> pb.RankCandidatesResponse:
+        """RankCandidates in-process (see :meth:`check_request`)."""
+        ranking = convert.rank_from_pb(request)
+        self._require_registry([ranking.reference])
+        return convert.rank_to_pb(await self.engine.rank_candidates(ranking, _deadline(timeout)))
+
+    def _require_registry(self, references: Iterable[object]) -> None:
+        # Said here, in the API's words: the engine's own message speaks of starting a server with --registry.
+        if self.engine.registry is None and any(isinstance(r, VoiceRef) for r in references):
+            raise Unsupported(
+                "voice ids name voices in a voice registry, and this judge has none: give reference audio "
+                "instead, or load the judge with a registry (Judge.load(registry=FILE))"
+            )
+
+    # ------------------------------------------------------------------ the client library's arguments and results
+
+    async def acheck(
+        self,
+        turns: Iterable[Turn | tuple[str, AudioLike]],
+        *,
+        references: Mapping[str, AudioLike] | None = None,
+        voices: Mapping[str, str] | None = None,
+        dialogue_id: str = "",
+        method: str | None = None,
+        thresholds: str | None = None,
+        threshold: float | None = None,
+        encoder: str = "",
+        detect_drift: bool = False,
+        sample_rate: int | None = None,
+        similarity_matrix: bool = False,
+        timeout: float | None = None,
+    ) -> Verdict:
+        """Check a dialogue: the arguments and the result of :meth:`sleuthd.client.SleuthClient.check`."""
+        # The client library loads grpc (its channels); imported here, so `import sleuthd.api` stays free of it.
+        from sleuthd.client import Verdict, check_request
+
+        req = check_request(
+            turns, references=references, voices=voices, dialogue_id=dialogue_id, method=method, thresholds=thresholds,
+            threshold=threshold, encoder=encoder, detect_drift=detect_drift, sample_rate=sample_rate,
+            similarity_matrix=similarity_matrix,
+        )  # fmt: skip
+        return Verdict.from_pb(await self.check_request(req, timeout))
+
+    def check(
+        self,
+        turns: Iterable[Turn | tuple[str, AudioLike]],
+        *,
+        references: Mapping[str, AudioLike] | None = None,
+        voices: Mapping[str, str] | None = None,
+        dialogue_id: str = "",
+        method: str | None = None,
+        thresholds: str | None = None,
+        threshold: float | None = None,
+        encoder: str = "",
+        detect_drift: bool = False,
+        sample_rate: int | None = None,
+        similarity_matrix: bool = False,
+        timeout: float | None = None,
+    ) -> Verdict:
+        """:meth:`acheck` from synchronous code."""
+        return self._sync.run(
+            self.acheck(
+                turns, references=references, voices=voices, dialogue_id=dialogue_id, method=method,
+                thresholds=thresholds, threshold=threshold, encoder=encoder, detect_drift=detect_drift,
+                sample_rate=sample_rate, similarity_matrix=similarity_matrix, timeout=timeout,
+            )
+        )  # fmt: skip
+
+    async def arank(
+        self,
+        candidates: Mapping[str, AudioLike] | Sequence[AudioLike],
+        *,
+        context: Sequence[AudioLike] = (),
+        reference: AudioLike = None,
+        reference_voice: str = "",
+        speaker: str = "speaker",
+        method: str | None = None,
+        encoder: str = "",
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> Ranking:
+        """Order candidates for one slot of a speaker, best first: :meth:`sleuthd.client.SleuthClient.rank`."""
+        from sleuthd.client import Ranking, rank_candidates_request
+
+        req = rank_candidates_request(
+            candidates, context=context, reference=reference, reference_voice=reference_voice, speaker=speaker,
+            method=method, encoder=encoder, sample_rate=sample_rate,
+        )  # fmt: skip
+        return Ranking.from_pb(await self.rank_request(req, timeout))
+
+    def rank(
+        self,
+        candidates: Mapping[str, AudioLike] | Sequence[AudioLike],
+        *,
+        context: Sequence[AudioLike] = (),
+        reference: AudioLike = None,
+        reference_voice: str = "",
+        speaker: str = "speaker",
+        method: str | None = None,
+        encoder: str = "",
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> Ranking:
+        """:meth:`arank` from synchronous code."""
+        return self._sync.run(
+            self.arank(
+                candidates, context=context, reference=reference, reference_voice=reference_voice, speaker=speaker,
+                method=method, encoder=encoder, sample_rate=sample_rate, timeout=timeout,
+            )
+        )  # fmt: skip
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+    async def __aenter__(self) -> Judge:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def close(self) -> None:
+        """Release the models from synchronous code (outside any running event loop)."""
+        self._sync.close(self.aclose())
+
+    def __enter__(self) -> Judge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else asyncio.get_running_loop().time() + timeout
 
 
 class SpeakerEncoder:
@@ -46,9 +283,7 @@ class SpeakerEncoder:
         self._embedder = ClipEmbedder(
             models.vad, models.prep_pool, NullObserver(), config.max_clip_seconds, config.embedding_cache_entries
         )
-        # The micro-batcher belongs to the event loop that first uses it: synchronous callers get one
-        # private loop for the encoder's lifetime (use either the async or the sync methods, not both).
-        self._sync_loop: asyncio.AbstractEventLoop | None = None
+        self._sync = _SyncLoop()
 
     @classmethod
     def load(
@@ -115,9 +350,7 @@ class SpeakerEncoder:
 
     def embed_sync(self, audios: Sequence[bytes | Path]) -> list[ClipEmbedding]:
         """:meth:`embed` from synchronous code (encoded audio as bytes, or files)."""
-        if self._sync_loop is None:
-            self._sync_loop = asyncio.new_event_loop()
-        return self._sync_loop.run_until_complete(self.embed(list(audios)))
+        return self._sync.run(self.embed(list(audios)))
 
     async def aclose(self) -> None:
         await self._models.aclose()
@@ -130,9 +363,4 @@ class SpeakerEncoder:
 
     def close(self) -> None:
         """Release the models from synchronous code (outside any running event loop)."""
-        loop = self._sync_loop or asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(self.aclose())
-        finally:
-            loop.close()
-            self._sync_loop = None
+        self._sync.close(self.aclose())

@@ -1,4 +1,4 @@
-"""The `sleuthd` command line: serve, check, rank, models.
+"""The `sleuthd` command line: serve, check, rank, health, voices, models.
 
 Server flags are generated from the config dataclasses (sleuthd.config), so each default is written once.
 Research commands (benchmarks, replay, calibration fitting, synthesis) live in `sleuthd-bench`.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -30,7 +31,6 @@ from sleuthd.config import (
 from sleuthd.export import parity_clips_dir
 
 logger = logging.getLogger("sleuthd")
-
 
 
 def _error(message: str) -> int:
@@ -82,7 +82,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     except (ConfigError, CredentialsError) as exc:
         return _error(str(exc))
     except grpc.aio.AioRpcError as exc:
-        print(f"unhealthy: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"unhealthy: {_rpc_error(exc, args)}", file=sys.stderr)
         return 1
     print(status)
     return EXIT_OK if status == "SERVING" else 1
@@ -119,6 +119,11 @@ async def _check(args: argparse.Namespace) -> int:
     sources = check.read_sources(args.files)
     flags = client.make_options(args.method, args.thresholds, args.threshold)
     voices = _voice_args(args.voice)
+    if args.local and voices:
+        raise client.DialogueFileError(
+            "--voice names voices registered on a server, and --local judges without one: give the speaker's "
+            "reference audio in the dialogue file instead, or drop --local"
+        )
 
     def customize(req: pb.CheckDialogueRequest) -> None:
         """The command line's options and voices win over the dialogue file's."""
@@ -140,8 +145,14 @@ async def _check(args: argparse.Namespace) -> int:
 
     single = len(sources) == 1
     progress = None if single or args.quiet else check.Progress(len(sources))
-    dialer = client.Dialer.from_config(from_cli_args(ConnectConfig, args))
-    outcomes = await check.check_all(sources, dialer, customize, args.timeout, args.concurrency, progress)
+    if args.local:
+        outcomes = await _check_locally(args, sources, customize, progress)
+    else:
+        tls = from_cli_args(ConnectConfig, args).use_tls
+        async with client.Dialer.from_config(from_cli_args(ConnectConfig, args)).aio() as ch:
+            outcomes = await check.check_all(
+                sources, _server_check(client.stub(ch), args.timeout, tls), customize, args.concurrency, progress
+            )
     if single:
         (outcome,) = outcomes
         if outcome.verdict is None:
@@ -159,10 +170,62 @@ async def _check(args: argparse.Namespace) -> int:
         print(text.summary_table(check.summary_rows(outcomes)))
     for o in outcomes:
         if o.code and not single:
-            print(f"error: {o.source.label}: {o.code}: {o.error}", file=sys.stderr)
+            print(f"error: {o.source.label}: dialogue {o.dialogue_id!r}: {o.code}: {o.error}", file=sys.stderr)
     if args.report:
         print(f"report: {check.report(outcomes, args.report, voices, args.report_audio)}", file=sys.stderr)
     return check.exit_code(outcomes)
+
+
+def _server_check(stub: Any, timeout: float, tls: bool) -> Any:
+    """One dialogue's check through a server's CheckDialogue (sleuthd.cli.check.CheckOne)."""
+    import grpc
+
+    from sleuthd.cli.check import RequestFailed
+    from sleuthd.cli.text import explain_rpc_error
+
+    async def check_one(req: Any) -> Any:
+        try:
+            return await stub.CheckDialogue(req, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            message = explain_rpc_error(code.name, exc.details() or "", tls)
+            raise RequestFailed(code.name, message, server_gone=code is grpc.StatusCode.UNAVAILABLE) from None
+
+    return check_one
+
+
+async def _check_locally(args: argparse.Namespace, sources: Any, customize: Any, progress: Any) -> Any:
+    """`sleuthd check --local`: every dialogue judged in this process (sleuthd.api.Judge), no server."""
+    from sleuthd.api import Judge
+    from sleuthd.cli import check
+    from sleuthd.encoders.manifest import ManifestError
+    from sleuthd.errors import EngineFailure
+    from sleuthd.rpc.status import status_of
+
+    # The server's engine options, SLEUTHD_* variables included, as `sleuthd serve` would read them.
+    defaults = argparse.ArgumentParser()
+    add_cli_args(defaults, EngineConfig)
+    config = dataclasses.replace(from_cli_args(EngineConfig, defaults.parse_args([])), models_dir=args.models_dir)
+    try:
+        judge = Judge.from_config(config)
+    except (ManifestError, EngineFailure, OSError) as exc:
+        raise ConfigError(str(exc)) from None
+
+    async def check_one(req: Any) -> Any:
+        try:
+            return await judge.check_request(req, args.timeout)
+        except Exception as exc:
+            known = status_of(exc)  # the code a server would answer with, so the rows and --json read the same
+            if known is not None:
+                raise check.RequestFailed(known[0].name, known[1]) from None
+            if isinstance(exc, EngineFailure):
+                raise check.RequestFailed("UNAVAILABLE", f"the scoring engine failed: {exc}", True) from None
+            raise
+
+    try:
+        return await check.check_all(sources, check_one, customize, args.concurrency, progress)
+    finally:
+        await judge.aclose()
 
 
 def candidate_ids(paths: Sequence[Path]) -> list[str]:
@@ -216,6 +279,17 @@ async def _rank(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rpc_error(exc: Any, args: argparse.Namespace) -> str:
+    """``CODE: details`` of a failed RPC (grpc.aio.AioRpcError), with what to try (sleuthd.cli.text)."""
+    from sleuthd.cli.text import explain_rpc_error
+
+    try:
+        tls = from_cli_args(ConnectConfig, args).use_tls
+    except ConfigError:
+        tls = False
+    return f"{exc.code().name}: {explain_rpc_error(exc.code().name, exc.details() or '', tls)}"
+
+
 def _run_client(coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace) -> int:
     import grpc
 
@@ -225,9 +299,68 @@ def _run_client(coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]
     try:
         return int(asyncio.run(coro_fn(args)))
     except grpc.aio.AioRpcError as exc:
-        return _error(f"{exc.code().name}: {exc.details()}")
+        return _error(_rpc_error(exc, args))
     except (DialogueFileError, CredentialsError, ConfigError, ReportError) as exc:
         return _error(str(exc))
+
+
+# ---------------------------------------------------------------------------------------------- voices
+
+
+def _metadata_args(pairs: Sequence[str]) -> dict[str, str]:
+    from sleuthd.client import DialogueFileError
+
+    metadata = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise DialogueFileError(f"--metadata {pair!r}: expected KEY=VALUE")
+        metadata[key] = value
+    return metadata
+
+
+async def _voices(args: argparse.Namespace) -> int:
+    """`sleuthd voices register|list|show|delete` against a server's voice registry."""
+    from sleuthd import client
+    from sleuthd.cli import text
+    from sleuthd.v1 import sleuthd_pb2 as pb
+
+    call = {"timeout": args.timeout}
+    async with client.Dialer.from_config(from_cli_args(ConnectConfig, args)).aio() as ch:
+        stub = client.stub(ch)
+        if args.voices_command == "register":
+            keep = None if args.keep_audio is None else args.keep_audio == "on"
+            for path in args.clips:
+                client.audio_file(path, read=False)  # a missing clip, named before anything is sent
+            req = client.register_request(
+                args.voice_id, [client.audio_file(p) for p in args.clips], metadata=_metadata_args(args.metadata),
+                replace=args.replace, keep_audio=keep,
+            )  # fmt: skip
+            voice = await stub.RegisterVoice(req, **call)
+            info = client.VoiceInfo.from_pb(voice)
+            print(_json(voice) if args.json else text.voice_text(info))
+        elif args.voices_command == "list":
+            listed: list[Any] = []
+            token = ""
+            while True:
+                page = await stub.ListVoices(pb.ListVoicesRequest(page_token=token), **call)
+                listed.extend(page.voices)
+                token = page.next_page_token
+                if not token:
+                    break
+            if args.json:
+                for v in listed:  # JSON Lines, one voice per line, voice id order
+                    print(json.dumps(json.loads(_json(v))))
+            else:
+                print(text.voices_table([client.VoiceInfo.from_pb(v) for v in listed]))
+                print(f"\n{len(listed)} voice(s)")
+        elif args.voices_command == "show":
+            voice = await stub.GetVoice(pb.GetVoiceRequest(voice_id=args.voice_id), **call)
+            print(_json(voice) if args.json else text.voice_text(client.VoiceInfo.from_pb(voice)))
+        else:
+            await stub.DeleteVoice(pb.DeleteVoiceRequest(voice_id=args.voice_id), **call)
+            print(f"deleted voice {args.voice_id}")
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -327,9 +460,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "files", type=Path, nargs="+", metavar="FILE",
-        help="a dialogue JSON file, or a .jsonl file of dialogue objects (audio paths relative to the file)",
+        help="a dialogue JSON file, a .jsonl file of dialogue objects (audio paths relative to the file), or a "
+        "folder: every *.json and *.jsonl under it, subfolders included, in sorted order",
     )  # fmt: skip
     client_args(c)
+    c.add_argument(
+        "--local", action="store_true",
+        help="judge in this process (sleuthd.api.Judge: the server's engine and defaults), without a server; "
+        "the connection flags are then unused",
+    )  # fmt: skip
+    c.add_argument(
+        "--models-dir", type=Path, default=default_models_dir(),
+        help="with --local: folder of model manifests (default: $SLEUTHD_MODELS_DIR, else the checkout's models/)",
+    )  # fmt: skip
     c.add_argument("--thresholds", choices=["default", "paper"], help="threshold set (default: encoder's)")
     c.add_argument("--threshold", type=float, help="explicit threshold on the method's scale")
     c.add_argument("--detect-drift", action="store_true", help="also look for voice changes inside each turn")
@@ -340,6 +483,31 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--concurrency", type=int, default=4, help="dialogues checked at once (default: 4)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     c.set_defaults(func=lambda a: _run_client(_check, a))
+
+    v = sub.add_parser("voices", help="register, list, show and delete voices in a server's voice registry")
+    vsub = v.add_subparsers(dest="voices_command", required=True)
+
+    def voice_args(sp: argparse.ArgumentParser) -> None:
+        add_cli_args(sp, ConnectConfig)
+        sp.add_argument("--timeout", type=float, default=120.0, help="RPC deadline, seconds (default: 120)")
+        sp.add_argument("--json", action="store_true", help="print the server's answer as JSON, every field")
+        sp.set_defaults(func=lambda a: _run_client(_voices, a))
+
+    vr = vsub.add_parser("register", help="enrol a voice from one or more reference clips")
+    vr.add_argument("voice_id", help="the id to name the voice by (check --voice SPEAKER=VOICE_ID)")
+    vr.add_argument("clips", type=Path, nargs="+", metavar="CLIP", help="reference audio files of the voice")
+    vr.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="a label to keep (repeat)")
+    vr.add_argument("--replace", action="store_true", help="replace a voice registered under this id")
+    vr.add_argument("--keep-audio", choices=["on", "off"], help="keep the clips' bytes (default: the server's)")
+    voice_args(vr)
+    vl = vsub.add_parser("list", help="every registered voice, in voice id order")
+    voice_args(vl)
+    vs = vsub.add_parser("show", help="one voice: its clips, embeddings and metadata")
+    vs.add_argument("voice_id")
+    voice_args(vs)
+    vd = vsub.add_parser("delete", help="delete a voice")
+    vd.add_argument("voice_id")
+    voice_args(vd)
 
     r = sub.add_parser("rank", help="rank candidate clips for one speaker's slot")
     r.add_argument("--speaker", default="speaker")

@@ -1,5 +1,5 @@
 """Readable text for the CLI: a dialogue verdict as a per-turn table, a ranking as a list, a batch of
-dialogues as a summary."""
+dialogues as a summary, registered voices, and an RPC's failure with what to try."""
 
 from __future__ import annotations
 
@@ -37,14 +37,18 @@ def verdict_table(v: pb.DialogueVerdict) -> str:
             )
         )
     scale = next((t.score_scale for t in v.turns if t.score_scale), "")
-    flagged = "above" if scale in ("probability", "cosine_distance") else "below"
-    meaning = {
-        "probability": "probability that the turn does not belong to its speaker",
-        "cosine_similarity": "cosine similarity",
-        "cosine_distance": "cosine distance",
-    }.get(scale, scale or "-")
+    if any(t.HasField("score") for t in v.turns):
+        flagged = "above" if scale in ("probability", "cosine_distance") else "below"
+        meaning = {
+            "probability": "probability that the turn does not belong to its speaker",
+            "cosine_similarity": "cosine similarity",
+            "cosine_distance": "cosine distance",
+        }.get(scale, scale or "-")
+        what = f"score = {meaning}, flagged {flagged} thr"
+    else:  # a scale and a threshold direction would describe scores that do not exist
+        what = "no turn was scored (each turn's reason is below)"
     lines = [
-        f"dialogue {v.dialogue_id}: encoder {v.encoder}, method {method}; score = {meaning}, flagged {flagged} thr",
+        f"dialogue {v.dialogue_id}: encoder {v.encoder}, method {method}; {what}",
         "(paper scores: pairwise and reference = cosine similarity, centroid = cosine distance)",
     ]
     lines += _align(rows)
@@ -94,3 +98,63 @@ def summary_table(rows: Sequence[Sequence[str]]) -> str:
     verdicts = [r[2].lower() for r in rows[1:]]
     totals = ", ".join(f"{verdicts.count(k)} {k}" for k in dict.fromkeys(verdicts))
     return "\n".join([*_align(rows), "", f"{len(verdicts)} dialogues: {totals}"])
+
+
+def voices_table(voices: Sequence[Any]) -> str:
+    """Registered voices (sleuthd.client.VoiceInfo), one line each."""
+    rows = [("voice", "revision", "speech s", "clips", "encoders", "updated (UTC)", "metadata")]
+    for v in voices:
+        rows.append(
+            (
+                v.voice_id,
+                str(v.revision),
+                f"{v.speech_seconds:.2f}",
+                str(len(v.clips)),
+                ", ".join(e.encoder for e in v.embeddings) or "-",
+                v.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+                ", ".join(f"{k}={val}" for k, val in sorted(v.metadata.items())) or "-",
+            )
+        )
+    return "\n".join(_align(rows))
+
+
+def voice_text(v: Any) -> str:
+    """One registered voice (sleuthd.client.VoiceInfo) in full: its clips and its embeddings."""
+    lines = [
+        f"voice {v.voice_id}: revision {v.revision}, {v.speech_seconds:.2f} s of speech in {len(v.clips)} clip(s), "
+        f"audio {'kept' if v.audio_kept else 'not kept'}",
+        f"registered {v.created_at:%Y-%m-%d %H:%M:%S} UTC, updated {v.updated_at:%Y-%m-%d %H:%M:%S} UTC",
+    ]
+    for k, val in sorted(v.metadata.items()):
+        lines.append(f"  {k} = {val}")
+    rows: list[tuple[str, ...]] = [("clip", "sha256", "bytes", "audio s", "speech s")]
+    for n, c in enumerate(v.clips):
+        rows.append((f"#{n}", c.sha256[:16], str(c.size_bytes), f"{c.audio_seconds:.2f}", f"{c.speech_seconds:.2f}"))
+    lines += _align(rows)
+    embedded: list[tuple[str, ...]] = [("encoder", "weights sha256", "dimension", "loaded")]
+    for e in v.embeddings:
+        embedded.append((e.encoder, e.weights_sha256[:16], str(e.dimension), "yes" if e.loaded else "no"))
+    lines += _align(embedded)
+    return "\n".join(lines)
+
+
+def explain_rpc_error(code: str, details: str, tls: bool) -> str:
+    """An RPC's failure as the CLI reports it (``details``, the server's or gRPC's message), with what to try
+    when the details show that the connection's security does not match the server's. ``tls``: whether the
+    call went over TLS. The one place the CLI words RPC errors (check, rank, health, voices)."""
+    hint = ""
+    if code == "UNAVAILABLE":
+        if not tls and "Socket closed" in details:
+            # A TLS server hangs up on a plaintext HTTP/2 preface without a word: gRPC sees only the socket close.
+            hint = (
+                "the server may require TLS: connect with --tls (a certificate from a public CA) or "
+                "--tls-root-ca CA.pem (its CA's certificate)"
+            )
+        elif tls and "WRONG_VERSION_NUMBER" in details:
+            hint = "the server may not speak TLS: connect without --tls and the --tls-* flags"
+        elif tls and "CERTIFICATE_VERIFY_FAILED" in details:
+            hint = (
+                "the server's certificate is not trusted: give --tls-root-ca with the CA that signed it "
+                "(and --tls-server-name when it names another host)"
+            )
+    return f"{details} ({hint})" if hint else details

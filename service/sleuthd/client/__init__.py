@@ -7,7 +7,8 @@
     print(verdict.consistent, verdict.inconsistent_turns)
 
 :class:`SleuthClient` blocks, :class:`AsyncSleuthClient` is its asyncio twin; both return frozen
-dataclasses (:class:`Verdict`, :class:`Ranking`, :class:`VoiceInfo`). Audio is a file path, an encoded
+dataclasses (:class:`Verdict`, :class:`Ranking`, :class:`VoiceInfo`, :class:`ServerInfo`; a stream yields
+:class:`TurnUpdate` then the final :class:`Verdict`). Audio is a file path, an encoded
 file's bytes or NumPy samples with their sample rate. Lower level, for tools that build protobufs
 themselves: :class:`Dialer` (:func:`channel`), :func:`stub`, :func:`make_options`, :func:`audio_file`,
 :func:`dialogue_request_from_file`.
@@ -29,27 +30,39 @@ from sleuthd.client.channels import (
     sync_channel,
     tls_credentials,
 )
-from sleuthd.client.clients import AsyncSleuthClient, SleuthClient
+from sleuthd.client.clients import AsyncSleuthClient, SleuthClient, StreamResult
 from sleuthd.client.requests import (
     METHODS,
     THRESHOLD_SETS,
     DialogueFileError,
+    MissingAudioError,
     Turn,
     audio_file,
+    check_request,
     dialogue_request,
     dialogue_request_from_dict,
     dialogue_request_from_file,
     make_options,
+    rank_candidates_request,
     rank_request,
+    read_dialogue_text,
     register_request,
+    stream_open,
+    stream_turn,
     to_audio,
+    turn_id_or_default,
 )
 from sleuthd.client.results import (
     DriftSegment,
+    EncoderInfo,
+    JudgeInfo,
     RankedCandidate,
     Ranking,
+    RegistryInfo,
+    ServerInfo,
     SimilarityMatrix,
     SpeakerVerdict,
+    TurnUpdate,
     TurnVerdict,
     Verdict,
     VoiceClip,
@@ -69,12 +82,19 @@ __all__ = [
     "Dialer",
     "DialogueFileError",
     "DriftSegment",
+    "EncoderInfo",
+    "JudgeInfo",
+    "MissingAudioError",
     "RankedCandidate",
     "Ranking",
+    "RegistryInfo",
+    "ServerInfo",
     "SimilarityMatrix",
     "SleuthClient",
     "SpeakerVerdict",
+    "StreamResult",
     "Turn",
+    "TurnUpdate",
     "TurnVerdict",
     "Verdict",
     "VoiceClip",
@@ -84,15 +104,21 @@ __all__ = [
     "audio_file",
     "channel",
     "channel_options",
+    "check_request",
     "dialogue_request",
     "dialogue_request_from_dict",
     "dialogue_request_from_file",
     "make_options",
+    "rank_candidates_request",
     "rank_request",
+    "read_dialogue_text",
     "read_token",
     "register_request",
+    "stream_open",
+    "stream_turn",
     "stub",
     "sync_channel",
     "tls_credentials",
     "to_audio",
+    "turn_id_or_default",
 ]

@@ -9,7 +9,7 @@ deadline in seconds (the client's default, or per call).
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +19,28 @@ from sleuthd.client import channels
 from sleuthd.client.requests import (
     AudioLike,
     Turn,
-    dialogue_request,
+    check_request,
     dialogue_request_from_file,
     make_options,
-    rank_request,
+    rank_candidates_request,
     register_request,
+    stream_open,
+    stream_turn,
 )
-from sleuthd.client.results import Ranking, Verdict, VoiceInfo, VoicePage
+from sleuthd.client.results import Ranking, ServerInfo, TurnUpdate, Verdict, VoiceInfo, VoicePage
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 TurnLike = Turn | tuple[str, AudioLike]
+# What a stream yields: each turn's update as it is judged (revisions of earlier turns included), then the
+# whole dialogue's final Verdict, last.
+StreamResult = TurnUpdate | Verdict
+
+
+def _stream_result(response: pb.StreamDialogueResponse) -> StreamResult:
+    if response.WhichOneof("message") == "final":
+        return Verdict.from_pb(response.final)
+    return TurnUpdate.from_pb(response.turn)
 
 
 class _Base:
@@ -39,26 +50,6 @@ class _Base:
 
     def _call(self, timeout: float | None) -> dict[str, Any]:
         return {"timeout": self.timeout if timeout is None else timeout}
-
-    @staticmethod
-    def _check(
-        turns: Iterable[TurnLike],
-        references: Mapping[str, AudioLike] | None,
-        voices: Mapping[str, str] | None,
-        dialogue_id: str,
-        method: str | None,
-        thresholds: str | None,
-        threshold: float | None,
-        encoder: str,
-        detect_drift: bool,
-        sample_rate: int | None,
-        similarity_matrix: bool = False,
-    ) -> pb.CheckDialogueRequest:
-        options = make_options(method, thresholds, threshold, encoder, detect_drift, similarity_matrix)
-        return dialogue_request(
-            turns, references=references, voices=voices, dialogue_id=dialogue_id, options=options,
-            sample_rate=sample_rate,
-        )  # fmt: skip
 
 
 class SleuthClient(_Base):
@@ -106,9 +97,10 @@ class SleuthClient(_Base):
         """Check a dialogue: turns as ``(speaker, audio)`` or :class:`Turn`; ``references`` maps speakers to
         reference audio, ``voices`` to registered voice ids; ``sample_rate`` (Hz) for NumPy samples;
         ``similarity_matrix``: the verdict also carries the turn x turn cosines (``Verdict.similarity``)."""
-        req = self._check(
-            turns, references, voices, dialogue_id, method, thresholds, threshold, encoder, detect_drift, sample_rate,
-            similarity_matrix,
+        req = check_request(
+            turns, references=references, voices=voices, dialogue_id=dialogue_id, method=method, thresholds=thresholds,
+            threshold=threshold, encoder=encoder, detect_drift=detect_drift, sample_rate=sample_rate,
+            similarity_matrix=similarity_matrix,
         )  # fmt: skip
         return Verdict.from_pb(self.stub.CheckDialogue(req, **self._call(timeout)))
 
@@ -130,11 +122,51 @@ class SleuthClient(_Base):
         timeout: float | None = None,
     ) -> Ranking:
         """Order candidates for one slot of a speaker, best first."""
-        req = rank_request(
+        req = rank_candidates_request(
             candidates, context=context, reference=reference, reference_voice=reference_voice, speaker=speaker,
-            options=make_options(method, encoder=encoder), sample_rate=sample_rate,
+            method=method, encoder=encoder, sample_rate=sample_rate,
         )  # fmt: skip
         return Ranking.from_pb(self.stub.RankCandidates(req, **self._call(timeout)))
+
+    def stream(
+        self,
+        turns: Iterable[TurnLike],
+        *,
+        references: Mapping[str, AudioLike] | None = None,
+        voices: Mapping[str, str] | None = None,
+        dialogue_id: str = "",
+        method: str | None = None,
+        thresholds: str | None = None,
+        threshold: float | None = None,
+        encoder: str = "",
+        detect_drift: bool = False,
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[StreamResult]:
+        """Check a dialogue as it is made (StreamDialogue): ``turns`` may be a generator that yields each turn
+        when it is synthesized; each turn is sent as it comes. Yields a :class:`TurnUpdate` for each turn as
+        it is judged (and for each earlier turn a later one revises), then the final :class:`Verdict` (the
+        one ``check`` gives for the whole dialogue). ``timeout``: the whole stream's deadline, seconds.
+        Leaving the loop early cancels the stream."""
+        options = make_options(method, thresholds, threshold, encoder, detect_drift)
+        first = stream_open(references=references, voices=voices, dialogue_id=dialogue_id, options=options,
+                            sample_rate=sample_rate)  # fmt: skip
+
+        def requests() -> Iterator[pb.StreamDialogueRequest]:
+            yield first
+            for n, item in enumerate(turns):
+                yield from stream_turn(item, n, sample_rate)
+
+        call = self.stub.StreamDialogue(requests(), **self._call(timeout))
+        try:
+            for response in call:
+                yield _stream_result(response)
+        finally:
+            call.cancel()  # a no-op once the stream has ended
+
+    def server_info(self, *, timeout: float | None = None) -> ServerInfo:
+        """The server's version, encoders, limits, voice registry and LALM judge."""
+        return ServerInfo.from_pb(self.stub.GetServerInfo(pb.GetServerInfoRequest(), **self._call(timeout)))
 
     def register_voice(
         self,
@@ -220,9 +252,10 @@ class AsyncSleuthClient(_Base):
         timeout: float | None = None,
         similarity_matrix: bool = False,
     ) -> Verdict:
-        req = self._check(
-            turns, references, voices, dialogue_id, method, thresholds, threshold, encoder, detect_drift, sample_rate,
-            similarity_matrix,
+        req = check_request(
+            turns, references=references, voices=voices, dialogue_id=dialogue_id, method=method, thresholds=thresholds,
+            threshold=threshold, encoder=encoder, detect_drift=detect_drift, sample_rate=sample_rate,
+            similarity_matrix=similarity_matrix,
         )  # fmt: skip
         return Verdict.from_pb(await self.stub.CheckDialogue(req, **self._call(timeout)))
 
@@ -243,11 +276,56 @@ class AsyncSleuthClient(_Base):
         sample_rate: int | None = None,
         timeout: float | None = None,
     ) -> Ranking:
-        req = rank_request(
+        req = rank_candidates_request(
             candidates, context=context, reference=reference, reference_voice=reference_voice, speaker=speaker,
-            options=make_options(method, encoder=encoder), sample_rate=sample_rate,
+            method=method, encoder=encoder, sample_rate=sample_rate,
         )  # fmt: skip
         return Ranking.from_pb(await self.stub.RankCandidates(req, **self._call(timeout)))
+
+    async def stream(
+        self,
+        turns: Iterable[TurnLike] | AsyncIterable[TurnLike],
+        *,
+        references: Mapping[str, AudioLike] | None = None,
+        voices: Mapping[str, str] | None = None,
+        dialogue_id: str = "",
+        method: str | None = None,
+        thresholds: str | None = None,
+        threshold: float | None = None,
+        encoder: str = "",
+        detect_drift: bool = False,
+        sample_rate: int | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[StreamResult]:
+        """:meth:`SleuthClient.stream` for asyncio: ``turns`` may be an async iterable (each turn sent as it
+        comes); ``async for`` over the updates, the final :class:`Verdict` last."""
+        options = make_options(method, thresholds, threshold, encoder, detect_drift)
+        first = stream_open(references=references, voices=voices, dialogue_id=dialogue_id, options=options,
+                            sample_rate=sample_rate)  # fmt: skip
+
+        async def requests() -> AsyncIterator[pb.StreamDialogueRequest]:
+            yield first
+            n = 0
+            if isinstance(turns, AsyncIterable):
+                async for item in turns:
+                    for message in stream_turn(item, n, sample_rate):
+                        yield message
+                    n += 1
+            else:
+                for item in turns:
+                    for message in stream_turn(item, n, sample_rate):
+                        yield message
+                    n += 1
+
+        call = self.stub.StreamDialogue(requests(), **self._call(timeout))
+        try:
+            async for response in call:
+                yield _stream_result(response)
+        finally:
+            call.cancel()  # a no-op once the stream has ended
+
+    async def server_info(self, *, timeout: float | None = None) -> ServerInfo:
+        return ServerInfo.from_pb(await self.stub.GetServerInfo(pb.GetServerInfoRequest(), **self._call(timeout)))
 
     async def register_voice(
         self,

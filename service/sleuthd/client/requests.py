@@ -6,6 +6,7 @@ client itself needs nothing beyond grpc and protobuf.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,13 +30,30 @@ class DialogueFileError(ValueError):
     """A dialogue JSON file is malformed or names audio that does not exist."""
 
 
+class MissingAudioError(DialogueFileError):
+    """A dialogue names an audio file that does not exist (a batch records it as that dialogue's error and
+    goes on with the others). ``detail`` says which file, for which turn or reference; ``where`` names the
+    dialogue (its file, or FILE:LINE) when known."""
+
+    def __init__(self, detail: str, where: str = "") -> None:
+        super().__init__(f"{where}: {detail}" if where else detail)
+        self.detail = detail
+        self.where = where
+
+
+def turn_id_or_default(turn_id: object, position: int) -> str:
+    """A turn's id: the one given, else ``t1``, ``t2``, ... by the turn's position in the dialogue (0-based
+    ``position``, turns without audio counted). The one rule for :class:`Turn` lists and dialogue files."""
+    return str(turn_id) if turn_id not in (None, "") else f"t{position + 1}"
+
+
 @dataclass(frozen=True)
 class Turn:
     """One turn of a dialogue to check. A plain ``(speaker, audio)`` tuple means the same."""
 
     speaker: str
     audio: AudioLike  # None: a turn without audio is carried but not judged
-    turn_id: str = ""  # "" = "t1", "t2", ... by position in the dialogue
+    turn_id: str = ""  # "" = "t1", "t2", ... by position in the dialogue (turn_id_or_default)
     text: str = ""
     sample_rate: int | None = None  # Hz, for NumPy samples (default: the call's sample_rate)
 
@@ -95,13 +113,15 @@ def make_options(
 ) -> pb.CheckOptions:
     """Request options; None/"" leave the server's default."""
     opts = pb.CheckOptions(encoder=encoder, detect_drift=detect_drift, similarity_matrix=similarity_matrix)
+    # ValueError, not DialogueFileError: these come from a caller's arguments as often as from a file (the
+    # file reader adds where it found them).
     if method:
         if method not in METHODS:
-            raise DialogueFileError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+            raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
         opts.method = pb.Method.Value(f"METHOD_{method.upper()}")
     if thresholds:
         if thresholds not in THRESHOLD_SETS:
-            raise DialogueFileError(f"thresholds must be one of {', '.join(THRESHOLD_SETS)}, not {thresholds!r}")
+            raise ValueError(f"thresholds must be one of {', '.join(THRESHOLD_SETS)}, not {thresholds!r}")
         opts.threshold_set = THRESHOLD_SETS[thresholds]  # type: ignore[assignment]
     if threshold is not None:
         opts.threshold = threshold
@@ -122,7 +142,7 @@ def dialogue_request(
     req = pb.CheckDialogueRequest(dialogue_id=dialogue_id, options=options or pb.CheckOptions())
     for n, item in enumerate(turns):
         t = item if isinstance(item, Turn) else Turn(*item)
-        turn_id = t.turn_id or f"t{n + 1}"
+        turn_id = turn_id_or_default(t.turn_id, n)
         turn = req.turns.add(turn_id=turn_id, speaker=t.speaker, text=t.text)
         if t.audio is not None:
             turn.audio.CopyFrom(to_audio(t.audio, t.sample_rate or sample_rate, f"turn {turn_id!r}"))
@@ -134,6 +154,47 @@ def dialogue_request(
     for speaker, voice_id in (voices or {}).items():
         req.references.add(speaker=speaker, voice_id=voice_id)
     return req
+
+
+def check_request(
+    turns: Iterable[Turn | tuple[str, AudioLike]],
+    *,
+    references: Mapping[str, AudioLike] | None = None,
+    voices: Mapping[str, str] | None = None,
+    dialogue_id: str = "",
+    method: str | None = None,
+    thresholds: str | None = None,
+    threshold: float | None = None,
+    encoder: str = "",
+    detect_drift: bool = False,
+    sample_rate: int | None = None,
+    similarity_matrix: bool = False,
+) -> pb.CheckDialogueRequest:
+    """The CheckDialogue request of ``check(...)``'s arguments: the one place the client library
+    (:class:`~sleuthd.client.SleuthClient`, its asyncio twin) and the in-process judge (``sleuthd.api.Judge``)
+    build it. Raises ValueError for an unknown method or threshold set (the message lists the valid ones)."""
+    options = make_options(method, thresholds, threshold, encoder, detect_drift, similarity_matrix)
+    return dialogue_request(
+        turns, references=references, voices=voices, dialogue_id=dialogue_id, options=options, sample_rate=sample_rate
+    )
+
+
+def rank_candidates_request(
+    candidates: Mapping[str, AudioLike] | Sequence[AudioLike],
+    *,
+    context: Sequence[AudioLike] = (),
+    reference: AudioLike = None,
+    reference_voice: str = "",
+    speaker: str = "speaker",
+    method: str | None = None,
+    encoder: str = "",
+    sample_rate: int | None = None,
+) -> pb.RankCandidatesRequest:
+    """The RankCandidates request of ``rank(...)``'s arguments (the clients' and ``sleuthd.api.Judge``'s)."""
+    return rank_request(
+        candidates, context=context, reference=reference, reference_voice=reference_voice, speaker=speaker,
+        options=make_options(method, encoder=encoder), sample_rate=sample_rate,
+    )  # fmt: skip
 
 
 def rank_request(
@@ -169,6 +230,52 @@ def rank_request(
     return req
 
 
+# A turn's audio goes to StreamDialogue in pieces of this size (bytes): well under any message limit, and
+# small enough that the server's per-stream buffer bound counts it finely.
+STREAM_CHUNK_BYTES = 256 * 1024
+
+
+def stream_open(
+    *,
+    references: Mapping[str, AudioLike] | None = None,
+    voices: Mapping[str, str] | None = None,
+    dialogue_id: str = "",
+    options: pb.CheckOptions | None = None,
+    sample_rate: int | None = None,
+) -> pb.StreamDialogueRequest:
+    """A StreamDialogue's first message: the dialogue id, references (audio or registered voice ids), options."""
+    both = dialogue_request((), references=references, voices=voices, options=options, sample_rate=sample_rate)
+    return pb.StreamDialogueRequest(
+        open=pb.StreamOpen(dialogue_id=dialogue_id, references=both.references, options=both.options)
+    )
+
+
+def stream_turn(
+    item: Turn | tuple[str, AudioLike], position: int, sample_rate: int | None = None
+) -> list[pb.StreamDialogueRequest]:
+    """One turn of a stream, at ``position`` (0-based) in the dialogue: its TurnStart and its audio in pieces,
+    the last marked final (NumPy samples go as headerless PCM). A turn without audio sends nothing: the
+    next turn's index leaves the gap, as a dialogue's turns without audio are carried but not judged."""
+    t = item if isinstance(item, Turn) else Turn(*item)
+    if t.audio is None:
+        return []
+    turn_id = turn_id_or_default(t.turn_id, position)
+    audio = to_audio(t.audio, t.sample_rate or sample_rate, f"turn {turn_id!r}")
+    start = pb.TurnStart(turn_id=turn_id, speaker=t.speaker, text=t.text, index=position)
+    if audio.WhichOneof("source") == "pcm":
+        p = audio.pcm
+        start.pcm.CopyFrom(pb.PcmFormat(encoding=p.encoding, sample_rate_hz=p.sample_rate_hz, channels=p.channels))
+        data = p.data
+    else:
+        data = audio.encoded
+    cuts = [*range(0, len(data), STREAM_CHUNK_BYTES), len(data)] if data else [0, 0]
+    pieces = [
+        pb.StreamDialogueRequest(audio=pb.TurnAudio(turn_id=turn_id, data=data[a:b], final=b == len(data)))
+        for a, b in itertools.pairwise(cuts)
+    ]
+    return [pb.StreamDialogueRequest(turn_start=start), *pieces]
+
+
 def register_request(
     voice_id: str,
     clips: Sequence[AudioLike],
@@ -191,55 +298,103 @@ def register_request(
 
 # ---------------------------------------------------------------------------------------------- files
 
+# What an audio file starts with, to tell a user who passed one where a dialogue file goes what happened.
+_AUDIO_MAGIC = ((b"RIFF", "a WAV"), (b"fLaC", "a FLAC"), (b"OggS", "an Ogg"), (b"ID3", "an MP3"))
+
+
+def _audio_kind(head: bytes) -> str:
+    """``"a WAV"``, ``"an MP3"``, ... when ``head`` (a file's first bytes) starts an audio file, else ""."""
+    for magic, kind in _AUDIO_MAGIC:
+        if head.startswith(magic):
+            return kind
+    if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:  # an MPEG audio frame header
+        return "an MP3"
+    return ""
+
+
+def read_dialogue_text(path: Path) -> str:
+    """A dialogue JSON (or JSON Lines) file's text. Raises DialogueFileError that says what was given
+    instead: a folder, an audio file, or a file that is not UTF-8 text."""
+    if path.is_dir():
+        raise DialogueFileError(f"{path} is a folder: give a dialogue JSON file (`sleuthd check` takes folders)")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DialogueFileError(f"cannot read dialogue file {path}: {exc.strerror or exc}") from None
+    kind = _audio_kind(data[:4])
+    if kind:
+        raise DialogueFileError(
+            f"{path} is {kind} audio file, not a dialogue: give a dialogue JSON file (or a .jsonl of dialogues) that "
+            f'names each turn\'s speaker and audio, e.g. {{"turns": [{{"speaker": "A", "audio": "{path.name}"}}]}}'
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DialogueFileError(
+            f"{path} is not UTF-8 text: expected a dialogue JSON file (or a .jsonl of dialogues)"
+        ) from None
+
 
 def audio_file(path: Path, read: bool = True) -> pb.Audio:
     """The file's bytes as encoded audio (``read`` False: only check that it exists; the audio is empty)."""
     if not path.is_file():
-        raise DialogueFileError(f"audio file {path} does not exist")
+        raise MissingAudioError(f"audio file {path} does not exist")
     return pb.Audio(encoded=path.read_bytes()) if read else pb.Audio()
 
 
 def dialogue_request_from_dict(doc: Any, base: Path, where: str, read_audio: bool = True) -> pb.CheckDialogueRequest:
     """A dialogue object (the dialogue file format; audio paths relative to ``base``) as a request;
-    ``where`` names it in errors (DialogueFileError). ``read_audio`` False checks it without reading audio."""
+    ``where`` names it in errors (DialogueFileError; MissingAudioError for audio that does not exist).
+    ``read_audio`` False checks it without reading audio. Turns without a ``turn_id`` are numbered as the
+    client library numbers them (:func:`turn_id_or_default`)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("turns"), list):
         raise DialogueFileError(f"{where}: expected an object with a 'turns' list")
     req = pb.CheckDialogueRequest(dialogue_id=str(doc.get("dialogue_id", "")))
+
+    def audio(path: Any, what: str) -> pb.Audio:
+        try:
+            return audio_file(base / path, read_audio)
+        except MissingAudioError as exc:
+            raise MissingAudioError(f"{what}: {exc.detail}", where) from None
+
     for n, t in enumerate(doc["turns"]):
-        missing = [k for k in ("turn_id", "speaker") if not isinstance(t, dict) or k not in t]
-        if missing:
-            raise DialogueFileError(f"{where}: turns[{n}] lacks {', '.join(missing)}")
-        turn = req.turns.add(turn_id=str(t["turn_id"]), speaker=str(t["speaker"]), text=str(t.get("text", "")))
+        if not isinstance(t, dict) or "speaker" not in t:
+            raise DialogueFileError(f"{where}: turns[{n}] lacks speaker")
+        turn_id = turn_id_or_default(t.get("turn_id"), n)
+        turn = req.turns.add(turn_id=turn_id, speaker=str(t["speaker"]), text=str(t.get("text", "")))
         if t.get("audio"):
-            turn.audio.CopyFrom(audio_file(base / t["audio"], read_audio))
+            turn.audio.CopyFrom(audio(t["audio"], f"turn {turn_id!r}"))
     references, voices = doc.get("references") or {}, doc.get("voices") or {}
     if not isinstance(references, dict) or not isinstance(voices, dict):
         raise DialogueFileError(f"{where}: 'references' and 'voices' must map speakers to a path / a voice id")
     for speaker, ref in references.items():
-        req.references.add(speaker=speaker, audio=audio_file(base / ref, read_audio))
+        req.references.add(speaker=speaker, audio=audio(ref, f"reference of {speaker!r}"))
     for speaker, voice_id in voices.items():
         if speaker in references:
             raise DialogueFileError(f"{where}: speaker {speaker!r} has both a reference and a voice; give one")
         req.references.add(speaker=speaker, voice_id=str(voice_id))
     o = doc.get("options") or {}
-    req.options.CopyFrom(
-        make_options(o.get("method"), o.get("thresholds"), o.get("threshold"), o.get("encoder", ""),
-                     bool(o.get("detect_drift", False)), bool(o.get("similarity_matrix", False)))
-    )  # fmt: skip
+    try:
+        options = make_options(o.get("method"), o.get("thresholds"), o.get("threshold"), o.get("encoder", ""),
+                               bool(o.get("detect_drift", False)), bool(o.get("similarity_matrix", False)))  # fmt: skip
+    except ValueError as exc:
+        raise DialogueFileError(f"{where}: options: {exc}") from None
+    req.options.CopyFrom(options)
     return req
 
 
 def dialogue_request_from_file(path: Path) -> pb.CheckDialogueRequest:
     """Read a dialogue JSON file (audio paths relative to the file) into a request.
 
-    Format: {"dialogue_id": str, "turns": [{"turn_id", "speaker", "text"?, "audio"?}],
+    Format: {"dialogue_id": str, "turns": [{"speaker", "turn_id"?, "text"?, "audio"?}],
     "references": {speaker: path}?, "voices": {speaker: registered voice id}?,
     "options": {"method"?, "thresholds"?, "threshold"?, "encoder"?, "detect_drift"?, "similarity_matrix"?}?}
     """
+    text = read_dialogue_text(path)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DialogueFileError(f"cannot read dialogue file {path}: {exc}") from exc
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DialogueFileError(f"{path} is not valid JSON: {exc}") from exc
     req = dialogue_request_from_dict(doc, path.parent, str(path))
     req.dialogue_id = req.dialogue_id or path.stem
     return req

@@ -221,6 +221,21 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class TurnUpdate:
+    """What a stream (``SleuthClient.stream``) learns as a turn completes: that turn's first verdict, or a
+    revision of an earlier turn whose status the new evidence changed (the new verdict replaces the old)."""
+
+    verdict: TurnVerdict  # judged against the speaker's evidence so far
+    revision: bool  # False: the turn's first verdict; True: it replaces an earlier one
+    trigger_turn_id: str  # the turn whose completion produced this update
+    speaker: SpeakerVerdict  # the speaker's verdict after this update
+
+    @classmethod
+    def from_pb(cls, u: pb.TurnUpdate) -> TurnUpdate:
+        return cls(TurnVerdict.from_pb(u.verdict), u.revision, u.trigger_turn_id, SpeakerVerdict.from_pb(u.speaker))
+
+
+@dataclass(frozen=True)
 class RankedCandidate:
     candidate_id: str
     rank: int  # 1 = best fit
@@ -315,3 +330,99 @@ class VoicePage:
     @classmethod
     def from_pb(cls, r: pb.ListVoicesResponse) -> VoicePage:
         return cls(tuple(VoiceInfo.from_pb(v) for v in r.voices), r.next_page_token, r.total_size)
+
+
+# ---------------------------------------------------------------------------------------------- server info
+
+
+@dataclass(frozen=True)
+class EncoderInfo:
+    name: str
+    embedding_size: int
+    min_speech_seconds: float  # speech a clip needs (after silence trimming) to be scored, seconds
+    default_thresholds: Mapping[str, float]  # method name -> threshold on the method's scale
+    default_method: str
+    execution_provider: str  # e.g. "CPUExecutionProvider"
+    sha256: str  # of the model file
+    components: tuple[str, ...]  # for "fused": the encoders it joins; () for a model
+
+
+@dataclass(frozen=True)
+class RegistryInfo:
+    """The server's voice registry and its bounds."""
+
+    backend: str  # "sqlite" or "postgresql"
+    keep_audio: bool  # whether clips' bytes are kept by default
+    max_voices: int
+    max_clips_per_voice: int
+    max_clip_bytes: int
+    max_voice_bytes: int
+    max_clip_seconds: float
+    max_metadata_entries: int
+    max_metadata_bytes: int
+
+
+@dataclass(frozen=True)
+class JudgeInfo:
+    """The LALM judge the server runs (method "lalm")."""
+
+    model_name: str
+    backend: str  # "in-process" or "remote"
+    architecture: str
+    device: str
+    dtype: str
+    max_clip_seconds: float
+    weights_sha256: str
+    calibrated_detection: bool
+    calibrated_discrimination: bool
+    prompt_version: str
+    max_context_clips: int
+    orderings: int
+    decision_threshold: float  # probability scale
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What ``server_info()`` reports: version, encoders, limits, and the registry and judge when present."""
+
+    version: str
+    encoders: tuple[EncoderInfo, ...]  # by name
+    default_encoder: str  # what a request that names no encoder gets
+    max_message_bytes: int  # largest request accepted, bytes
+    paper_thresholds: Mapping[str, float]  # method name -> the paper's threshold
+    registry: RegistryInfo | None  # None: the server has no voice registry
+    judge: JudgeInfo | None  # None: the server has no LALM judge
+
+    def encoder(self, name: str) -> EncoderInfo:
+        for e in self.encoders:
+            if e.name == name:
+                return e
+        raise KeyError(f"the server has no encoder {name!r}; it has {', '.join(e.name for e in self.encoders)}")
+
+    @classmethod
+    def from_pb(cls, r: pb.GetServerInfoResponse) -> ServerInfo:
+        encoders = tuple(
+            EncoderInfo(
+                e.name, e.embedding_size, e.min_speech_seconds, dict(e.default_thresholds), e.default_method,
+                e.execution_provider, e.sha256, tuple(e.components),
+            )
+            for e in r.encoders
+        )  # fmt: skip
+        registry = None
+        if r.HasField("registry"):
+            g = r.registry
+            registry = RegistryInfo(
+                g.backend, g.keep_audio, g.max_voices, g.max_clips_per_voice, g.max_clip_bytes, g.max_voice_bytes,
+                g.max_clip_seconds, g.max_metadata_entries, g.max_metadata_bytes,
+            )  # fmt: skip
+        judge = None
+        if r.HasField("judge"):
+            j = r.judge
+            judge = JudgeInfo(
+                j.model_name, j.backend, j.architecture, j.device, j.dtype, j.max_clip_seconds, j.weights_sha256,
+                j.calibrated_detection, j.calibrated_discrimination, j.prompt_version, j.max_context_clips,
+                j.orderings, j.decision_threshold,
+            )  # fmt: skip
+        return cls(
+            r.version, encoders, r.default_encoder, r.max_message_bytes, dict(r.paper_thresholds), registry, judge
+        )

@@ -134,5 +134,9 @@ def vad_model_path(models_dir: Path) -> Path:
 def find_encoders(models_dir: Path) -> list[Path]:
     """Model folders under ``models_dir`` that hold an encoder manifest (the VAD is not an encoder)."""
     if not models_dir.is_dir():
-        raise ManifestError(f"models folder {models_dir} does not exist")
+        raise ManifestError(
+            f"models folder {models_dir} does not exist: build the models into it with `sleuthd models export all "
+            f"--models-dir {models_dir}` (`make models` in a checkout), or point --models-dir / $SLEUTHD_MODELS_DIR "
+            "at the folder that has them"
+        )
     return sorted(p for p in models_dir.iterdir() if p.is_dir() and p.name != "silero_vad" and (p / MANIFEST).exists())

@@ -24,7 +24,7 @@ from sleuthd.encoders.manifest import ManifestError, find_encoders, load_encoder
 from sleuthd.encoders.runner import OnnxEncoder, PerClipEncoder, WindowEncoder
 from sleuthd.encoders.triton import TritonEncoder, load_triton_encoder
 from sleuthd.engine.admission import BoundedThreadPool
-from sleuthd.ops.observe import BatchObserver
+from sleuthd.ops.observe import EngineObserver
 from sleuthd.registry.open import open_store
 from sleuthd.registry.store import VoiceStore
 
@@ -59,7 +59,7 @@ class LoadedModels:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> LoadedModels:
+def load_models(config: EngineConfig, observer: EngineObserver | None = None) -> LoadedModels:
     """Load and warm up every encoder manifest under ``config.models_dir`` and the VAD.
 
     Raises ManifestError when there is no encoder (the message says how to export one) or a manifest
@@ -82,13 +82,15 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         for model_dir in find_encoders(config.models_dir):
             manifest = load_encoder_manifest(model_dir)
             if config.backend.encoder_backend == "triton":  # Triton batches across replicas: no batcher here
-                encoders[manifest.name] = load_triton_encoder(manifest, config.backend, config.batcher, observer)
+                watch = observer.batcher(manifest.name) if observer is not None else None
+                encoders[manifest.name] = load_triton_encoder(manifest, config.backend, config.batcher, watch)
                 continue
             runner = OnnxEncoder(manifest, device=config.device, gpu_batch=config.batcher.max_batch_windows)
             runner.warm_up()
             if batched:
                 batcher_config = encoder_batcher_config(config.batcher, runner)
-                encoders[runner.manifest.name] = MicroBatcher(runner, model_pool, batcher_config, observer)
+                watch = observer.batcher(runner.manifest.name) if observer is not None else None
+                encoders[runner.manifest.name] = MicroBatcher(runner, model_pool, batcher_config, watch)
             else:
                 encoders[runner.manifest.name] = PerClipEncoder(runner, model_pool)
             logger.info("encoder %s on %s, batching %s", runner.manifest.name, runner.provider, config.batching)
@@ -98,8 +100,9 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
             logger.info("encoder fused = %s", " + ".join(fused.component_names))
         if not encoders:
             raise ManifestError(
-                f"no encoder manifests under {config.models_dir}: run `sleuthd models export ge2e` "
-                "(or point --models-dir / $SLEUTHD_MODELS_DIR at a folder that has them)"
+                f"no encoder manifests under {config.models_dir}: run `sleuthd models export all --models-dir "
+                f"{config.models_dir}` (`make models` in a checkout), or point --models-dir / $SLEUTHD_MODELS_DIR at "
+                "a folder that has them"
             )
         default = pick_default_encoder(encoders) if config.default_encoder == "auto" else config.default_encoder
         if default not in encoders:

@@ -26,6 +26,7 @@ from sleuthd.domain import (
     DialogueRequest,
     DialogueResult,
     DriftResult,
+    FlagReason,
     SimilarityMatrix,
     SpeakerResult,
     TurnResult,
@@ -121,7 +122,8 @@ class VerdictLedger:
         for t in turns:
             if t.turn_id not in self._counted:
                 self._counted.add(t.turn_id)
-                self._observer.verdict(t.status)
+                why = t.reason if t.reason is not FlagReason.NONE else t.uncertain_reason
+                self._observer.verdict(t.status, why.value)
 
 
 # Hears a request's clips (each with a label for errors) under the dialogue's window placements: one list

@@ -1,6 +1,6 @@
 """The turn x turn similarity matrix of a dialogue (CheckOptions.similarity_matrix). Pure NumPy.
 
-Cosines come from the exact quantized products of sleuthd.gram, the same numbers every verdict of the
+Cosines come from the exact quantized products of sleuthd.judgment.gram, the same numbers every verdict of the
 dialogue is judged with, so a heat map drawn from them agrees with the verdicts to the last bit of a float32.
 """
 

@@ -7,15 +7,15 @@ Every metric, with its labels (all low-cardinality):
 | `sleuthd_rpc_total` | counter | method, code | finished RPCs by method and status code, refused and malformed too |
 | `sleuthd_rpc_latency_seconds` | histogram | method, code | RPC wall time, seconds (streams: open to end) |
 | `sleuthd_rpcs_in_flight` | gauge | | work RPCs running now (not health or reflection); drained on SIGTERM |
-| `sleuthd_batch_queue_windows` | gauge | | encoder windows waiting in the micro-batcher queue |
-| `sleuthd_batch_queue_wait_seconds` | histogram | | time from a request's arrival to its first windows being batched |
-| `sleuthd_batch_windows` | histogram | | windows per model call (batch size in cost units) |
-| `sleuthd_batch_requests` | histogram | | requests contributing to one model call |
-| `sleuthd_batch_execution_seconds` | histogram | | wall time of one model call |
-| `sleuthd_batch_failures_total` | counter | | model calls that raised |
-| `sleuthd_batch_rejected_total` | counter | | requests refused because the queue was full (RESOURCE_EXHAUSTED) |
+| `sleuthd_batch_queue_windows` | gauge | encoder | encoder windows waiting in the micro-batcher queue |
+| `sleuthd_batch_queue_wait_seconds` | histogram | encoder | a request's wait until its first windows are batched |
+| `sleuthd_batch_windows` | histogram | encoder | windows per model call (batch size in cost units) |
+| `sleuthd_batch_requests` | histogram | encoder | requests contributing to one model call |
+| `sleuthd_batch_execution_seconds` | histogram | encoder | wall time of one model call |
+| `sleuthd_batch_failures_total` | counter | encoder | model calls that raised |
+| `sleuthd_batch_rejected_total` | counter | encoder | requests refused: the queue was full (RESOURCE_EXHAUSTED) |
 | `sleuthd_audio_seconds_total` | counter | cached | audio seconds embedded ("false") or cached or shared ("true") |
-| `sleuthd_verdicts_total` | counter | status | turn verdicts by status (consistent, inconsistent, ...) |
+| `sleuthd_verdicts_total` | counter | status, reason | turn verdicts by status, and why flagged or uncertain |
 | `sleuthd_streams_active` | gauge | | open StreamDialogue calls |
 | `sleuthd_judge_queue_prompts` | gauge | | LALM judge prompts waiting in its batcher (in-process judge) |
 | `sleuthd_judge_queue_wait_seconds` | histogram | | time from a prompt's arrival to its batch being cut |
@@ -25,13 +25,20 @@ Every metric, with its labels (all low-cardinality):
 | `sleuthd_judge_batch_failures_total` | counter | | judge model calls that raised (their prompts failed) |
 | `sleuthd_judge_batch_splits_total` | counter | | judge calls split in halves after running out of GPU memory |
 | `sleuthd_judge_rejected_total` | counter | | judge prompts refused because its queue was full |
+| `process_*` | | | the server process (Linux): resident and virtual memory, CPU seconds, open and max fds, start |
+
+The ``encoder`` label is a model's manifest name (``ge2e``, ``campplus``, ...): one micro-batcher per model, so
+the fused default shows two series. ``reason`` is one of none, score_threshold, speaker_confusion,
+out_of_support, own_turns_dissimilar, low_answer_mass ("none": neither flagged nor uncertain). The ``process_*``
+metrics come from prometheus_client's ProcessCollector.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from sleuthd.domain import TurnStatus
+from sleuthd.ops.observe import BatchObserver
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
@@ -82,46 +89,19 @@ class JudgeMetrics:
         self.rejections.inc()
 
 
-class ServiceMetrics:
-    """All metrics of one server, on their own registry (tests create several servers per process)."""
+class EncoderBatchMetrics:
+    """One encoder's micro-batcher's measurements (sleuthd.ops.observe.BatchObserver): the service's batch
+    metrics, labelled with the encoder."""
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.rpc_total = Counter("sleuthd_rpc", "Finished RPCs", ["method", "code"], registry=r)
-        self.rpcs_in_flight = Gauge("sleuthd_rpcs_in_flight", "Work RPCs running now", registry=r)
-        self.rpc_latency = Histogram(
-            "sleuthd_rpc_latency_seconds", "RPC wall time (s)", ["method", "code"], buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.queue_windows = Gauge("sleuthd_batch_queue_windows", "Windows waiting in the batch queue", registry=r)
-        self.queue_wait_seconds = Histogram(
-            "sleuthd_batch_queue_wait_seconds", "Queue wait before batching (s)", buckets=_WAIT_BUCKETS, registry=r
-        )
-        self.batch_windows = Histogram(
-            "sleuthd_batch_windows", "Windows per model call", buckets=_SIZE_BUCKETS, registry=r
-        )
-        self.batch_requests = Histogram(
-            "sleuthd_batch_requests", "Requests per model call", buckets=_SIZE_BUCKETS, registry=r
-        )
-        self.batch_seconds = Histogram(
-            "sleuthd_batch_execution_seconds", "Model call wall time (s)", buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.batch_failures = Counter("sleuthd_batch_failures", "Model calls that raised", registry=r)
-        self.batch_rejected = Counter("sleuthd_batch_rejected", "Requests refused: queue full", registry=r)
-        self.audio_seconds = Counter(
-            "sleuthd_audio_seconds", "Audio seconds embedded or cached", ["cached"], registry=r
-        )
-        self.verdicts = Counter("sleuthd_verdicts", "Turn verdicts by status", ["status"], registry=r)
-        self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
-        self.judge = JudgeMetrics(r)  # given to the LALM judge's batcher (Engine.start)
+    def __init__(self, metrics: ServiceMetrics, encoder: str) -> None:
+        self.queue_windows = metrics.queue_windows.labels(encoder)
+        self.queue_wait_seconds = metrics.queue_wait_seconds.labels(encoder)
+        self.batch_windows = metrics.batch_windows.labels(encoder)
+        self.batch_requests = metrics.batch_requests.labels(encoder)
+        self.batch_seconds = metrics.batch_seconds.labels(encoder)
+        self.batch_failures = metrics.batch_failures.labels(encoder)
+        self.batch_rejected = metrics.batch_rejected.labels(encoder)
 
-    # -- RPCs (called by the RPC gate, sleuthd.rpc.gate; `method` is the short name for sleuthd's own
-    # services and the full path for health and reflection, so its values are bounded by what is registered)
-    def rpc_finished(self, method: str, code: str, seconds: float) -> None:
-        self.rpc_total.labels(method, code).inc()
-        self.rpc_latency.labels(method, code).observe(seconds)
-
-    # -- BatchObserver (called by the micro-batcher)
     def queue_depth(self, windows: int) -> None:
         self.queue_windows.set(windows)
 
@@ -139,9 +119,58 @@ class ServiceMetrics:
     def rejected(self) -> None:
         self.batch_rejected.inc()
 
-    # -- EngineObserver (called by the engine)
+
+class ServiceMetrics:
+    """All metrics of one server, on their own registry (tests create several servers per process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rpc_total = Counter("sleuthd_rpc", "Finished RPCs", ["method", "code"], registry=r)
+        self.rpcs_in_flight = Gauge("sleuthd_rpcs_in_flight", "Work RPCs running now", registry=r)
+        self.rpc_latency = Histogram(
+            "sleuthd_rpc_latency_seconds", "RPC wall time (s)", ["method", "code"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        e = ["encoder"]  # one micro-batcher per encoder model: the fused default runs two
+        self.queue_windows = Gauge("sleuthd_batch_queue_windows", "Windows waiting in the batch queue", e, registry=r)
+        self.queue_wait_seconds = Histogram(
+            "sleuthd_batch_queue_wait_seconds", "Queue wait before batching (s)", e, buckets=_WAIT_BUCKETS, registry=r
+        )
+        self.batch_windows = Histogram(
+            "sleuthd_batch_windows", "Windows per model call", e, buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.batch_requests = Histogram(
+            "sleuthd_batch_requests", "Requests per model call", e, buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.batch_seconds = Histogram(
+            "sleuthd_batch_execution_seconds", "Model call wall time (s)", e, buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.batch_failures = Counter("sleuthd_batch_failures", "Model calls that raised", e, registry=r)
+        self.batch_rejected = Counter("sleuthd_batch_rejected", "Requests refused: queue full", e, registry=r)
+        self.audio_seconds = Counter(
+            "sleuthd_audio_seconds", "Audio seconds embedded or cached", ["cached"], registry=r
+        )
+        self.verdicts = Counter(
+            "sleuthd_verdicts", "Turn verdicts by status and why flagged or uncertain", ["status", "reason"], registry=r
+        )
+        self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
+        self.judge = JudgeMetrics(r)  # given to the LALM judge's batcher (Engine.start)
+        # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, ... (read from /proc on
+        # Linux; elsewhere the collector reports nothing). On this registry, as every metric of the server.
+        ProcessCollector(registry=r)
+
+    # -- RPCs (called by the RPC gate, sleuthd.rpc.gate; `method` is the short name for sleuthd's own
+    # services and the full path for health and reflection, so its values are bounded by what is registered)
+    def rpc_finished(self, method: str, code: str, seconds: float) -> None:
+        self.rpc_total.labels(method, code).inc()
+        self.rpc_latency.labels(method, code).observe(seconds)
+
+    # -- EngineObserver (called by the engine, and by each encoder's micro-batcher through batcher())
+    def batcher(self, encoder: str) -> BatchObserver:
+        return EncoderBatchMetrics(self, encoder)
+
     def clip_embedded(self, audio_seconds: float, cached: bool) -> None:
         self.audio_seconds.labels("true" if cached else "false").inc(audio_seconds)
 
-    def verdict(self, status: TurnStatus) -> None:
-        self.verdicts.labels(status.value).inc()
+    def verdict(self, status: TurnStatus, reason: str) -> None:
+        self.verdicts.labels(status.value, reason).inc()

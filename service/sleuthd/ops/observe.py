@@ -58,15 +58,23 @@ class NullObserver:
     def verdict(self, *_: object) -> None:
         pass
 
+    def batcher(self, encoder: str) -> NullObserver:
+        return self
 
-class EngineObserver(BatchObserver, Protocol):
-    """The batcher's measurements plus the engine's own."""
+
+class EngineObserver(Protocol):
+    """The engine's measurements, and an observer for each encoder's micro-batcher."""
+
+    def batcher(self, encoder: str) -> BatchObserver:
+        """The observer of ``encoder``'s micro-batcher (the fused default runs two: GE2E's and CAM++'s)."""
 
     def clip_embedded(self, audio_seconds: float, cached: bool) -> None:
         """A clip's embedding was delivered: computed (``cached`` False) or found cached or shared."""
 
-    def verdict(self, status: TurnStatus) -> None:
-        """A turn verdict was issued for the first time."""
+    def verdict(self, status: TurnStatus, reason: str) -> None:
+        """A turn verdict was issued for the first time. ``reason``: why it was flagged or left uncertain
+        (a FlagReason or UncertainReason value: "score_threshold", "speaker_confusion", "out_of_support",
+        "own_turns_dissimilar", "low_answer_mass"), "none" for neither."""
 
 
 class JudgeObserver(Protocol):

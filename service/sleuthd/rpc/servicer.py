@@ -19,7 +19,7 @@ from sleuthd.encoders.manifest import PAPER_THRESHOLDS
 from sleuthd.engine.admission import AudioBudget
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.stream import StreamSession, paced
-from sleuthd.errors import EngineFailure, InvalidRequest
+from sleuthd.errors import DependencyUnavailable, EngineFailure, InvalidRequest
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc import convert
 from sleuthd.rpc.status import status_of
@@ -50,6 +50,14 @@ class SleuthServicer(pb_grpc.SleuthServicer):
     # ------------------------------------------------------------------ errors to status codes
 
     async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+        if isinstance(exc, DependencyUnavailable):
+            # The client is told UNAVAILABLE ("retry later"); whoever runs the server is told what failed and
+            # why, here: the access line alone shows only the code.
+            cause = exc.__cause__
+            logger.warning(
+                "a service the server relies on failed (the call gets UNAVAILABLE): %s", exc,
+                extra={"fields": {"error": type(exc).__name__, "cause": repr(cause) if cause else ""}},
+            )  # fmt: skip
         known = status_of(exc)
         if known is not None:
             await context.abort(*known)
