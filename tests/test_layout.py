@@ -27,6 +27,7 @@ PUBLIC = {
     "sleuthd.domain",
     "sleuthd.drift",
     "sleuthd.errors",
+    "sleuthd.judgment",  # the evidence model (pure NumPy): tools fit and evaluate it
     "sleuthd.manifest",
     "sleuthd.scoring",
     "sleuthd.v1",

@@ -59,8 +59,14 @@ def _save(root: Path, e: Embeddings) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
     meta = json.dumps({"encoder": e.encoder, "weights_sha256": e.weights_sha256})
-    np.savez(tmp, meta=np.array(meta), paths=np.array(e.paths), vectors=e.vectors, speech=e.speech_seconds,
-             audio=e.audio_seconds)
+    np.savez(
+        tmp,
+        meta=np.array(meta),
+        paths=np.array(e.paths),
+        vectors=e.vectors,
+        speech=e.speech_seconds,
+        audio=e.audio_seconds,
+    )
     tmp.replace(path)
 
 
@@ -98,8 +104,9 @@ def embed_all(
                     f"{cache_path(root, name)} was embedded with other {name} weights: delete it and embed again"
                 )
         except FileNotFoundError:
-            cached = Embeddings(name, sha, [], np.zeros((0, encoder.manifest.embedding_size), np.float32),
-                                np.zeros(0), np.zeros(0))
+            cached = Embeddings(
+                name, sha, [], np.zeros((0, encoder.manifest.embedding_size), np.float32), np.zeros(0), np.zeros(0)
+            )
         todo = [p for p in paths if p not in cached.index]
         rows, speech, audio, done_paths = [], [], [], []
         last = time.monotonic()

@@ -59,7 +59,9 @@ def relpath(spec: Mapping[str, Any]) -> str:
 def _run(argv: Sequence[str], stdin: bytes | None = None) -> bytes:
     proc = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=_TIMEOUT_S, check=False)
     if proc.returncode != 0:
-        raise synth.SynthesisError(f"{argv[0]} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')[:300]}")
+        raise synth.SynthesisError(
+            f"{argv[0]} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')[:300]}"
+        )
     return proc.stdout
 
 
@@ -147,8 +149,10 @@ def _noise(n: int, colour: str, seed: int) -> np.ndarray:
 
 
 def _sox(x: np.ndarray, effects: Sequence[str]) -> np.ndarray:
-    out = _run(["sox", "-R", "-D", "-q", "-t", "wav", "-", "-t", "wav", "-e", "floating-point", "-", *effects],
-               stdin=_wav_bytes(x, subtype="FLOAT"))
+    out = _run(
+        ["sox", "-R", "-D", "-q", "-t", "wav", "-", "-t", "wav", "-e", "floating-point", "-", *effects],
+        stdin=_wav_bytes(x, subtype="FLOAT"),
+    )
     return _read(out)
 
 
@@ -186,13 +190,36 @@ def apply(x: np.ndarray, fx: Sequence[Sequence[Any]]) -> bytes:
         elif name == "clip":
             x = x * (10 ** ((float(step[1]) - 3) / 20) / max(float(np.abs(x).max()), 1e-9))
         elif name == "mp3":
-            return _run(["lame", "--quiet", "-r", "-s", "16", "--bitwidth", "16", "--signed", "--little-endian",
-                         "-m", "m", "-b", str(int(step[1])), "-", "-"],
-                        stdin=(np.clip(x, -1, 1) * 32767).astype("<i2").tobytes())
+            return _run(
+                [
+                    "lame",
+                    "--quiet",
+                    "-r",
+                    "-s",
+                    "16",
+                    "--bitwidth",
+                    "16",
+                    "--signed",
+                    "--little-endian",
+                    "-m",
+                    "m",
+                    "-b",
+                    str(int(step[1])),
+                    "-",
+                    "-",
+                ],
+                stdin=(np.clip(x, -1, 1) * 32767).astype("<i2").tobytes(),
+            )
         elif name in ("opus", "vorbis"):
             buf = io.BytesIO()
-            sf.write(buf, np.clip(x, -1, 1), SAMPLE_RATE, format="OGG", subtype=name.upper(),
-                     compression_level=float(step[1]))
+            sf.write(
+                buf,
+                np.clip(x, -1, 1),
+                SAMPLE_RATE,
+                format="OGG",
+                subtype=name.upper(),
+                compression_level=float(step[1]),
+            )
             return buf.getvalue()
         else:
             raise ValueError(f"unknown effect {name!r}")

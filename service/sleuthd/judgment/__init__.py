@@ -1,0 +1,1 @@
+"""How turns are judged: the judgment layer (verdict rules, scoring, calibration, the evidence model)."""

@@ -1,0 +1,228 @@
+"""Fitting the evidence model (sleuthd.judgment.evidence) on the robustness matrix's TRAIN split
+(`sleuthd-bench calibrate fit-evidence`): synthetic espeak-ng and Kokoro voices under every condition that
+has a train split; FSDD (real speech) has none and is never fitted on.
+
+Training rows: every turn of every train instance (S1, S2, S3), judged with the reference, and again
+without it (half of the dialogues, so the no-reference models are trained), and again with 1-2 other
+speakers of the same condition as the dialogue's cohort (half of the dialogues; in a quarter of the
+altered ones the intruder's own voice is among them). One model per variant, each feature through
+monotone ramps between quantile knots of the training rows (both classes' ranges), fitted by L-BFGS-B
+with the ramp weights' signs bounded (a monotone, bounded effect) and an L2 penalty per training row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from sleuthd.judgment.evidence import (
+    EVIDENCE_VERSION,
+    SIGNS,
+    VARIANT_FEATURES,
+    RampModel,
+    encoder_evidence,
+    feature_matrix,
+    feature_names,
+    variant_of,
+)
+
+from sleuthd_bench.robustness.instances import ENCODERS, Instance
+from sleuthd_bench.robustness.judges import evidence_inputs
+
+L2_PENALTY = 1e-3  # per training row, on ramp weights (each ramp is 0-1)
+NEGATIVE_QUANTILES = (0.005, 0.1, 0.5, 0.9, 0.995)
+POSITIVE_QUANTILES = (0.1, 0.5, 0.9)
+SUPPORT_QUANTILES = (0.001, 0.999)
+SUPPORT_MARGIN = 0.1  # a feature may lie 10 % of the support's width outside it before a turn is uncertain
+LEVEL_FLOOR_QUANTILE = 0.005
+DECISION_THRESHOLD = 0.5
+
+
+@dataclass
+class Rows:
+    x: list[np.ndarray]
+    y: list[np.ndarray]
+    condition: list[str]
+
+
+def _coin(*parts: object) -> float:
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:4], "big") / 2**32
+
+
+def _centroid(v: np.ndarray) -> np.ndarray:
+    c = v.astype(np.float64).mean(axis=0)
+    return np.asarray(c / max(float(np.linalg.norm(c)), 1e-12))
+
+
+def _cohort(
+    inst: Instance, by_target: Mapping[tuple[str, str], list[Instance]], rng: random.Random
+) -> dict[str, np.ndarray] | None:
+    """encoder -> (c, D) centroids of 1-2 other speakers of the same condition (the intruder's own voice
+    among them in a quarter of the altered instances)."""
+    others = [k for k in by_target if k[0] == inst.condition and k[1] not in (inst.target, inst.intruder)]
+    if not others:
+        return None
+    chosen = rng.sample(others, min(rng.choice((1, 1, 2)), len(others)))
+    if inst.intruder and rng.random() < 0.25 and (inst.condition, inst.intruder) in by_target:
+        chosen = [(inst.condition, inst.intruder), *chosen[:1]]
+    out = {}
+    for e in ENCODERS:
+        cents = []
+        for key in chosen:
+            donor = rng.choice(by_target[key])
+            v = donor.views["fused"]
+            rows = donor.views[e].emb[np.searchsorted(donor.views[e].index, v.index)]
+            if len(rows):
+                cents.append(_centroid(rows))
+        if not cents:
+            return None
+        out[e] = np.stack(cents)
+    return out
+
+
+def training_rows(instances: Sequence[Instance], seed: int = 0) -> dict[str, Rows]:
+    """Feature rows and labels per variant."""
+    rng = random.Random(seed)
+    by_target: dict[tuple[str, str], list[Instance]] = {}
+    for inst in instances:
+        if inst.scenario == "S1":
+            by_target.setdefault((inst.condition, inst.target), []).append(inst)
+    out: dict[str, Rows] = {}
+    for inst in instances:
+        settings = [(True, False)]
+        if _coin("noref", inst.dialogue_id) < 0.5:
+            settings.append((False, False))
+        if _coin("cohort", inst.dialogue_id) < 0.5:
+            settings.append((_coin("cohort-ref", inst.dialogue_id) < 0.5, True))
+        for use_ref, with_cohort in settings:
+            grams, has_ref, seconds, index = evidence_inputs(inst, use_reference=use_ref)
+            cohort = _cohort(inst, by_target, rng) if with_cohort else None
+            variant = variant_of(len(seconds), has_ref, cohort is not None)
+            if variant is None:
+                continue
+            rivals = None
+            if cohort is not None:
+                rivals = {e: _turn_rows(grams, inst, e, index, cohort[e]) for e in ENCODERS}
+            evidence = {e: encoder_evidence(grams[e], has_ref, None if rivals is None else rivals[e]) for e in ENCODERS}
+            x = feature_matrix(variant, evidence, seconds)
+            y = np.array([1.0 if int(i) in inst.gold else 0.0 for i in index])
+            rows = out.setdefault(variant, Rows([], [], []))
+            rows.x.append(x)
+            rows.y.append(y)
+            rows.condition.extend([inst.condition] * len(y))
+    return out
+
+
+def _turn_rows(
+    grams: Mapping[str, np.ndarray], inst: Instance, e: str, index: np.ndarray, cents: np.ndarray
+) -> np.ndarray:
+    v = inst.views[e]
+    rows = v.emb[np.searchsorted(v.index, index)].astype(np.float64)
+    return np.asarray(rows @ cents.T)
+
+
+def _knots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    out = []
+    for k in range(x.shape[1]):
+        col = x[:, k]
+        neg, pos = col[y == 0], col[y == 1]
+        qs = list(np.quantile(neg, NEGATIVE_QUANTILES)) if len(neg) else []
+        qs += list(np.quantile(pos, POSITIVE_QUANTILES)) if len(pos) else []
+        knots = np.unique(np.round(qs, 6))
+        if len(knots) < 2:
+            knots = np.array([knots[0] - 1e-3, knots[0] + 1e-3]) if len(knots) else np.array([0.0, 1e-3])
+        out.append(knots)
+    width = max(len(k) for k in out)
+    # Pad every feature to the same number of knots by repeating its last one (a zero-width ramp is 0 or 1
+    # beyond it and carries a weight like any other; the fit keeps it small).
+    return np.stack(
+        [np.concatenate([k, np.full(width - len(k), k[-1] + 1e-6 * np.arange(1, width - len(k) + 1))]) for k in out]
+    )
+
+
+def fit_ramp_model(x: np.ndarray, y: np.ndarray, features: Sequence[str], l2: float = L2_PENALTY) -> RampModel:
+    from scipy.optimize import minimize
+
+    knots = _knots(x, y)
+    design = RampModel.ramps(x, knots)  # (N, k, K)
+    n, k, kk = design.shape
+    flat = design.reshape(n, k * kk)
+    signs = np.repeat([SIGNS[f.split(".")[-1]] for f in features], kk)
+    bounds = [(0.0, None) if s > 0 else (None, 0.0) if s < 0 else (None, None) for s in signs] + [(None, None)]
+    lam = l2 * n
+
+    def loss(w: np.ndarray) -> tuple[float, np.ndarray]:
+        z = flat @ w[:-1] + w[-1]
+        p = 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+        ll = np.sum(np.logaddexp(0.0, z) - y * z) + 0.5 * lam * float(w[:-1] @ w[:-1])
+        g = np.append(flat.T @ (p - y) + lam * w[:-1], np.sum(p - y))
+        return float(ll), g
+
+    w0 = np.zeros(k * kk + 1)
+    w0[-1] = float(np.log(max(y.mean(), 1e-3) / max(1 - y.mean(), 1e-3)))
+    res = minimize(loss, w0, jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 2000})
+    return RampModel(tuple(features), knots, res.x[:-1].reshape(k, kk), float(res.x[-1]))
+
+
+def fit(
+    instances: Sequence[Instance], seed: int = 0, l2: float = L2_PENALTY
+) -> tuple[dict[str, RampModel], dict[str, Any]]:
+    """Models per variant, their feature support and the encoders' level floors."""
+    rows = training_rows(instances, seed)
+    models: dict[str, RampModel] = {}
+    support: dict[str, list[list[float]]] = {}
+    stats: dict[str, Any] = {"variants": {}}
+    for variant in VARIANT_FEATURES:
+        if variant not in rows:
+            continue
+        x, y = np.vstack(rows[variant].x), np.concatenate(rows[variant].y)
+        names = feature_names(variant, ENCODERS)
+        models[variant] = fit_ramp_model(x, y, names, l2)
+        lo, hi = np.quantile(x, SUPPORT_QUANTILES, axis=0)
+        support[variant] = [[round(float(a), 6), round(float(b), 6)] for a, b in zip(lo, hi, strict=True)]
+        stats["variants"][variant] = {"turns": len(y), "inconsistent_share": round(float(y.mean()), 4)}
+    floors = {}
+    for e in ENCODERS:
+        levels = []
+        for inst in instances:
+            if inst.scenario != "S1":
+                continue
+            grams, has_ref, _, _ = evidence_inputs(inst)
+            if len(grams[e]) >= 3:
+                levels.append(np.nanmin(encoder_evidence(grams[e], has_ref)["level"]))
+        floors[e] = round(float(np.quantile(levels, LEVEL_FLOOR_QUANTILE)), 6) if levels else -1.0
+    stats["conditions"] = sorted({i.condition for i in instances})
+    stats["instances"] = len(instances)
+    return models, {"support": support, "level_floor": floors, "fit_stats": stats}
+
+
+def calibration_block(
+    models: Mapping[str, RampModel], extra: Mapping[str, Any], weights_sha256: Mapping[str, str], corpus: str, seed: int
+) -> dict[str, Any]:
+    return {
+        "kind": "evidence",
+        "version": EVIDENCE_VERSION,
+        "fitted_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "encoders": list(ENCODERS),
+        "encoder_weights_sha256": dict(weights_sha256),
+        "how": (
+            "sleuthd.judgment.evidence ramp models (monotone, bounded feature effects; L-BFGS-B with sign bounds, "
+            f"L2 {L2_PENALTY:g} per row) fitted on every turn of the train split of the robustness matrix ({corpus}; "
+            f"conditions {', '.join(extra['fit_stats']['conditions'])}), seed {seed}; with and without the reference and "
+            "with 1-2 other speakers of the condition as a cohort. Never fitted on FSDD (real speech). Decision "
+            f"threshold {DECISION_THRESHOLD} (not tuned). Support: the {SUPPORT_QUANTILES} quantiles of the training "
+            f"rows, margin {SUPPORT_MARGIN}; level floor: the {LEVEL_FLOOR_QUANTILE} quantile of consistent speakers."
+        ),
+        "decision_threshold": DECISION_THRESHOLD,
+        "support_margin": SUPPORT_MARGIN,
+        "score_scale": "probability that the turn does not belong to its speaker",
+        "models": {name: m.to_json() for name, m in models.items()},
+        "support": extra["support"],
+        "level_floor": extra["level_floor"],
+        "fit_stats": extra["fit_stats"],
+    }
