@@ -129,11 +129,15 @@ def feature_names(variant: str, encoders: Sequence[str]) -> tuple[str, ...]:
 
 
 def feature_matrix(
-    variant: str, evidence: Mapping[str, Mapping[str, np.ndarray]], speech_seconds: np.ndarray
+    names: Sequence[str], evidence: Mapping[str, Mapping[str, np.ndarray]], speech_seconds: np.ndarray
 ) -> np.ndarray:
-    """(n, k) features in :func:`feature_names` order; ``evidence``: encoder -> encoder_evidence(...)."""
-    cols = [np.asarray(ev[f], np.float64) for ev in evidence.values() for f in VARIANT_FEATURES[variant]]
-    cols.append(np.log(np.maximum(np.asarray(speech_seconds, np.float64), MIN_SECONDS)))
+    """(n, k) features named ``<encoder>.<feature>`` or a shared name (:func:`feature_names`);
+    ``evidence``: encoder -> encoder_evidence(...)."""
+    seconds = np.log(np.maximum(np.asarray(speech_seconds, np.float64), MIN_SECONDS))
+    cols = []
+    for name in names:
+        encoder, _, feature = name.rpartition(".")
+        cols.append(seconds if name == "log_speech_seconds" else np.asarray(evidence[encoder][feature], np.float64))
     return np.stack(cols, axis=1)
 
 
@@ -234,7 +238,8 @@ class EvidenceCalibration:
                 )
         for name, model in models.items():
             base = name.removesuffix("_cohort")
-            if base not in ("context_reference", "context", "pair") or model.features != feature_names(name, encoders):
+            allowed = set(feature_names(name, encoders))
+            if base not in ("context_reference", "context", "pair") or not set(model.features) <= allowed:
                 raise EvidenceError(f"evidence model {name!r} was fitted on other features: refit it")
             if support[name].shape != (len(model.features), 2):
                 raise EvidenceError(f"evidence support of {name!r} has the wrong shape")
@@ -260,7 +265,7 @@ class EvidenceCalibration:
         evidence = {
             e: encoder_evidence(grams[e], has_reference, None if rivals is None else rivals[e]) for e in self.encoders
         }
-        x = feature_matrix(variant, evidence, speech_seconds)
+        x = feature_matrix(self.models[variant].features, evidence, speech_seconds)
         p = self.models[variant].probability(x)
         flagged = p > self.decision_threshold
         lo, hi = self.support[variant][:, 0], self.support[variant][:, 1]

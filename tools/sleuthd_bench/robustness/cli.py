@@ -190,6 +190,7 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
     rep.add_argument("--json", type=Path, help="write the report as JSON")
     rep.add_argument("--md", type=Path, help="write the report as markdown")
     rep.set_defaults(func=cmd_report)
+    add_verify_parser(rsub)
 
     f = calibrate_sub.add_parser(
         "fit-evidence",
@@ -203,3 +204,49 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
     f.add_argument("--exclude-groups", default="", help="leave out conditions of these groups, e.g. a or b")
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(func=cmd_fit_evidence)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Compare a server replay of one eval manifest with the offline judges, instance by instance."""
+    from sleuthd.api import SpeakerEncoder
+    from sleuthd.calibration import Calibration
+    from sleuthd.manifest import PAPER_THRESHOLDS
+
+    from sleuthd_bench import paired
+    from sleuthd_bench.robustness import judges
+
+    predictions = args.replay / "predictions.jsonl"
+    served = paired.detection_records(json.loads(line) for line in predictions.read_text().splitlines())
+    _, instances = _load_all(args.out, "eval", [args.condition])
+    encoder = SpeakerEncoder.load(args.models_dir, encoder=args.encoder)
+    manifest = encoder.manifest
+    encoder.close()
+    thresholds = {args.encoder: {"paper": dict(PAPER_THRESHOLDS), "default": dict(manifest.default_thresholds)}}
+    calibrations = {args.encoder: Calibration.from_manifest(manifest.raw, args.encoder)}
+    offline, _ = judges.judge_all(instances, thresholds, calibrations)
+    worst = 0
+    for run, recs in served.items():
+        mine = {(r.dialogue_id, r.scenario): r for r in offline[f"{args.encoder}:{run}"]}
+        differ = [r for r in recs if mine[(r.dialogue_id, r.scenario)].pred_turns != r.pred_turns]
+        a, b = judges.metrics(recs), judges.metrics(list(mine.values()))
+        print(
+            f"{run}: {len(recs)} instances, {len(differ)} judged differently; server Bal {a['bal']:.2f} "
+            f"(S1 {a['S1']:.1f} S2 {a['S2']:.1f} S3 {a['S3']:.1f}), offline Bal {b['bal']:.2f}"
+        )
+        worst = max(worst, len(differ))
+    return 0 if worst == 0 else 1
+
+
+def add_verify_parser(rsub: Any) -> None:
+    from sleuthd.config import default_models_dir
+
+    v = rsub.add_parser(
+        "verify",
+        help="check the offline judges against a server replay of one eval manifest (instance by instance)",
+    )
+    v.add_argument("replay", type=Path, help="the replay's report folder (with predictions.jsonl)")
+    v.add_argument("--condition", required=True, help="the condition whose eval manifest was replayed")
+    v.add_argument("--encoder", default="fused", help="the encoder the replay used (default: fused)")
+    v.add_argument("--out", type=Path, default=DEFAULT_ROOT, help="data folder (default: data/robustness)")
+    v.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
+    v.set_defaults(func=cmd_verify)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,6 +48,9 @@ class Rows:
     x: list[np.ndarray]
     y: list[np.ndarray]
     condition: list[str]
+    # Benchmark-like judgments (with the reference, no cohort): per row the instance's number, else -1;
+    # used to choose the decision threshold on whole dialogues.
+    instance: list[int] = field(default_factory=list)
 
 
 def _coin(*parts: object) -> float:
@@ -93,7 +96,7 @@ def training_rows(instances: Sequence[Instance], seed: int = 0) -> dict[str, Row
         if inst.scenario == "S1":
             by_target.setdefault((inst.condition, inst.target), []).append(inst)
     out: dict[str, Rows] = {}
-    for inst in instances:
+    for number, inst in enumerate(instances):
         settings = [(True, False)]
         if _coin("noref", inst.dialogue_id) < 0.5:
             settings.append((False, False))
@@ -109,12 +112,23 @@ def training_rows(instances: Sequence[Instance], seed: int = 0) -> dict[str, Row
             if cohort is not None:
                 rivals = {e: _turn_rows(grams, inst, e, index, cohort[e]) for e in ENCODERS}
             evidence = {e: encoder_evidence(grams[e], has_ref, None if rivals is None else rivals[e]) for e in ENCODERS}
-            x = feature_matrix(variant, evidence, seconds)
+            x = feature_matrix(feature_names(variant, ENCODERS), evidence, seconds)
             y = np.array([1.0 if int(i) in inst.gold else 0.0 for i in index])
             rows = out.setdefault(variant, Rows([], [], []))
             rows.x.append(x)
             rows.y.append(y)
             rows.condition.extend([inst.condition] * len(y))
+            rows.instance.extend([number if use_ref and not with_cohort else -1] * len(y))
+        # The pair model: each turn against the reference alone (a speaker with one usable turn and a
+        # reference, or two turns and none, has nothing more to compare).
+        grams, has_ref, seconds, index = evidence_inputs(inst)
+        if has_ref and _coin("pair", inst.dialogue_id) < 0.5:
+            ev = {e: {"own": grams[e][1:, 0]} for e in ENCODERS}
+            rows = out.setdefault("pair", Rows([], [], []))
+            rows.x.append(feature_matrix(feature_names("pair", ENCODERS), ev, seconds))
+            rows.y.append(np.array([1.0 if int(i) in inst.gold else 0.0 for i in index]))
+            rows.condition.extend([inst.condition] * len(index))
+            rows.instance.extend([-1] * len(index))
     return out
 
 
@@ -169,23 +183,71 @@ def fit_ramp_model(x: np.ndarray, y: np.ndarray, features: Sequence[str], l2: fl
     return RampModel(tuple(features), knots, res.x[:-1].reshape(k, kk), float(res.x[-1]))
 
 
+def choose_threshold(
+    model: RampModel, rows: Rows, instances: Sequence[Instance], names: Sequence[str]
+) -> tuple[float, dict[str, float]]:
+    """The decision threshold on P with the best mean balanced detection accuracy over the training
+    conditions' benchmark-like dialogues (a dialogue is flagged when any turn is above it)."""
+    x, inst = np.vstack(rows.x), np.asarray(rows.instance)
+    cols = [list(names).index(f) for f in model.features]
+    keep = inst >= 0
+    p = model.probability(x[keep][:, cols])
+    top: dict[int, float] = {}
+    for i, v in zip(inst[keep], p, strict=True):
+        top[int(i)] = max(top.get(int(i), 0.0), float(v))
+    grid = np.round(np.arange(0.3, 0.96, 0.01), 2)
+    by_cond: dict[str, dict[str, list[float]]] = {}
+    for i, v in top.items():
+        c = by_cond.setdefault(instances[i].condition, {"S1": [], "S2": [], "S3": []})
+        c[instances[i].scenario].append(v)
+    score = []
+    for tau in grid:
+        bals = []
+        for c in by_cond.values():
+            s1 = np.mean(np.asarray(c["S1"]) <= tau)
+            s2, s3 = np.mean(np.asarray(c["S2"]) > tau), np.mean(np.asarray(c["S3"]) > tau)
+            bals.append(50 * (s1 + (s2 + s3) / 2))
+        score.append(float(np.mean(bals)))
+    best = int(np.argmax(score))
+    at_half = int(np.argmin(np.abs(grid - 0.5)))
+    return float(grid[best]), {"mean_bal_at_best": round(score[best], 2), "mean_bal_at_0.5": round(score[at_half], 2)}
+
+
 def fit(
-    instances: Sequence[Instance], seed: int = 0, l2: float = L2_PENALTY
+    instances: Sequence[Instance],
+    seed: int = 0,
+    l2: float = L2_PENALTY,
+    rows: Mapping[str, Rows] | None = None,
+    drop: Sequence[str] = (),
+    tune_threshold: bool = True,
 ) -> tuple[dict[str, RampModel], dict[str, Any]]:
-    """Models per variant, their feature support and the encoders' level floors."""
-    rows = training_rows(instances, seed)
+    """Models per variant, their feature support, the encoders' level floors and the decision threshold.
+    ``drop``: encoder features left out of every model but the pair model (ablations); ``rows``:
+    training_rows(...) made once."""
+    rows = rows if rows is not None else training_rows(instances, seed)
     models: dict[str, RampModel] = {}
     support: dict[str, list[list[float]]] = {}
-    stats: dict[str, Any] = {"variants": {}}
+    stats: dict[str, Any] = {"variants": {}, "dropped_features": list(drop)}
     for variant in VARIANT_FEATURES:
         if variant not in rows:
             continue
         x, y = np.vstack(rows[variant].x), np.concatenate(rows[variant].y)
         names = feature_names(variant, ENCODERS)
-        models[variant] = fit_ramp_model(x, y, names, l2)
+        cols = [k for k, f in enumerate(names) if f.rpartition(".")[2] not in drop or variant.startswith("pair")]
+        x = x[:, cols]
+        models[variant] = fit_ramp_model(x, y, [names[k] for k in cols], l2)
         lo, hi = np.quantile(x, SUPPORT_QUANTILES, axis=0)
         support[variant] = [[round(float(a), 6), round(float(b), 6)] for a, b in zip(lo, hi, strict=True)]
-        stats["variants"][variant] = {"turns": len(y), "inconsistent_share": round(float(y.mean()), 4)}
+        stats["variants"][variant] = {"turns": int(len(y)), "inconsistent_share": round(float(y.mean()), 4)}
+    threshold = DECISION_THRESHOLD
+    if tune_threshold and "context_reference" in models:
+        threshold, search = choose_threshold(
+            models["context_reference"],
+            rows["context_reference"],
+            instances,
+            list(feature_names("context_reference", ENCODERS)),
+        )
+        stats["decision_threshold_search"] = {"threshold": threshold, **search}
     floors = {}
     for e in ENCODERS:
         levels = []
@@ -198,7 +260,8 @@ def fit(
         floors[e] = round(float(np.quantile(levels, LEVEL_FLOOR_QUANTILE)), 6) if levels else -1.0
     stats["conditions"] = sorted({i.condition for i in instances})
     stats["instances"] = len(instances)
-    return models, {"support": support, "level_floor": floors, "fit_stats": stats}
+    extra = {"support": support, "level_floor": floors, "fit_stats": stats, "decision_threshold": threshold}
+    return models, extra
 
 
 def calibration_block(
@@ -218,7 +281,7 @@ def calibration_block(
             f"threshold {DECISION_THRESHOLD} (not tuned). Support: the {SUPPORT_QUANTILES} quantiles of the training "
             f"rows, margin {SUPPORT_MARGIN}; level floor: the {LEVEL_FLOOR_QUANTILE} quantile of consistent speakers."
         ),
-        "decision_threshold": DECISION_THRESHOLD,
+        "decision_threshold": extra.get("decision_threshold", DECISION_THRESHOLD),
         "support_margin": SUPPORT_MARGIN,
         "score_scale": "probability that the turn does not belong to its speaker",
         "models": {name: m.to_json() for name, m in models.items()},
