@@ -36,7 +36,7 @@ on consistent speakers in fitting). Counted as not flagged by the benchmark.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,15 +44,15 @@ import numpy as np
 EVIDENCE_VERSION = 1
 MIN_SPREAD = 0.02  # cosine: floor of the rest's spread, so z stays finite for near-identical turns
 MIN_SECONDS = 0.5  # speech seconds are clipped to this before the log
-ENCODER_FEATURES = ("own", "gap", "z", "ref", "ref_gap", "rival_margin")
+ENCODER_FEATURES = ("own", "gap", "z", "excess", "ref", "ref_gap", "rival_margin")
 SHARED_FEATURES = ("log_speech_seconds",)
 # +1: a larger value means more likely foreign; -1: less likely; 0: either way (still bounded).
-SIGNS = {"own": -1, "gap": 1, "z": 1, "ref": -1, "ref_gap": 1, "rival_margin": -1, "log_speech_seconds": 0}
+SIGNS = {"own": -1, "gap": 1, "z": 1, "excess": 1, "ref": -1, "ref_gap": 1, "rival_margin": -1, "log_speech_seconds": 0}
 # Which encoder features each variant uses: pool of 3+ pieces (context), exactly 2 (pair); with a
 # reference or not; with other speakers of the dialogue (cohort) or not.
 VARIANT_FEATURES: dict[str, tuple[str, ...]] = {
-    "context_reference": ("own", "gap", "z", "ref", "ref_gap"),
-    "context": ("own", "gap", "z"),
+    "context_reference": ("own", "gap", "z", "excess", "ref", "ref_gap"),
+    "context": ("own", "gap", "z", "excess"),
     "pair": ("own",),
 }
 VARIANT_FEATURES.update({v + "_cohort": (*f, "rival_margin") for v, f in list(VARIANT_FEATURES.items())})
@@ -99,8 +99,15 @@ def encoder_evidence(g: np.ndarray, has_reference: bool, rivals: np.ndarray | No
         var = np.where(mask, (rest - mean[:, None]) ** 2, 0.0).sum(axis=1) / (m - 1)
         gap = level - own
         out.update(level=level, gap=gap, z=gap / np.maximum(np.sqrt(var), MIN_SPREAD))
+        # How far turn i stands out beyond the runner-up: one intruder stands out alone, while a speaker
+        # whose turns all vary (expressive speech, a channel per turn) has several turns about as far out.
+        if n >= 2:
+            top2 = np.sort(gap)[-2:]
+            out["excess"] = gap - np.where(gap >= top2[-1], top2[0], top2[-1])
+        else:
+            out["excess"] = np.zeros(n)
     else:
-        out.update(level=np.full(n, np.nan), gap=np.zeros(n), z=np.zeros(n))
+        out.update(level=np.full(n, np.nan), gap=np.zeros(n), z=np.zeros(n), excess=np.zeros(n))
     if has_reference:
         to_ref = g[t, 0]
         out["ref"] = to_ref.copy()
@@ -146,12 +153,27 @@ def feature_matrix(
 
 @dataclass(frozen=True)
 class RampModel:
-    """P(inconsistent) = sigmoid(bias + sum over features f and ramps k of weights[f, k] * ramp_k(x_f))."""
+    """P(inconsistent) = sigmoid(bias + sum_f sum_k weights[f, k] ramp_k(x_f)
+    + sum over pairs (f, c) of sum_k sum_l pair_weights[p, k, l] ramp_k(x_f) hat_l(x_c)).
+
+    The pairs let a context (the speaker's own ``level`` of similarity, measured without the turn) choose
+    which curve a piece of evidence follows: hat functions on the context's knots sum to 1, so between two
+    knots the curve is a blend of theirs, and beyond the outer knots it is the outer one. Every curve is
+    monotone in its evidence (the weights' signs are bounded in fitting) and bounded (ramps saturate)."""
 
     features: tuple[str, ...]
     knots: np.ndarray  # (k, K + 1) increasing knots per feature
     weights: np.ndarray  # (k, K)
     bias: float
+    context: tuple[str, ...] = ()
+    context_knots: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # (c, L + 1)
+    pairs: tuple[tuple[int, int], ...] = ()  # (feature index, context index)
+    pair_weights: np.ndarray = field(default_factory=lambda: np.zeros((0, 1, 2)))  # (q, K, L + 1)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The columns the model reads: its features, then its contexts."""
+        return (*self.features, *self.context)
 
     @staticmethod
     def ramps(x: np.ndarray, knots: np.ndarray) -> np.ndarray:
@@ -159,8 +181,29 @@ class RampModel:
         lo, hi = knots[None, :, :-1], knots[None, :, 1:]
         return np.asarray(np.clip((x[:, :, None] - lo) / np.maximum(hi - lo, 1e-9), 0.0, 1.0))
 
+    @staticmethod
+    def hats(x: np.ndarray, knots: np.ndarray) -> np.ndarray:
+        """(n, c) contexts -> (n, c, L + 1) hat functions on the knots (each row sums to 1)."""
+        r = RampModel.ramps(x, knots)  # (n, c, L): how far past each knot interval
+        ones = np.ones((*r.shape[:2], 1))
+        return np.asarray(np.concatenate([ones, r], axis=2) - np.concatenate([r, 0 * ones], axis=2))
+
+    def design(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """((n, k, K) ramps, (n, q, K, L + 1) pair products) of (n, inputs) rows."""
+        k = len(self.features)
+        r = self.ramps(x[:, :k], self.knots)
+        if not self.pairs:
+            return r, np.zeros((len(x), 0, r.shape[2], 1))
+        h = self.hats(x[:, k:], self.context_knots)
+        f, c = np.array(self.pairs).T
+        return r, r[:, f, :, None] * h[:, c, None, :]
+
     def logit(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(np.einsum("nkj,kj->n", self.ramps(x, self.knots), self.weights) + self.bias)
+        r, pr = self.design(np.asarray(x, np.float64))
+        out = np.einsum("nkj,kj->n", r, self.weights) + self.bias
+        if self.pairs:
+            out += np.einsum("nqjl,qjl->n", pr, self.pair_weights)
+        return np.asarray(out)
 
     def probability(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(1.0 / (1.0 + np.exp(-np.clip(self.logit(x), -40, 40))))
@@ -171,6 +214,10 @@ class RampModel:
             "knots": np.round(self.knots, 6).tolist(),
             "weights": np.round(self.weights, 6).tolist(),
             "bias": round(float(self.bias), 6),
+            "context": list(self.context),
+            "context_knots": np.round(self.context_knots, 6).tolist(),
+            "pairs": [list(p) for p in self.pairs],
+            "pair_weights": np.round(self.pair_weights, 6).tolist(),
         }
 
     @classmethod
@@ -180,9 +227,20 @@ class RampModel:
         k = len(d["features"])
         if knots.ndim != 2 or knots.shape[0] != k or weights.shape != (k, knots.shape[1] - 1):
             raise EvidenceError(f"evidence model with {k} features has knots/weights of the wrong shape")
-        if np.any(np.diff(knots, axis=1) < 0):
+        context = tuple(d.get("context", ()))
+        pairs = tuple((int(a), int(b)) for a, b in d.get("pairs", ()))
+        cknots = np.asarray(d.get("context_knots") or np.zeros((0, 2)), np.float64)
+        if cknots.ndim != 2 or len(cknots) != len(context):
+            raise EvidenceError("evidence model context knots have the wrong shape")
+        pw = np.asarray(d.get("pair_weights") or np.zeros((0, 1, 2)), np.float64)
+        if pairs and (
+            pw.shape != (len(pairs), knots.shape[1] - 1, cknots.shape[1])
+            or any(not (0 <= a < k and 0 <= b < len(context)) for a, b in pairs)
+        ):
+            raise EvidenceError("evidence model pairs have the wrong shape")
+        if np.any(np.diff(knots, axis=1) < 0) or np.any(np.diff(cknots, axis=1) < 0):
             raise EvidenceError("evidence model knots must increase")
-        return cls(tuple(d["features"]), knots, weights, float(d["bias"]))
+        return cls(tuple(d["features"]), knots, weights, float(d["bias"]), context, cknots, pairs, pw)
 
 
 @dataclass(frozen=True)
@@ -238,10 +296,10 @@ class EvidenceCalibration:
                 )
         for name, model in models.items():
             base = name.removesuffix("_cohort")
-            allowed = set(feature_names(name, encoders))
-            if base not in ("context_reference", "context", "pair") or not set(model.features) <= allowed:
+            allowed = set(feature_names(name, encoders)) | {f"{e}.level" for e in encoders}
+            if base not in ("context_reference", "context", "pair") or not set(model.inputs) <= allowed:
                 raise EvidenceError(f"evidence model {name!r} was fitted on other features: refit it")
-            if support[name].shape != (len(model.features), 2):
+            if support[name].shape != (len(model.inputs), 2):
                 raise EvidenceError(f"evidence support of {name!r} has the wrong shape")
         return cls(encoders, fitted, models, threshold, support, margin, floors, dict(block))
 
@@ -265,7 +323,7 @@ class EvidenceCalibration:
         evidence = {
             e: encoder_evidence(grams[e], has_reference, None if rivals is None else rivals[e]) for e in self.encoders
         }
-        x = feature_matrix(self.models[variant].features, evidence, speech_seconds)
+        x = feature_matrix(self.models[variant].inputs, evidence, speech_seconds)
         p = self.models[variant].probability(x)
         flagged = p > self.decision_threshold
         lo, hi = self.support[variant][:, 0], self.support[variant][:, 1]
@@ -275,7 +333,7 @@ class EvidenceCalibration:
         for e in self.encoders:
             level = evidence[e]["level"]
             low_level |= np.nan_to_num(level, nan=np.inf) < self.level_floor.get(e, -np.inf)
-        names = self.models[variant].features
+        names = self.models[variant].inputs
         reasons = []
         for k in range(n):
             if flagged[k]:
@@ -283,7 +341,8 @@ class EvidenceCalibration:
             elif low_level[k]:
                 reasons.append("the speaker's own turns are less alike than any consistent speaker's in fitting")
             elif outside[k].any():
-                reasons.append("outside the fitted range: " + ", ".join(f for f, o in zip(names, outside[k]) if o))
+                out_of_range = [f for f, o in zip(names, outside[k], strict=True) if o]
+                reasons.append("outside the fitted range: " + ", ".join(out_of_range))
             else:
                 reasons.append("")
         uncertain = np.array([bool(r) for r in reasons])

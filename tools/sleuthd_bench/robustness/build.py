@@ -449,7 +449,11 @@ def build(
             progress(done, len(todo))
 
     with ThreadPoolExecutor(max_workers=max(1, workers) + 1) as ex:
-        serial = ex.submit(lambda: [tick(renderer.render(s)) for s in kokoro])
+        def serially() -> None:
+            for s in kokoro:
+                tick(renderer.render(s))
+
+        serial = ex.submit(serially)
         for path in ex.map(renderer.render, rest):
             tick(path)
         serial.result()

@@ -108,10 +108,13 @@ def embed_all(
                 name, sha, [], np.zeros((0, encoder.manifest.embedding_size), np.float32), np.zeros(0), np.zeros(0)
             )
         todo = [p for p in paths if p not in cached.index]
-        rows, speech, audio, done_paths = [], [], [], []
+        rows: list[np.ndarray] = []
+        speech: list[float] = []
+        audio: list[float] = []
+        done_paths: list[str] = []
         last = time.monotonic()
 
-        def flush() -> None:
+        def flush(name: str = name, sha: str = sha) -> None:
             nonlocal cached, rows, speech, audio, done_paths
             if not done_paths:
                 return

@@ -112,7 +112,7 @@ def training_rows(instances: Sequence[Instance], seed: int = 0) -> dict[str, Row
             if cohort is not None:
                 rivals = {e: _turn_rows(grams, inst, e, index, cohort[e]) for e in ENCODERS}
             evidence = {e: encoder_evidence(grams[e], has_ref, None if rivals is None else rivals[e]) for e in ENCODERS}
-            x = feature_matrix(feature_names(variant, ENCODERS), evidence, seconds)
+            x = feature_matrix(row_names(variant), evidence, seconds)
             y = np.array([1.0 if int(i) in inst.gold else 0.0 for i in index])
             rows = out.setdefault(variant, Rows([], [], []))
             rows.x.append(x)
@@ -140,6 +140,17 @@ def _turn_rows(
     return np.asarray(rows @ cents.T)
 
 
+def row_names(variant: str) -> list[str]:
+    """Columns of the training rows: the variant's features, then each encoder's level (a context)."""
+    names = list(feature_names(variant, ENCODERS))
+    return names if variant.startswith("pair") else [*names, *(f"{e}.level" for e in ENCODERS)]
+
+
+CONTEXT_QUANTILES = (0.02, 0.25, 0.5, 0.75, 0.98)
+# Evidence whose curve may depend on the speaker's own level of similarity (per encoder, its own level).
+INTERACTING = ("own", "gap", "z", "ref")
+
+
 def _knots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     out = []
     for k in range(x.shape[1]):
@@ -159,14 +170,46 @@ def _knots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     )
 
 
-def fit_ramp_model(x: np.ndarray, y: np.ndarray, features: Sequence[str], l2: float = L2_PENALTY) -> RampModel:
+def fit_ramp_model(
+    x: np.ndarray,
+    y: np.ndarray,
+    features: Sequence[str],
+    l2: float = L2_PENALTY,
+    context: Sequence[str] = (),
+    xc: np.ndarray | None = None,
+) -> RampModel:
+    """Fit main-effect ramps for ``features`` (columns of x) and, with ``context`` (columns of xc), one
+    curve per context knot for each INTERACTING feature of the same encoder."""
     from scipy.optimize import minimize
 
     knots = _knots(x, y)
-    design = RampModel.ramps(x, knots)  # (N, k, K)
-    n, k, kk = design.shape
-    flat = design.reshape(n, k * kk)
-    signs = np.repeat([SIGNS[f.split(".")[-1]] for f in features], kk)
+    n, k = x.shape
+    pairs: list[tuple[int, int]] = []
+    cknots = np.zeros((0, 2))
+    if context and xc is not None:
+        cknots = np.stack(
+            [np.unique(np.round(np.quantile(xc[:, j], CONTEXT_QUANTILES), 6)) for j in range(len(context))]
+        )
+        for a, f in enumerate(features):
+            enc, _, feat = f.rpartition(".")
+            if feat in INTERACTING and f"{enc}.level" in context:
+                pairs.append((a, list(context).index(f"{enc}.level")))
+    shell = RampModel(
+        tuple(features),
+        knots,
+        np.zeros((k, knots.shape[1] - 1)),
+        0.0,
+        tuple(context),
+        cknots,
+        tuple(pairs),
+        np.zeros((len(pairs), knots.shape[1] - 1, cknots.shape[1] if pairs else 1)),
+    )
+    r, pr = shell.design(np.hstack([x, xc]) if pairs and xc is not None else x)
+    flat = np.hstack([r.reshape(n, -1), pr.reshape(n, -1)])
+    kk = r.shape[2]
+    signs = list(np.repeat([SIGNS[f.split(".")[-1]] for f in features], kk))
+    for a, _ in pairs:
+        signs += [SIGNS[features[a].split(".")[-1]]] * (kk * cknots.shape[1])
     bounds = [(0.0, None) if s > 0 else (None, 0.0) if s < 0 else (None, None) for s in signs] + [(None, None)]
     lam = l2 * n
 
@@ -177,10 +220,12 @@ def fit_ramp_model(x: np.ndarray, y: np.ndarray, features: Sequence[str], l2: fl
         g = np.append(flat.T @ (p - y) + lam * w[:-1], np.sum(p - y))
         return float(ll), g
 
-    w0 = np.zeros(k * kk + 1)
+    w0 = np.zeros(flat.shape[1] + 1)
     w0[-1] = float(np.log(max(y.mean(), 1e-3) / max(1 - y.mean(), 1e-3)))
-    res = minimize(loss, w0, jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 2000})
-    return RampModel(tuple(features), knots, res.x[:-1].reshape(k, kk), float(res.x[-1]))
+    res = minimize(loss, w0, jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 3000})
+    main = res.x[: k * kk].reshape(k, kk)
+    pw = res.x[k * kk : -1].reshape(len(pairs), kk, -1) if pairs else shell.pair_weights
+    return RampModel(tuple(features), knots, main, float(res.x[-1]), shell.context, cknots, tuple(pairs), pw)
 
 
 def choose_threshold(
@@ -189,7 +234,7 @@ def choose_threshold(
     """The decision threshold on P with the best mean balanced detection accuracy over the training
     conditions' benchmark-like dialogues (a dialogue is flagged when any turn is above it)."""
     x, inst = np.vstack(rows.x), np.asarray(rows.instance)
-    cols = [list(names).index(f) for f in model.features]
+    cols = [list(names).index(f) for f in model.inputs]
     keep = inst >= 0
     p = model.probability(x[keep][:, cols])
     top: dict[int, float] = {}
@@ -220,6 +265,7 @@ def fit(
     rows: Mapping[str, Rows] | None = None,
     drop: Sequence[str] = (),
     tune_threshold: bool = True,
+    interact: bool = True,
 ) -> tuple[dict[str, RampModel], dict[str, Any]]:
     """Models per variant, their feature support, the encoders' level floors and the decision threshold.
     ``drop``: encoder features left out of every model but the pair model (ablations); ``rows``:
@@ -232,20 +278,22 @@ def fit(
         if variant not in rows:
             continue
         x, y = np.vstack(rows[variant].x), np.concatenate(rows[variant].y)
-        names = feature_names(variant, ENCODERS)
-        cols = [k for k, f in enumerate(names) if f.rpartition(".")[2] not in drop or variant.startswith("pair")]
-        x = x[:, cols]
-        models[variant] = fit_ramp_model(x, y, [names[k] for k in cols], l2)
-        lo, hi = np.quantile(x, SUPPORT_QUANTILES, axis=0)
+        names = row_names(variant)
+        main = [k for k, f in enumerate(names) if not f.endswith(".level")]
+        cols = [k for k in main if names[k].rpartition(".")[2] not in drop or variant.startswith("pair")]
+        ctx = [k for k, f in enumerate(names) if f.endswith(".level")] if interact else []
+        model = fit_ramp_model(x[:, cols], y, [names[k] for k in cols], l2, [names[k] for k in ctx], x[:, ctx])
+        models[variant] = model
+        lo, hi = np.quantile(x[:, cols + ctx], SUPPORT_QUANTILES, axis=0)
         support[variant] = [[round(float(a), 6), round(float(b), 6)] for a, b in zip(lo, hi, strict=True)]
-        stats["variants"][variant] = {"turns": int(len(y)), "inconsistent_share": round(float(y.mean()), 4)}
+        stats["variants"][variant] = {"turns": len(y), "inconsistent_share": round(float(y.mean()), 4)}
     threshold = DECISION_THRESHOLD
     if tune_threshold and "context_reference" in models:
         threshold, search = choose_threshold(
             models["context_reference"],
             rows["context_reference"],
             instances,
-            list(feature_names("context_reference", ENCODERS)),
+            row_names("context_reference"),
         )
         stats["decision_threshold_search"] = {"threshold": threshold, **search}
     floors = {}
@@ -276,9 +324,11 @@ def calibration_block(
         "how": (
             "sleuthd.judgment.evidence ramp models (monotone, bounded feature effects; L-BFGS-B with sign bounds, "
             f"L2 {L2_PENALTY:g} per row) fitted on every turn of the train split of the robustness matrix ({corpus}; "
-            f"conditions {', '.join(extra['fit_stats']['conditions'])}), seed {seed}; with and without the reference and "
+            f"conditions {', '.join(extra['fit_stats']['conditions'])}), seed {seed}; with and without the "
+            "reference and "
             "with 1-2 other speakers of the condition as a cohort. Never fitted on FSDD (real speech). Decision "
-            f"threshold {DECISION_THRESHOLD} (not tuned). Support: the {SUPPORT_QUANTILES} quantiles of the training "
+            "threshold: the best mean balanced accuracy over the training conditions' dialogues (fit_stats). "
+            f"Support: the {SUPPORT_QUANTILES} quantiles of the training "
             f"rows, margin {SUPPORT_MARGIN}; level floor: the {LEVEL_FLOOR_QUANTILE} quantile of consistent speakers."
         ),
         "decision_threshold": extra.get("decision_threshold", DECISION_THRESHOLD),

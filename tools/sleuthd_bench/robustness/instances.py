@@ -48,7 +48,8 @@ class Instance:
 
 def _view(emb: Sequence[np.ndarray | None], seconds: Sequence[float], ref: np.ndarray | None, dim: int) -> Turns:
     keep = [k for k, e in enumerate(emb) if e is not None]
-    mat = np.stack([emb[k] for k in keep]).astype(np.float32) if keep else np.zeros((0, dim), np.float32)
+    rows = [np.asarray(emb[k], np.float32) for k in keep]
+    mat = np.stack(rows) if rows else np.zeros((0, dim), np.float32)
     return Turns(np.array(keep, int), mat, np.array([seconds[k] for k in keep], np.float64), ref)
 
 

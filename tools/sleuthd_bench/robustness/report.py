@@ -114,15 +114,18 @@ def markdown(report: Mapping[str, Any], focus: str | None, runs_shown: Sequence[
                 x = r["runs"][name]
                 u = f"{x['uncertain']:.1f}" if "uncertain" in x else ""
                 lines.append(
-                    f"| {name} | {x['bal']:.1f} | {x['bal_f1']:.1f} | {x['S1']:.1f} | {x['S2']:.1f} | {x['S3']:.1f} | {u} |"
+                    f"| {name} | {x['bal']:.1f} | {x['bal_f1']:.1f} | {x['S1']:.1f} | {x['S2']:.1f} | {x['S3']:.1f} "
+                    f"| {u} |"
                 )
         for name, o in r["oracle"].items():
             lines.append(
-                f"| oracle {name} @{o['threshold']:.3f} | {o['bal']:.1f} | | {o['S1']:.1f} | {o['S2']:.1f} | {o['S3']:.1f} | |"
+                f"| oracle {name} @{o['threshold']:.3f} | {o['bal']:.1f} | | {o['S1']:.1f} | {o['S2']:.1f} "
+                f"| {o['S3']:.1f} | |"
             )
         for c in r.get("paired", []):
             lines.append(
-                f"\n{focus} − {c['vs']}: Δ Bal {c['bal']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}] (paired bootstrap, 95 %)"
+                f"\n{focus} − {c['vs']}: Δ Bal {c['bal']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}] "
+                "(paired bootstrap, 95 %)"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
