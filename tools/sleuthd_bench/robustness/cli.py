@@ -102,7 +102,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from sleuthd_bench.robustness import judges, report
 
-    names = _conditions(args.conditions)
+    # Any eval manifest in the folder may be named (e.g. the dev benchmark's splits copied as eval-dev-fsdd.jsonl).
+    names = [t.strip() for t in args.conditions.split(",")] if args.conditions else _conditions(None)
+    missing = [n for n in names if args.conditions and not (args.out / f"eval-{n}.jsonl").is_file()]
+    if missing:
+        print(f"error: no eval manifest for {', '.join(missing)} under {args.out}", file=sys.stderr)
+        return 2
     names = [n for n in names if (args.out / f"eval-{n}.jsonl").is_file()]
     embs, instances = _load_all(args.out, "eval", names)
     thresholds, calibrations = {}, {}

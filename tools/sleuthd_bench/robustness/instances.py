@@ -58,7 +58,7 @@ def load_instances(root: Path, split: str, conditions: Sequence[str], embs: Mapp
     out = []
     for cond in conditions:
         path = root / f"{split}-{cond}.jsonl"
-        metas = [json.loads(line)["meta"] for line in path.read_text().splitlines()]
+        metas = [json.loads(line).get("meta") or {} for line in path.read_text().splitlines()]
         for line, meta in zip(read_manifest(path), metas, strict=True):
             ref_rel = line.reference
             for scenario in SCENARIOS:
@@ -70,7 +70,7 @@ def load_instances(root: Path, split: str, conditions: Sequence[str], embs: Mapp
                     gold_turns(line, scenario),
                     len(turns),
                     target=line.target_speaker,
-                    intruder={"S1": "", "S2": meta["s2_speaker"], "S3": meta["s3_speaker"]}[scenario],
+                    intruder={"S1": "", "S2": meta.get("s2_speaker", ""), "S3": meta.get("s3_speaker", "")}[scenario],
                 )
                 parts: dict[str, list[np.ndarray | None]] = {}
                 seconds: dict[str, list[float]] = {}

@@ -102,6 +102,20 @@ def markdown(report: Mapping[str, Any], focus: str | None, runs_shown: Sequence[
             )
         lines.append(row)
     lines.append("")
+    others = [n for n in runs_shown if n != focus and not n.count(":")]
+    if others:
+        # Every further evidence run (e.g. refits without a condition group) beside the focus run.
+        lines += [
+            "| condition | best oracle Bal | " + " | ".join(f"{n} Bal (S1/S2/S3)" for n in others) + " |",
+            "| :--- | ---: |" + " :--- |" * len(others),
+        ]
+        for cond, r in report["conditions"].items():
+            cells = []
+            for n in others:
+                x = r["runs"].get(n)
+                cells.append(f"{x['bal']:.1f} ({x['S1']:.1f}/{x['S2']:.1f}/{x['S3']:.1f})" if x else "-")
+            lines.append(f"| {cond} | {r.get('oracle_best', {}).get('bal', 0):.1f} | " + " | ".join(cells) + " |")
+        lines.append("")
     for cond, r in report["conditions"].items():
         lines += [
             f"## {cond}",
