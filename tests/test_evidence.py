@@ -53,7 +53,8 @@ def test_features_are_the_leave_one_out_statistics_computed_by_hand(has_referenc
         assert ev["own"][k] == pytest.approx(own, abs=1e-9)
         assert ev["level"][k] == pytest.approx(np.median(loo), abs=1e-9)
         assert ev["gap"][k] == pytest.approx(np.median(loo) - own, abs=1e-9)
-        assert ev["z"][k] == pytest.approx((np.median(loo) - own) / max(np.std(loo), 0.02), abs=1e-9)
+        spread = max(float(np.std(loo)), 0.02)
+        assert ev["z"][k] == pytest.approx((np.median(loo) - own) / spread, abs=1e-9)
         if has_reference:
             others = [x[j] @ x[0] for j in range(1, 7) if j != i]
             assert ev["ref_gap"][k] == pytest.approx(np.median(others) - x[i] @ x[0], abs=1e-9)
@@ -143,15 +144,17 @@ def test_low_similarity_dialogue_with_an_opposite_gender_intruder_is_flagged_at_
     clips, slot = _clips(tmp_path)
     audio = [*clips[:5], clips[5]]  # five turns, then the reference
     audio[slot] = clips[6]  # the woman's turn replaces turn 2
-    grams, seconds = {}, None
+    grams: dict[str, np.ndarray] = {}
+    seconds = np.zeros(5)
     for name in calibration.encoders:
         encoder = SpeakerEncoder.load(MODELS_DIR, encoder=name)
         try:
             got = encoder.embed_sync(audio)
         finally:
             encoder.close()
-        assert all(g.embedding is not None for g in got)
-        emb = np.stack([got[5].embedding] + [g.embedding for g in got[:5]]).astype(np.float64)
+        vectors = [g.embedding for g in got]
+        assert all(v is not None for v in vectors)
+        emb = np.stack([np.asarray(vectors[5])] + [np.asarray(v) for v in vectors[:5]]).astype(np.float64)
         grams[name] = emb @ emb.T
         seconds = np.array([g.speech_seconds for g in got[:5]])
     # Every turn is at low similarity: the speaker's own turns sit far below the clean-speech level.

@@ -55,8 +55,8 @@ def test_dialogues_follow_the_benchmark_format_with_intruders_of_the_right_kind(
     similar = {"a": ["b"], "b": ["a"], "c": ["d"], "d": ["c"]}
     lines = build.draw_dialogues(build.CONDITION_BY_NAME["d-mp3"], speakers, similar, 4, "eval", seed=0)
     renderer = render.Renderer(tmp_path, tmp_path)
-    for line in lines:
-        for spec in line["meta"]["specs"]:
+    for drawn in lines:
+        for spec in drawn["meta"]["specs"]:
             renderer.render(spec)
     path = tmp_path / "eval-d-mp3.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))

@@ -449,6 +449,7 @@ def build(
             progress(done, len(todo))
 
     with ThreadPoolExecutor(max_workers=max(1, workers) + 1) as ex:
+
         def serially() -> None:
             for s in kokoro:
                 tick(renderer.render(s))
