@@ -149,6 +149,8 @@ def row_names(variant: str) -> list[str]:
 CONTEXT_QUANTILES = (0.02, 0.25, 0.5, 0.75, 0.98)
 # Evidence whose curve may depend on the speaker's own level of similarity (per encoder, its own level).
 INTERACTING = ("own", "gap", "z", "ref")
+# Each encoder's evidence follows curves chosen by its own level only (False) or by every encoder's level.
+CROSS_CONTEXT = False
 
 
 def _knots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -192,8 +194,11 @@ def fit_ramp_model(
         )
         for a, f in enumerate(features):
             enc, _, feat = f.rpartition(".")
-            if feat in INTERACTING and f"{enc}.level" in context:
-                pairs.append((a, list(context).index(f"{enc}.level")))
+            if feat not in INTERACTING:
+                continue
+            for c, name in enumerate(context):
+                if name == f"{enc}.level" or CROSS_CONTEXT:
+                    pairs.append((a, c))
     shell = RampModel(
         tuple(features),
         knots,
