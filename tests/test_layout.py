@@ -29,6 +29,7 @@ PUBLIC = {
     "sleuthd.errors",
     "sleuthd.judgment.calibration",
     "sleuthd.judgment.drift",
+    "sleuthd.judgment.evidence",  # the evidence model (pure NumPy): the tools fit and evaluate it
     "sleuthd.judgment.scoring",
     "sleuthd.report",
     # The LALM judge's tools (sleuthd-bench judge): the benchmark times the in-process model and its audio

@@ -868,6 +868,10 @@ def build_parser() -> argparse.ArgumentParser:
     engine_args(ce)
     ce.set_defaults(func=cmd_calibrate_cohort_eval)
 
+    from sleuthd_bench.robustness import cli as robustness_cli  # `robustness` and `calibrate fit-evidence`
+
+    robustness_cli.add_parsers(sub, csub)
+
     d = sub.add_parser("dialogue", help="render a dialogue script (voices + texts) to WAVs and a dialogue file")
     d.add_argument("script", type=Path)
     d.add_argument("--out", type=Path, required=True)

@@ -114,15 +114,24 @@ class KokoroEngine:
             table += self._packs[pack] * np.float32(percent / 100)
         return table
 
-    def speak(self, voice: KokoroVoice, text: str, speed: float) -> np.ndarray:
+    def speak(
+        self,
+        voice: KokoroVoice,
+        text: str,
+        speed: float,
+        lang: str = "en-us",
+        speed_range: tuple[float, float] = SPEED_RANGE,
+    ) -> np.ndarray:
         """``text`` spoken by ``voice`` at ``speed``: float32 mono at :data:`SAMPLE_RATE`, leading and
-        trailing silence trimmed. Raises :class:`synth.SynthesisError` when the output is silent."""
+        trailing silence trimmed. ``lang``: espeak-ng's language name for the phonemizer (the robustness
+        matrix speaks German and French too); ``speed_range``: the speeds accepted (the robustness matrix
+        uses 0.7-1.4). Raises :class:`synth.SynthesisError` when the output is silent."""
         text = " ".join(text.split())
         if not text:
             raise ValueError("cannot synthesize empty text")
-        if not SPEED_RANGE[0] - 1e-9 <= speed <= SPEED_RANGE[1] + 1e-9:
-            raise ValueError(f"speed {speed:g} is outside {SPEED_RANGE[0]:g}-{SPEED_RANGE[1]:g}")
-        audio, rate = self._kokoro.create(text, self.style(voice), speed=speed, lang="en-us")
+        if not speed_range[0] - 1e-9 <= speed <= speed_range[1] + 1e-9:
+            raise ValueError(f"speed {speed:g} is outside {speed_range[0]:g}-{speed_range[1]:g}")
+        audio, rate = self._kokoro.create(text, self.style(voice), speed=speed, lang=lang)
         audio = np.asarray(audio, dtype=np.float32).ravel()
         if rate != SAMPLE_RATE:
             audio = soxr.resample(audio, rate, SAMPLE_RATE).astype(np.float32)

@@ -1,0 +1,257 @@
+"""``sleuthd-bench robustness build|embed|report`` and ``sleuthd-bench calibrate fit-evidence``.
+
+Kept apart from ``sleuthd_bench/cli.py``, which registers them with one call each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ROOT = Path("data/robustness")
+DEFAULT_EVIDENCE = Path("service/sleuthd/cards/evidence.json")
+
+
+def _conditions(text: str | None, exclude_groups: str = "") -> list[str]:
+    from sleuthd_bench.robustness.build import CONDITIONS
+
+    names = [c.name for c in CONDITIONS] if not text else [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in {c.name for c in CONDITIONS}]
+    if unknown:
+        raise ValueError(f"unknown condition(s) {', '.join(unknown)}; see `sleuthd-bench robustness build --help`")
+    groups = {g.strip() for g in exclude_groups.split(",") if g.strip()}
+    if groups & {"a", "b"}:
+        groups.add("x")  # the emulated outside failure is another language AND expressive: it goes with both
+    by = {c.name: c for c in CONDITIONS}
+    return [n for n in names if by[n].group not in groups]
+
+
+def _progress(label: str) -> Any:
+    last = [0.0]
+
+    def show(*args: Any) -> None:
+        done, total = args[-2], args[-1]
+        if time.monotonic() - last[0] > 5 or done == total:
+            last[0] = time.monotonic()
+            print(
+                f"\r{label} {' '.join(str(a) for a in args[:-2])} {done}/{total}", end="", file=sys.stderr, flush=True
+            )
+            if done == total:
+                print(file=sys.stderr)
+
+    return show
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from sleuthd_bench.robustness import build
+
+    try:
+        names = _conditions(args.conditions)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    conds = [build.CONDITION_BY_NAME[n] for n in names]
+    result = build.build(
+        args.out,
+        conds,
+        eval_dialogues=args.eval_dialogues,
+        train_dialogues=args.train_dialogues,
+        fsdd_dir=args.fsdd_dir,
+        seed=args.seed,
+        workers=args.workers,
+        progress=None if args.quiet else _progress("render"),
+    )
+    print(f"wrote {len(result.manifests)} manifests under {args.out}: {result.clips} clips, {result.rendered} rendered")
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from sleuthd_bench.robustness import embed
+
+    manifests = sorted(args.out.glob("*-*.jsonl"))
+    if not manifests:
+        print(f"error: no manifests under {args.out}: run `sleuthd-bench robustness build` first", file=sys.stderr)
+        return 2
+    paths = [p for p in embed.manifest_paths(manifests) if (args.out / p).is_file()]
+    done = embed.embed_all(
+        args.out, paths, args.encoders.split(","), args.models_dir, progress=None if args.quiet else _progress("embed")
+    )
+    for name, e in done.items():
+        usable = int((~__import__("numpy").isnan(e.vectors[:, 0])).sum())
+        print(f"{name}: {len(e.paths)} clips cached ({usable} usable)")
+    return 0
+
+
+def _load_all(root: Path, split: str, conditions: list[str]) -> tuple[Any, Any]:
+    from sleuthd_bench.robustness import embed
+    from sleuthd_bench.robustness.instances import load_instances
+
+    embs = {e: embed.load(root, e) for e in embed.ENCODERS}
+    return embs, load_instances(root, split, conditions, embs)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sleuthd.api import SpeakerEncoder
+    from sleuthd.encoders.manifest import PAPER_THRESHOLDS
+    from sleuthd.judgment.calibration import Calibration
+    from sleuthd.judgment.evidence import EvidenceCalibration
+
+    from sleuthd_bench.robustness import judges, report
+
+    # Any eval manifest in the folder may be named (e.g. the dev benchmark's splits copied as eval-dev-fsdd.jsonl).
+    names = [t.strip() for t in args.conditions.split(",")] if args.conditions else _conditions(None)
+    missing = [n for n in names if args.conditions and not (args.out / f"eval-{n}.jsonl").is_file()]
+    if missing:
+        print(f"error: no eval manifest for {', '.join(missing)} under {args.out}", file=sys.stderr)
+        return 2
+    names = [n for n in names if (args.out / f"eval-{n}.jsonl").is_file()]
+    embs, instances = _load_all(args.out, "eval", names)
+    thresholds, calibrations = {}, {}
+    for enc in ("ge2e", "campplus", "fused"):
+        encoder = SpeakerEncoder.load(args.models_dir, encoder=enc)
+        manifest = encoder.manifest
+        encoder.close()
+        thresholds[enc] = {"paper": dict(PAPER_THRESHOLDS), "default": dict(manifest.default_thresholds)}
+        calibrations[enc] = Calibration.from_manifest(manifest.raw, enc)
+    evidence = {}
+    for spec in args.evidence or []:
+        label, _, path = spec.rpartition("=")
+        block = json.loads(Path(path).read_text())
+        evidence[label or "evidence"] = EvidenceCalibration.from_json(
+            block, {e: embs[e].weights_sha256 for e in ("ge2e", "campplus")}
+        )
+    runs, uncertain = judges.judge_all(instances, thresholds, calibrations, evidence)
+    focus = next(iter(evidence), None)
+    out = {"conditions": {c: report.condition_report(c, instances, runs, uncertain, focus) for c in names}}
+    shown = [
+        *(f"{e}:{m}@{s}" for e in ("ge2e", "campplus", "fused") for s in ("paper", "default") for m in judges.PAPER),
+        "ge2e:auto",
+        "campplus:auto",
+        "fused:auto",
+        *evidence,
+    ]
+    md = report.markdown(out, focus, shown)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    if args.md:
+        args.md.write_text(md)
+    print(md.split("\n## ")[0])
+    return 0
+
+
+def cmd_fit_evidence(args: argparse.Namespace) -> int:
+    from sleuthd_bench.robustness import fit
+
+    names = _conditions(args.conditions, args.exclude_groups)
+    names = [n for n in names if (args.data / f"train-{n}.jsonl").is_file()]
+    if not names:
+        print("error: no train manifests for those conditions: run `sleuthd-bench robustness build`", file=sys.stderr)
+        return 2
+    embs, instances = _load_all(args.data, "train", names)
+    models, extra = fit.fit(instances, seed=args.seed)
+    label = f"{args.data} train split" + (f", groups {args.exclude_groups} left out" if args.exclude_groups else "")
+    block = fit.calibration_block(models, extra, {e: embs[e].weights_sha256 for e in embs}, label, args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(block, indent=1) + "\n")
+    print(json.dumps(extra["fit_stats"], indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def add_parsers(sub: Any, calibrate_sub: Any) -> None:
+    from sleuthd.config import default_models_dir
+
+    r = sub.add_parser(
+        "robustness",
+        help="the robustness matrix: generated speech under conditions x S1/S2/S3, and every judgment on it",
+        description="build: render the conditions' clips and write train/eval manifests under --out; embed: embed "
+        "every clip once per encoder through sleuthd.api (cached); report: judge the eval split offline with every "
+        "method, the oracle thresholds and (with --evidence) the evidence model. docs/research/robustness.md.",
+    )
+    rsub = r.add_subparsers(dest="robustness_command", required=True)
+    b = rsub.add_parser("build", help="render clips and write the manifests")
+    e = rsub.add_parser("embed", help="embed every clip of the manifests once per encoder (cached)")
+    rep = rsub.add_parser("report", help="judge the eval split offline and print the report table")
+    for sp in (b, e, rep):
+        sp.add_argument("--out", type=Path, default=DEFAULT_ROOT, help="data folder (default: data/robustness)")
+        sp.add_argument("--quiet", action="store_true")
+    for sp in (b, rep):
+        sp.add_argument("--conditions", help="comma-separated condition names (default: all)")
+    b.add_argument("--eval-dialogues", type=int, default=110, help="dialogues per condition, eval (default: 110)")
+    b.add_argument("--train-dialogues", type=int, default=160, help="dialogues per condition, train (default: 160)")
+    b.add_argument("--fsdd-dir", type=Path, default=Path("../shared/data/fsdd"), help="FSDD folder with fsdd.csv")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--workers", type=int, default=2, help="render threads (default: 2)")
+    b.set_defaults(func=cmd_build)
+    for sp in (e, rep):
+        sp.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
+    e.add_argument("--encoders", default="ge2e,campplus", help="encoders to embed with (default: ge2e,campplus)")
+    e.set_defaults(func=cmd_embed)
+    rep.add_argument("--evidence", action="append", help="LABEL=FILE of an evidence calibration to judge with (repeat)")
+    rep.add_argument("--json", type=Path, help="write the report as JSON")
+    rep.add_argument("--md", type=Path, help="write the report as markdown")
+    rep.set_defaults(func=cmd_report)
+    add_verify_parser(rsub)
+
+    f = calibrate_sub.add_parser(
+        "fit-evidence",
+        help="fit the evidence model on the robustness matrix's train split (never FSDD)",
+        description="Reads the train manifests and cached embeddings under --data and writes an evidence calibration "
+        "(sleuthd.judgment.evidence) to --out.",
+    )
+    f.add_argument("--data", type=Path, default=DEFAULT_ROOT, help="robustness data folder (default: data/robustness)")
+    f.add_argument("--out", type=Path, default=DEFAULT_EVIDENCE, help="calibration file to write")
+    f.add_argument("--conditions", help="comma-separated conditions to fit on (default: all with a train split)")
+    f.add_argument("--exclude-groups", default="", help="leave out conditions of these groups, e.g. a or b")
+    f.add_argument("--seed", type=int, default=0)
+    f.set_defaults(func=cmd_fit_evidence)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Compare a server replay of one eval manifest with the offline judges, instance by instance."""
+    from sleuthd.api import SpeakerEncoder
+    from sleuthd.encoders.manifest import PAPER_THRESHOLDS
+    from sleuthd.judgment.calibration import Calibration
+
+    from sleuthd_bench import paired
+    from sleuthd_bench.robustness import judges
+
+    predictions = args.replay / "predictions.jsonl"
+    served = paired.detection_records(json.loads(line) for line in predictions.read_text().splitlines())
+    _, instances = _load_all(args.out, "eval", [args.condition])
+    encoder = SpeakerEncoder.load(args.models_dir, encoder=args.encoder)
+    manifest = encoder.manifest
+    encoder.close()
+    thresholds = {args.encoder: {"paper": dict(PAPER_THRESHOLDS), "default": dict(manifest.default_thresholds)}}
+    calibrations = {args.encoder: Calibration.from_manifest(manifest.raw, args.encoder)}
+    offline, _ = judges.judge_all(instances, thresholds, calibrations)
+    worst = 0
+    for run, recs in served.items():
+        mine = {(r.dialogue_id, r.scenario): r for r in offline[f"{args.encoder}:{run}"]}
+        differ = [r for r in recs if mine[(r.dialogue_id, r.scenario)].pred_turns != r.pred_turns]
+        a, b = judges.metrics(recs), judges.metrics(list(mine.values()))
+        print(
+            f"{run}: {len(recs)} instances, {len(differ)} judged differently; server Bal {a['bal']:.2f} "
+            f"(S1 {a['S1']:.1f} S2 {a['S2']:.1f} S3 {a['S3']:.1f}), offline Bal {b['bal']:.2f}"
+        )
+        worst = max(worst, len(differ))
+    return 0 if worst == 0 else 1
+
+
+def add_verify_parser(rsub: Any) -> None:
+    from sleuthd.config import default_models_dir
+
+    v = rsub.add_parser(
+        "verify",
+        help="check the offline judges against a server replay of one eval manifest (instance by instance)",
+    )
+    v.add_argument("replay", type=Path, help="the replay's report folder (with predictions.jsonl)")
+    v.add_argument("--condition", required=True, help="the condition whose eval manifest was replayed")
+    v.add_argument("--encoder", default="fused", help="the encoder the replay used (default: fused)")
+    v.add_argument("--out", type=Path, default=DEFAULT_ROOT, help="data folder (default: data/robustness)")
+    v.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
+    v.set_defaults(func=cmd_verify)

@@ -1,0 +1,89 @@
+"""The robustness matrix's detection instances with their cached embeddings, ready to be judged offline.
+
+One instance is a dialogue under one scenario (S1, S2, S3), as sleuthd_bench.instances derives them, with
+each encoder's unit embeddings of the target turns and the reference (None where the encoder found the clip
+unusable, as the server would mark it INSUFFICIENT_AUDIO) and the turns' speech seconds. ``fused`` is the
+two encoders joined as sleuthd.fusion joins them; a clip is usable for it when both encoders can use it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sleuthd_bench.instances import gold_turns, scenario_turns
+from sleuthd_bench.manifest import read_manifest
+from sleuthd_bench.metrics import SCENARIOS, Scenario
+from sleuthd_bench.robustness.embed import ENCODERS, Embeddings, fused
+
+FUSED = "fused"
+ALL_ENCODERS = (*ENCODERS, FUSED)
+
+
+@dataclass
+class Turns:
+    """One encoder's view of an instance: usable turns only, with their index in the dialogue."""
+
+    index: np.ndarray  # (n,) dialogue positions of the usable turns
+    emb: np.ndarray  # (n, D) float32 unit embeddings
+    seconds: np.ndarray  # (n,) speech seconds
+    reference: np.ndarray | None
+
+
+@dataclass
+class Instance:
+    dialogue_id: str
+    condition: str
+    scenario: Scenario
+    gold: frozenset[int]
+    n_turns: int
+    views: dict[str, Turns] = field(default_factory=dict)
+    target: str = ""
+    intruder: str = ""
+
+
+def _view(emb: Sequence[np.ndarray | None], seconds: Sequence[float], ref: np.ndarray | None, dim: int) -> Turns:
+    keep = [k for k, e in enumerate(emb) if e is not None]
+    rows = [np.asarray(emb[k], np.float32) for k in keep]
+    mat = np.stack(rows) if rows else np.zeros((0, dim), np.float32)
+    return Turns(np.array(keep, int), mat, np.array([seconds[k] for k in keep], np.float64), ref)
+
+
+def load_instances(root: Path, split: str, conditions: Sequence[str], embs: Mapping[str, Embeddings]) -> list[Instance]:
+    """Every instance of the split's manifests ``root/<split>-<condition>.jsonl``."""
+    out = []
+    for cond in conditions:
+        path = root / f"{split}-{cond}.jsonl"
+        metas = [json.loads(line).get("meta") or {} for line in path.read_text().splitlines()]
+        for line, meta in zip(read_manifest(path), metas, strict=True):
+            ref_rel = line.reference
+            for scenario in SCENARIOS:
+                turns = scenario_turns(line, scenario)
+                inst = Instance(
+                    line.dialogue_id,
+                    cond,
+                    scenario,
+                    gold_turns(line, scenario),
+                    len(turns),
+                    target=line.target_speaker,
+                    intruder={"S1": "", "S2": meta.get("s2_speaker", ""), "S3": meta.get("s3_speaker", "")}[scenario],
+                )
+                parts: dict[str, list[np.ndarray | None]] = {}
+                seconds: dict[str, list[float]] = {}
+                refs: dict[str, np.ndarray | None] = {}
+                for enc in ENCODERS:
+                    got = [embs[enc].get(p) for p in turns]
+                    parts[enc] = [g[0] for g in got]
+                    seconds[enc] = [g[1] for g in got]
+                    refs[enc] = embs[enc].get(ref_rel)[0]
+                    inst.views[enc] = _view(parts[enc], seconds[enc], refs[enc], embs[enc].vectors.shape[1])
+                joined = [fused([parts[e][k] for e in ENCODERS]) for k in range(len(turns))]
+                ref_joined = fused([refs[e] for e in ENCODERS])
+                dim = sum(embs[e].vectors.shape[1] for e in ENCODERS)
+                inst.views[FUSED] = _view(joined, seconds[ENCODERS[0]], ref_joined, dim)
+                out.append(inst)
+    return out

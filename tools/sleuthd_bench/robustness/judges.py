@@ -1,0 +1,165 @@
+"""Judging the matrix's instances offline, as the server would: the paper's three methods at a threshold,
+today's `auto` (sleuthd.calibration, the encoder's shipped calibration), the evidence model
+(sleuthd.judgment.evidence), and the hindsight (oracle) threshold of a paper method.
+
+Each judge returns the dialogue positions it flags (and, for the evidence model, those it calls
+uncertain). The paper scores are those of sleuthd.judge's SpeakerPool (pairwise mean cosine to the other
+turns, cosine distance to the centroid of all turns, cosine to the reference), on the usable turns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sleuthd.judgment.calibration import Calibration, inconsistency_probability
+from sleuthd.judgment.evidence import EvidenceCalibration
+
+from sleuthd_bench.metrics import DetectionRecord, detection_metrics, localization_metrics
+from sleuthd_bench.robustness.instances import ENCODERS, Instance, Turns
+
+PAPER = ("pairwise", "centroid", "reference")
+FLAG_ABOVE = {"pairwise": False, "centroid": True, "reference": False}
+
+
+def paper_scores(v: Turns, method: str) -> np.ndarray | None:
+    """(n,) scores of the usable turns, or None when the method has nothing to compare with."""
+    n = len(v.emb)
+    e = v.emb.astype(np.float64)
+    if method == "reference":
+        return None if v.reference is None or n == 0 else e @ v.reference.astype(np.float64)
+    if n < 2:
+        return None
+    g = e @ e.T
+    rows = g.sum(axis=1)
+    if method == "pairwise":
+        return np.asarray((rows - np.diagonal(g)) / (n - 1))
+    return np.asarray(1.0 - (rows / n) / max(float(np.sqrt(max(rows.sum(), 0.0))) / n, 1e-12))
+
+
+def paper_flags(v: Turns, method: str, threshold: float) -> frozenset[int]:
+    s = paper_scores(v, method)
+    if s is None:
+        return frozenset()
+    bad = s > threshold if FLAG_ABOVE[method] else s < threshold
+    return frozenset(int(i) for i in v.index[bad])
+
+
+def auto_flags(v: Turns, calibration: Calibration) -> frozenset[int]:
+    if len(v.emb) == 0 or (len(v.emb) < 2 and v.reference is None):
+        return frozenset()
+    _, p = inconsistency_probability(calibration, v.emb, v.reference, v.seconds, None)
+    return frozenset(int(i) for i in v.index[p > calibration.decision_threshold])
+
+
+def evidence_inputs(
+    inst: Instance, use_reference: bool = True
+) -> tuple[dict[str, np.ndarray], bool, np.ndarray, np.ndarray]:
+    """(encoder -> pool cosine matrix, has_reference, speech seconds, dialogue positions) over the turns
+    every encoder can use (the fused view's), reference first when every encoder can use it."""
+    joint = inst.views["fused"]
+    has_ref = use_reference and joint.reference is not None
+    grams = {}
+    for e in ENCODERS:
+        v = inst.views[e]
+        rows = v.emb[np.searchsorted(v.index, joint.index)].astype(np.float64)
+        pool = (
+            np.vstack([v.reference[None, :].astype(np.float64), rows]) if has_ref and v.reference is not None else rows
+        )
+        grams[e] = pool @ pool.T
+    return grams, has_ref, joint.seconds, joint.index
+
+
+def evidence_flags(
+    inst: Instance, calibration: EvidenceCalibration
+) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
+    """(flagged positions, uncertain positions, per-turn probabilities over the usable turns)."""
+    grams, has_ref, seconds, index = evidence_inputs(inst)
+    verdicts = calibration.judge(grams, has_ref, seconds)
+    if verdicts is None:
+        return frozenset(), frozenset(), np.zeros(0)
+    flagged = frozenset(int(i) for i in index[verdicts.flagged])
+    uncertain = frozenset(int(i) for i in index[verdicts.uncertain])
+    return flagged, uncertain, verdicts.probability
+
+
+def record(inst: Instance, flagged: frozenset[int]) -> DetectionRecord:
+    return DetectionRecord(inst.dialogue_id, inst.condition, inst.scenario, inst.gold, flagged, bool(flagged))
+
+
+def metrics(records: Sequence[DetectionRecord]) -> dict[str, float]:
+    """Percent: S1, S2, S3, bal (detection) and bal_f1 (localization)."""
+    d = detection_metrics(records)
+    return {
+        "S1": d["S1"],
+        "S2": d["S2"],
+        "S3": d["S3"],
+        "bal": d["bal"],
+        "bal_f1": localization_metrics(records)["bal_f1"],
+    }
+
+
+@dataclass(frozen=True)
+class Oracle:
+    encoder: str
+    method: str
+    threshold: float
+    S1: float
+    S2: float
+    S3: float
+    bal: float
+
+
+def oracle(instances: Sequence[Instance], encoder: str, method: str) -> Oracle | None:
+    """The single threshold that maximises Bal on these instances, in hindsight (the bar `auto` must beat).
+    A dialogue is flagged at threshold tau when its most extreme turn score crosses tau."""
+    extreme = {"S1": [], "S2": [], "S3": []}  # type: dict[str, list[float]]
+    for inst in instances:
+        s = paper_scores(inst.views[encoder], method)
+        # Oriented so that "flagged" means value > tau; an unscored instance is never flagged.
+        value = -np.inf if s is None or not len(s) else (float(s.max()) if FLAG_ABOVE[method] else -float(s.min()))
+        extreme[inst.scenario].append(value)
+    arrays = {k: np.sort(np.asarray(v)) for k, v in extreme.items()}
+    finite = np.concatenate([a[np.isfinite(a)] for a in arrays.values()])
+    if not len(finite):
+        return None
+    values = np.unique(finite)
+    # Candidate thresholds: midpoints between observed values, and below / above them all.
+    cands = np.concatenate([[values[0] - 1e-6], (values[:-1] + values[1:]) / 2, [values[-1] + 1e-6]])
+
+    def rate(a: np.ndarray) -> np.ndarray:  # share flagged (> tau) at every candidate
+        return 1.0 - np.searchsorted(a, cands, side="right") / max(len(a), 1)
+
+    s1, s2, s3 = 1.0 - rate(arrays["S1"]), rate(arrays["S2"]), rate(arrays["S3"])
+    bal = 50.0 * (s1 + (s2 + s3) / 2)
+    best = int(np.argmax(bal))
+    tau = float(cands[best]) if FLAG_ABOVE[method] else -float(cands[best])
+    return Oracle(encoder, method, tau, 100 * s1[best], 100 * s2[best], 100 * s3[best], float(bal[best]))
+
+
+def judge_all(
+    instances: Sequence[Instance],
+    thresholds: Mapping[str, Mapping[str, Mapping[str, float]]],
+    calibrations: Mapping[str, Calibration],
+    evidence: Mapping[str, EvidenceCalibration] | None = None,
+) -> tuple[dict[str, list[DetectionRecord]], dict[str, list[int]]]:
+    """Records per run name (``<encoder>:<method>@<set>``, ``<encoder>:auto``, ``evidence[:<label>]``) and,
+    per evidence run, for each instance 1 when its verdict is uncertain (nothing flagged, a turn uncertain)."""
+    runs: dict[str, list[DetectionRecord]] = {}
+    uncertain: dict[str, list[int]] = {}
+    for inst in instances:
+        for enc, sets in thresholds.items():
+            v = inst.views[enc]
+            for label, values in sets.items():
+                for method in PAPER:
+                    runs.setdefault(f"{enc}:{method}@{label}", []).append(
+                        record(inst, paper_flags(v, method, values[method]))
+                    )
+            if enc in calibrations:
+                runs.setdefault(f"{enc}:auto", []).append(record(inst, auto_flags(v, calibrations[enc])))
+        for name, cal in (evidence or {}).items():
+            flagged, unsure, _ = evidence_flags(inst, cal)
+            runs.setdefault(name, []).append(record(inst, flagged))
+            uncertain.setdefault(name, []).append(int(not flagged and bool(unsure)))
+    return runs, uncertain

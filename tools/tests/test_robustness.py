@@ -1,0 +1,91 @@
+"""The robustness matrix's tools: every channel renders audio the product decodes, a clip's spec names one
+file, dialogues follow the benchmark format with intruders of the right kind, and the oracle threshold is
+the best single threshold in hindsight."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sleuthd.audio.decode import decode_encoded
+from sleuthd_bench.instances import scenario_turns
+from sleuthd_bench.manifest import read_manifest
+from sleuthd_bench.robustness import build, render
+from sleuthd_bench.robustness.instances import Instance, Turns
+from sleuthd_bench.robustness.judges import oracle, paper_flags
+
+
+def _espeak(text: str = "The young doctor found the red bicycle near the harbour.") -> dict:
+    return {"src": {"kind": "espeak", "lang": "en-us", "variant": "m3", "text": text, "p": 50, "s": 160, "a": 100}}
+
+
+@pytest.mark.parametrize("channel", build.DRIFT_CHANNELS)
+def test_every_channel_renders_audio_the_product_decodes(channel: str, tmp_path: Path) -> None:
+    clean = {**_espeak(), "fx": []}
+    spec = build.slot_spec(clean, build.CONDITION_BY_NAME["c-short"], channel)
+    path = render.Renderer(tmp_path, tmp_path).render(spec)
+    assert path.name == render.relpath(spec).rsplit("/", 1)[1]
+    audio = decode_encoded(path.read_bytes(), max_seconds=60.0)
+    seconds = len(audio.samples) / audio.sample_rate_hz
+    cut = next(step for step in spec["fx"] if step[0] == "cut")[2]
+    assert cut - 0.05 <= seconds <= cut + 0.4  # the cut's length (reverb adds a tail, codecs pad a frame)
+    assert float(np.sqrt(np.mean(audio.samples**2))) > 1e-4
+
+
+def test_a_clip_and_its_channel_parameters_depend_only_on_the_clip_and_the_choice() -> None:
+    clean = {**_espeak(), "fx": []}
+    cond = build.CONDITION_BY_NAME["e-drift"]
+    assert build.slot_spec(clean, cond, "noise") == build.slot_spec(clean, cond, "noise")
+    other = {**_espeak("Please ask the bus driver to open the garden gate."), "fx": []}
+    assert build.slot_spec(clean, cond, "noise")["fx"] != build.slot_spec(other, cond, "noise")["fx"]
+
+
+def _speakers() -> list[build.Speaker]:
+    out = []
+    for k, (name, gender) in enumerate((("a", "M"), ("b", "M"), ("c", "F"), ("d", "F"))):
+        clips = tuple({**_espeak(f"sentence {k} {j}"), "fx": []} for j in range(7))
+        out.append(build.Speaker(name, gender, "espeak", "eval", clips, group="en"))
+    return out
+
+
+def test_dialogues_follow_the_benchmark_format_with_intruders_of_the_right_kind(tmp_path: Path) -> None:
+    speakers = _speakers()
+    similar = {"a": ["b"], "b": ["a"], "c": ["d"], "d": ["c"]}
+    lines = build.draw_dialogues(build.CONDITION_BY_NAME["d-mp3"], speakers, similar, 4, "eval", seed=0)
+    renderer = render.Renderer(tmp_path, tmp_path)
+    for drawn in lines:
+        for spec in drawn["meta"]["specs"]:
+            renderer.render(spec)
+    path = tmp_path / "eval-d-mp3.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    gender = {s.name: s.gender for s in speakers}
+    for line, raw in zip(read_manifest(path), lines, strict=True):
+        meta = raw["meta"]
+        assert gender[meta["s2_speaker"]] != gender[line.target_speaker]
+        assert meta["s3_speaker"] == similar[line.target_speaker][0]
+        assert len(set(line.target_turns) | {line.reference}) == 6  # distinct clips of the target
+        assert all(p.endswith(".mp3") for p in scenario_turns(line, "S3"))
+        assert meta["channels"] == ["mp3"] * 8
+
+
+def _instance(scenario: str, scores: list[float], k: int) -> Instance:
+    """A speaker whose turns' pairwise mean cosines are ``scores`` (built from 2-d unit vectors)."""
+    angles = np.arccos(np.clip(scores, -1, 1))
+    emb = np.stack([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
+    view = Turns(np.arange(len(scores)), emb, np.full(len(scores), 3.0), None)
+    gold = frozenset() if scenario == "S1" else frozenset({0})
+    return Instance(f"d{k}", "c", scenario, gold, len(scores), {"ge2e": view})  # type: ignore[arg-type]
+
+
+def test_the_oracle_is_the_best_single_threshold_in_hindsight() -> None:
+    # Each instance: turns at angles whose pairwise means separate S1 from S2 at one threshold.
+    insts = [_instance("S1", [0.9, 0.9, 0.9], k) for k in range(4)]
+    insts += [_instance("S2", [0.2, 0.9, 0.9], k) for k in range(4)]
+    insts += [_instance("S3", [0.8, 0.9, 0.9], k) for k in range(4)]
+    o = oracle(insts, "ge2e", "pairwise")
+    assert o is not None and o.bal == pytest.approx(100.0)
+    # The threshold it found flags exactly the altered dialogues.
+    for inst in insts:
+        assert bool(paper_flags(inst.views["ge2e"], "pairwise", o.threshold)) == (inst.scenario != "S1")
