@@ -27,6 +27,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from sleuthd.config import JudgeConfig
 from sleuthd.errors import DeadlineExceeded, EngineFailure, LimitExceeded, Overloaded
 from sleuthd.lalm.types import BatchTooLarge
 from sleuthd.ops.observe import JudgeObserver, NullObserver
@@ -39,22 +40,31 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class PromptBatcherConfig:
-    """How prompts are grouped into model calls (see :class:`~sleuthd.config.JudgeConfig`)."""
+    """How prompts are grouped into model calls: the batcher's view of :class:`~sleuthd.config.JudgeConfig`'s
+    ``judge_max_*`` options, whose defaults (written once, there) and bounds it shares."""
 
-    max_batch_tokens: int = 16384  # padded tokens per call: prompts × the longest prompt
-    max_batch_prompts: int = 32
-    max_wait_ms: float = 10.0  # longest wait of the oldest queued prompt, milliseconds
-    max_queue_prompts: int = 512  # prompts allowed to wait; more are refused with Overloaded
+    max_batch_tokens: int = JudgeConfig.judge_max_batch_tokens  # padded tokens per call: prompts × longest
+    max_batch_prompts: int = JudgeConfig.judge_max_batch_prompts
+    max_wait_ms: float = JudgeConfig.judge_max_wait_ms  # longest wait of the oldest queued prompt, ms
+    max_queue_prompts: int = JudgeConfig.judge_max_queue_prompts  # more waiting are refused with Overloaded
 
     def __post_init__(self) -> None:
-        for name, low in (
-            ("max_batch_tokens", 1),
-            ("max_batch_prompts", 1),
-            ("max_wait_ms", 0),
-            ("max_queue_prompts", 1),
-        ):
-            if not getattr(self, name) >= low:
-                raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        # The same bounds, and the same error (ConfigError, a ValueError), as the options they come from.
+        JudgeConfig(
+            judge_max_batch_tokens=self.max_batch_tokens,
+            judge_max_batch_prompts=self.max_batch_prompts,
+            judge_max_wait_ms=self.max_wait_ms,
+            judge_max_queue_prompts=self.max_queue_prompts,
+        )
+
+    @classmethod
+    def from_config(cls, config: JudgeConfig) -> PromptBatcherConfig:
+        return cls(
+            max_batch_tokens=config.judge_max_batch_tokens,
+            max_batch_prompts=config.judge_max_batch_prompts,
+            max_wait_ms=config.judge_max_wait_ms,
+            max_queue_prompts=config.judge_max_queue_prompts,
+        )
 
 
 @dataclass

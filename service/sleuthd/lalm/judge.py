@@ -305,12 +305,7 @@ def load_judge(config: JudgeConfig, observer: JudgeObserver | None = None) -> La
         weights = weights_sha256(folder)
         # The calibration is checked before the weights load: a wrong one fails in seconds, not minutes.
         calibration = _calibration(config, weights)
-        batching = PromptBatcherConfig(
-            max_batch_tokens=config.judge_max_batch_tokens,
-            max_batch_prompts=config.judge_max_batch_prompts,
-            max_wait_ms=config.judge_max_wait_ms,
-            max_queue_prompts=config.judge_max_queue_prompts,
-        )
+        batching = PromptBatcherConfig.from_config(config)
         scorer = LocalScorer.load(
             folder,
             config.judge_device,
