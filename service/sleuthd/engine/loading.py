@@ -84,7 +84,12 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
             if config.backend.encoder_backend == "triton":  # Triton batches across replicas: no batcher here
                 encoders[manifest.name] = load_triton_encoder(manifest, config.backend, config.batcher, observer)
                 continue
-            runner = OnnxEncoder(manifest, device=config.device, gpu_batch=config.batcher.max_batch_windows)
+            runner = OnnxEncoder(
+                manifest,
+                device=config.device,
+                intra_op_threads=config.intra_op_threads,
+                gpu_batch=config.batcher.max_batch_windows,
+            )
             runner.warm_up()
             if batched:
                 batcher_config = encoder_batcher_config(config.batcher, runner)
