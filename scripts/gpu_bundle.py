@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -61,9 +62,10 @@ def download(spec: str, python_version: str, dest: Path) -> Path:
     before = set(dest.glob("*.whl"))
     platforms = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--implementation",
-           "cp", "--python-version", python_version, "-d", str(dest), spec]  # fmt: skip
+           "cp", "--python-version", python_version, "-d", str(dest)]  # fmt: skip
     for p in platforms:
-        cmd[-2:-2] = ["--platform", p]
+        cmd += ["--platform", p]
+    cmd.append(spec)
     subprocess.run(cmd, check=True)
     name = spec.split("==")[0].replace("-", "_").lower()
     found = [w for w in dest.glob("*.whl") if w.name.lower().startswith(name + "-")]
@@ -118,10 +120,16 @@ def fatbin_section(data: bytearray) -> tuple[int, int]:
 
 def xz_tar(path: Path, members: dict[str, bytes]) -> int:
     """Write ``members`` (archive name -> bytes) as a .tar.xz; returns its size."""
+    folders = sorted({str(parent) for name in members for parent in Path(name).parents if str(parent) != "."})
     with lzma.open(path, "wb", preset=6) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
+        for folder in folders:  # explicit entries: tar would otherwise make them without the search bit
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            tar.addfile(info)
         for name, blob in sorted(members.items()):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(blob), 0o755 if name.endswith(".so") or ".so." in name else 0o644
+            info.mtime = int(time.time())
             tar.addfile(info, io.BytesIO(blob))
     return path.stat().st_size
 
