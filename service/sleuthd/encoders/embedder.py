@@ -139,9 +139,11 @@ class ClipEmbedder:
         """A clip's embedding under each placement, each with whether it was already there (cached, or
         being computed for a concurrent request). The placement is part of the cache key; the placements
         not cached are prepared together, from one decode and VAD pass. ``digest``: the clip's
-        :func:`audio_digest` when the caller has it ("" computes it when the cache is on)."""
+        :func:`audio_digest`, given by a caller whose other encoders share the decode (the fusion); a clip
+        embedded by one encoder alone is decoded in one job, hashed only for the cache."""
         if isinstance(encoder, FusedEncoder):
             return await self._fused(encoder, audio, label, deadline, placements)
+        shared = digest  # the decode is shared under this key; "" = decoded alone
         # Hashing costs ~1 ms per MB; skip it when the cache is off and nobody shares the decode.
         if not digest and self.cache.max_entries > 0:
             digest = audio_digest(audio)
@@ -159,12 +161,12 @@ class ClipEmbedder:
                     timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
 
                     def start() -> asyncio.Task[list[ClipEmbedding]]:
-                        work = self._compute(encoder, audio, todo, None, todo_keys, digest)
+                        work = self._compute(encoder, audio, todo, None, todo_keys, shared)
                         return _retrieving(asyncio.ensure_future(work))
 
                     computed, joined = await self._in_flight.run("|".join(todo_keys), start, timeout)
                 else:
-                    computed = await self._compute(encoder, audio, todo, deadline, todo_keys, digest)
+                    computed = await self._compute(encoder, audio, todo, deadline, todo_keys, shared)
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
             except TimeoutError as exc:
@@ -213,9 +215,9 @@ class ClipEmbedder:
     async def _prepare(
         self, encoder: WindowEncoder, audio: AudioInput, placements: Placements, digest: str
     ) -> list[PreparedClip]:
-        """The clip's windows for ``encoder`` under each placement. With a digest, the decoded and trimmed
-        speech is shared with every other encoder (and request) preparing the same clip at the same
-        loudness at the same time; without one (cache off, one encoder), one job does it all."""
+        """The clip's windows for ``encoder`` under each placement. With a digest (the fusion's), the decoded
+        and trimmed speech is shared with every other encoder (and fused request) preparing the same clip at
+        the same loudness at the same time; without one, one job does it all."""
         loop = asyncio.get_running_loop()
         manifest = encoder.manifest
         if not digest:
