@@ -8,7 +8,7 @@
 #   run 1, carry .gpu/part1:   scripts/gpu_check.sh --unpack-only
 #   run 2, carry .gpu/part2:   scripts/gpu_check.sh --device cuda [--out $OUT]
 # Each part is unpacked into .gpu/site (git-ignored, so it stays on the machine between the two calls).
-# Anywhere else (here: `--device cpu`, the dry run tests/test_gpu_check.py makes) it uses the Python it finds.
+# With `--device cpu` (the dry run tests/test_gpu_check.py makes) it ignores any bundle and uses the Python it finds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python3)}
@@ -30,13 +30,15 @@ unpack() {  # a part's archives into .gpu/site (py/, models/, speech/), its whee
   done
 }
 
-unpack .gpu/part1
-unpack .gpu/part2
+BUNDLE=1
+for a in "$@"; do [ "$a" = cpu ] && BUNDLE=0; done  # --device cpu: the dry run uses the Python it finds
+[ "$BUNDLE" = 1 ] && unpack .gpu/part1 && unpack .gpu/part2
 if [ "${1:-}" = "--unpack-only" ]; then
   ls -la "$SITE" "$SITE/py/onnxruntime/capi" 2>/dev/null | head -20
   exit 0
 fi
 
+[ "$BUNDLE" = 0 ] && SITE=.gpu/none
 if [ -d "$SITE/py/onnxruntime" ] && [ ! -e "$SITE/py/onnxruntime/capi/libonnxruntime_providers_cuda.so" ]; then
   echo "the CUDA provider is missing: run 1 (carry .gpu/part1, scripts/gpu_check.sh --unpack-only) must come first, on the same warm machine" >&2
   exit 2
