@@ -18,6 +18,10 @@ def test_campplus_is_capped_on_the_cpu_and_ge2e_is_not(models_dir: Path) -> None
         assert isinstance(campplus, MicroBatcher) and isinstance(ge2e, MicroBatcher)
         assert campplus.config.max_batch_windows == 8  # models/campplus card: batching.cpu_max_batch_windows
         assert ge2e.config.max_batch_windows == BatcherConfig().max_batch_windows == 64
+        # Each encoder's calls run on threads of their own: a fused request's GE2E batch never waits behind a
+        # CAM++ call (one shared thread made it wait; issue 30), and each batcher keeps its own concurrency.
+        assert models.model_pool._max_workers == 2 * BatcherConfig().max_concurrent_batches
+        assert campplus.config.max_concurrent_batches == ge2e.config.max_concurrent_batches == 1
     finally:
         models.prep_pool.shutdown()
         models.model_pool.shutdown()

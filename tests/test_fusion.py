@@ -10,10 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import soundfile as sf
+from sleuthd.audio.decode import Waveform
 from sleuthd.client.results import TurnVerdict
 from sleuthd.config import EngineConfig
-from sleuthd.domain import CheckOptions
+from sleuthd.domain import AudioInput, CheckOptions
+from sleuthd.encoders import clips
 from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.encoders.embedder import ClipEmbedder, embed_prepared
 from sleuthd.encoders.fusion import FusedEncoder, load_fusion
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.loading import load_models
@@ -180,3 +183,46 @@ def test_fused_streamed_verdicts_equal_check_dialogue(engine: Engine) -> None:
     assert streamed.judge() == once.judge()
     got, _ = once.judge()
     assert all(len(t.encoder_scores) == 2 for t in got)
+
+
+@pytest.mark.parametrize("cache_entries", [0, 64])
+async def test_a_fused_clip_is_decoded_once_and_embeds_as_each_encoder_alone(
+    models_dir: Path, speech: Speech, monkeypatch: pytest.MonkeyPatch, cache_entries: int
+) -> None:
+    """GE2E and CAM++ share one decode, loudness and VAD pass per clip (issue 30), and the fused embedding
+    is bit for bit the join of what each encoder gives the clip through its own decode (the path before)."""
+    decoded: list[int] = []
+    real_decode = clips.decode
+
+    def counting_decode(audio: AudioInput, max_seconds: float) -> Waveform:
+        decoded.append(len(audio.data))
+        return real_decode(audio, max_seconds)
+
+    models = load_models(EngineConfig(models_dir=models_dir, device="cpu"))
+    try:
+        fused = models.encoders["fused"]
+        assert isinstance(fused, FusedEncoder)
+        audios = [AudioInput(data=speech.wav_bytes(v, k)) for v in (VOICE_A, VOICE_F) for k in (0, 3)]
+        # A silent clip: unusable, with the first unusable component's reason.
+        audios.append(AudioInput(data=encode_wav(np.zeros(16000, np.float32), 16000)))
+        alone = []
+        for audio in audios:
+            parts = []
+            for component in fused.components:
+                (prepared,) = clips.prepare_placements(audio, component.manifest, models.vad, 600.0, (None,))
+                parts.append(await embed_prepared(component, prepared))
+            alone.append(fused.combine(parts))
+        monkeypatch.setattr(clips, "decode", counting_decode)
+        embedder = ClipEmbedder(models.vad, models.prep_pool, NullObserver(), 600.0, cache_entries)
+        # One clip at a time, so each model call holds the same rows as above: a row's last bits depend on
+        # the batch it is computed in (ONNX Runtime's kernels block by batch size), windows or not.
+        got = [(await embedder.embed_audio(fused, [(a, f"clip {k}")]))[0] for k, a in enumerate(audios)]
+        assert sorted(decoded) == sorted(len(a.data) for a in audios)  # one decode per clip, not one per encoder
+        for mine, theirs in zip(got, alone, strict=True):
+            assert mine.usable == theirs.usable and mine.detail == theirs.detail
+            assert (mine.audio_seconds, mine.speech_seconds) == (theirs.audio_seconds, theirs.speech_seconds)
+            if theirs.embedding is not None:
+                assert mine.embedding is not None and np.array_equal(mine.embedding, theirs.embedding)
+        assert not got[-1].usable and "s of speech" in got[-1].detail
+    finally:
+        await models.aclose()

@@ -261,6 +261,25 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_side_by_side(args: argparse.Namespace) -> int:
+    from sleuthd_bench import side_by_side
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    try:
+        report = side_by_side.main_args(args, progress)
+    except (ValueError, RuntimeError) as exc:
+        return _error(str(exc))
+    print(side_by_side.table(report))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def cmd_bench_latency(args: argparse.Namespace) -> int:
     from sleuthd_bench import latency
 
@@ -712,6 +731,29 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", type=Path, help="write the results as JSON (keyed by encoder when several)")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_bench_throughput)
+
+    sb = sub.add_parser(
+        "side-by-side",
+        help="server configurations or checkouts measured in one run, alternating rounds, ratios to the first",
+    )
+    sb.add_argument(
+        "--variant",
+        action="append",
+        help="NAME=SERVE ARGS, e.g. 'threads1=--intra-op-threads 1' (repeat; the first is the reference)",
+    )
+    sb.add_argument("--checkout", action="append", help="NAME=DIR: that variant's server runs DIR/service's code")
+    sb.add_argument(
+        "--encoders", default="ge2e,fused", help="servers' --encoder, one after the other (default: ge2e,fused)"
+    )
+    sb.add_argument("--concurrency", default="1,32", help="closed-loop clients (default: 1,32)")
+    sb.add_argument("--seconds", type=float, default=10.0, help="per level, variant and round (default: 10)")
+    sb.add_argument("--rounds", type=int, default=2, help="alternating rounds (default: 2)")
+    sb.add_argument("--stream-turns", type=int, default=30, help="3 s turns streamed per round, 0 = none (default: 30)")
+    sb.add_argument("--dialogues", type=int, default=40, help="distinct dialogues of 5 turns (default: 40)")
+    sb.add_argument("--cache", type=Path, default=Path("data"), help="holds throughput/ and latency/ speech")
+    sb.add_argument("--json", type=Path, help="write the results as JSON")
+    sb.add_argument("--quiet", action="store_true")
+    sb.set_defaults(func=cmd_bench_side_by_side)
 
     la = sub.add_parser(
         "latency",

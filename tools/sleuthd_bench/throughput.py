@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -230,10 +230,11 @@ async def drive_server(
 class ServerProcess:
     """`sleuthd serve` in a subprocess on a free loopback port."""
 
-    def __init__(self, extra_args: Sequence[str]) -> None:
+    def __init__(self, extra_args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        """``env``: the server's environment (e.g. another checkout's PYTHONPATH); None inherits ours."""
         cmd = [sys.executable, "-m", "sleuthd.cli", "--log-level", "warning", "serve", "--port", "0",
                "--metrics-port", "-1", "--embedding-cache-entries", "0", *extra_args]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("sleuthd listening on "):

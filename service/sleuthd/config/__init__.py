@@ -102,6 +102,9 @@ class EngineConfig:
         factory=EncoderBackendConfig, help="in-process ONNX Runtime or a Triton server (sleuthd.encoders.triton)"
     )
     workers: int = option(0, help="threads for decoding and silence detection; 0 = the CPU count")
+    intra_op_threads: int = option(
+        0, help="threads inside one model call (ONNX Runtime intra-op, per encoder session); 0 = the CPU count"
+    )
     embedding_cache_entries: int = option(
         4096, help="clip embeddings remembered by audio hash (about 2 KB each); 0 = off"
     )
@@ -124,6 +127,7 @@ class EngineConfig:
             _at_least(self, name, 1e-9)
         _at_least(self, "max_references", 0)
         _at_least(self, "workers", 0)
+        _at_least(self, "intra_op_threads", 0)
         _at_least(self, "embedding_cache_entries", 0)
         largest = max(self.max_turns + self.max_references, self.max_candidates + self.max_context + 1)
         if self.admission.max_queued_decodes < largest:

@@ -89,35 +89,67 @@ def prepare_waveform_placements(
     samples: np.ndarray, manifest: EncoderManifest, vad: Vad, windows: Sequence[WindowSpec | None]
 ) -> list[PreparedClip]:
     """The same as :func:`prepare_placements` for a 16 kHz mono float32 waveform already in memory."""
+    return cut_placements(trim(samples, manifest.loudness_target_dbfs, vad), manifest, windows)
+
+
+@dataclass(frozen=True)
+class Speech:
+    """A clip decoded, loudness-normalised and silence-trimmed: what every encoder's windows are cut from.
+
+    It depends on the audio, the loudness target and the VAD only, so the encoders of a fused request
+    (GE2E and CAM++ share the target) cut their windows from one of these (sleuthd.encoders.embedder).
+    """
+
+    audio_seconds: float  # after decoding, before trimming
+    samples: np.ndarray  # (n,) float32, 16 kHz mono, loudness-normalised, untrimmed
+    keep: np.ndarray  # (n,) bool: the samples kept as speech (VAD, with its padding)
+    speech_seconds: float  # detected speech (VAD), without padding
+
+
+def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, max_seconds: float) -> Speech:
+    """Decode, resample, normalise and find the speech of one clip. Raises AudioError for unusable bytes."""
+    return trim(decode(audio, max_seconds).samples, loudness_target_dbfs, vad)
+
+
+def trim(samples: np.ndarray, loudness_target_dbfs: float, vad: Vad) -> Speech:
+    """Loudness normalisation and VAD of a 16 kHz mono float32 waveform."""
     audio_seconds = len(samples) / SAMPLE_RATE
-    samples = normalize_loudness(samples, manifest.loudness_target_dbfs)
+    samples = normalize_loudness(samples, loudness_target_dbfs)
     mask = vad.speech_mask(samples)
-    if mask.speech_seconds < manifest.min_speech_seconds:
+    return Speech(audio_seconds, samples, mask.keep, mask.speech_seconds)
+
+
+def cut_placements(
+    speech: Speech, manifest: EncoderManifest, windows: Sequence[WindowSpec | None]
+) -> list[PreparedClip]:
+    """The encoder's windows of trimmed speech under each placement (None: the manifest's), or the reason
+    the clip is unusable (less speech than the encoder's minimum)."""
+    if speech.speech_seconds < manifest.min_speech_seconds:
         unusable = PreparedClip(
-            audio_seconds=audio_seconds,
-            speech_seconds=mask.speech_seconds,
+            audio_seconds=speech.audio_seconds,
+            speech_seconds=speech.speech_seconds,
             windows=None,
             window_times=None,
             detail=(
-                f"{mask.speech_seconds:.2f} s of speech after silence trimming; the {manifest.name} encoder "
+                f"{speech.speech_seconds:.2f} s of speech after silence trimming; the {manifest.name} encoder "
                 f"needs at least {manifest.min_speech_seconds:.2f} s to give a meaningful embedding"
             ),
         )
         return [unusable for _ in windows]
-    kept_index = np.flatnonzero(mask.keep)
-    speech = samples[kept_index]
+    kept_index = np.flatnonzero(speech.keep)
+    kept = speech.samples[kept_index]
     out = []
     for window in windows:
         spec = window or manifest.window
-        cut, starts = make_windows(speech, spec)
+        cut, starts = make_windows(kept, spec)
         # Map each window's span in the trimmed clip back to the original clip's clock.
         first = starts * spec.hop_samples
         last = np.minimum(first + spec.span_samples, len(kept_index)) - 1
         times = np.stack([kept_index[first], kept_index[np.maximum(last, first)] + 1], axis=1) / SAMPLE_RATE
         out.append(
             PreparedClip(
-                audio_seconds=audio_seconds,
-                speech_seconds=mask.speech_seconds,
+                audio_seconds=speech.audio_seconds,
+                speech_seconds=speech.speech_seconds,
                 windows=cut,
                 window_times=times,
             )

@@ -1,30 +1,39 @@
 """Clip embeddings for the engine: cache key -> cache -> single flight -> prepare -> encode.
 
-A clip is looked up by the hash of its bytes and the encoder's weights; a miss is prepared once on a
-worker thread (decode, resample, loudness, VAD, windows: sleuthd.encoders.clips) and its windows go through the
+A clip is looked up by the hash of its bytes and the encoder's weights; a miss is prepared on a worker
+thread (decode, resample, loudness, VAD, windows: sleuthd.encoders.clips) and its windows go through the
 encoder (the micro-batcher merges the windows of all concurrent requests into few model calls).
 Concurrent requests for the same clip share one computation.
+
+The encoders of a fused request (GE2E and CAM++) each keep their own cache entry, single flight and
+batcher, but decode and trim the clip once: the decoded, normalised and trimmed speech is a single flight
+of its own, keyed by the clip's hash and the loudness target (the only encoder setting it depends on);
+each encoder then cuts its windows from it. The windows are exactly those a component would cut alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sleuthd.aio import gather_or_cancel
 from sleuthd.audio.decode import DEFAULT_REQUEST_SAMPLES, AudioError
 from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec
 from sleuthd.domain import AudioInput
-from sleuthd.encoders.cache import LruCache, audio_key
+from sleuthd.encoders.cache import LruCache, audio_digest, audio_key
 from sleuthd.encoders.clips import (
     ClipEmbedding,
     Heard,
     PreparedClip,
+    Speech,
     check_request_audio,
+    cut_placements,
     decode_and_prepare,
+    decode_and_trim,
     embedded_clip,
     prepare_placements,
 )
@@ -36,7 +45,7 @@ from sleuthd.ops.observe import EngineObserver
 
 # A clip under each window placement asked for; None is the encoder manifest's own placement.
 Placements = Sequence[WindowSpec | None]
-T = TypeVar("T")
+F = TypeVar("F", bound="asyncio.Future[Any]")
 
 
 class ClipEmbedder:
@@ -57,6 +66,9 @@ class ClipEmbedder:
         self._prep_pool = prep_pool
         # Cache misses in flight, by cache key(s): concurrent requests for the same clip share one computation.
         self._in_flight: SingleFlight[str, list[ClipEmbedding]] = SingleFlight()
+        # Clips being decoded and trimmed, by digest and loudness target: the encoders of a fused request
+        # (and concurrent requests for the same bytes) share one decode and VAD pass.
+        self._trimming: SingleFlight[str, Speech] = SingleFlight()
 
     async def embed(
         self,
@@ -116,15 +128,26 @@ class ClipEmbedder:
         return Heard(samples, list(clips))
 
     async def _one(
-        self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
+        self,
+        encoder: WindowEncoder,
+        audio: AudioInput,
+        label: str,
+        deadline: float | None,
+        placements: Placements,
+        digest: str = "",
     ) -> list[tuple[ClipEmbedding, bool]]:
         """A clip's embedding under each placement, each with whether it was already there (cached, or
         being computed for a concurrent request). The placement is part of the cache key; the placements
-        not cached are prepared together, from one decode and VAD pass."""
+        not cached are prepared together, from one decode and VAD pass. ``digest``: the clip's
+        :func:`audio_digest`, given by a caller whose other encoders share the decode (the fusion); a clip
+        embedded by one encoder alone is decoded in one job, hashed only for the cache."""
         if isinstance(encoder, FusedEncoder):
             return await self._fused(encoder, audio, label, deadline, placements)
-        # Hashing costs ~1 ms per MB; skip it when the cache is off.
-        base = audio_key(encoder.manifest.sha256, audio) if self.cache.max_entries > 0 else ""
+        shared = digest  # the decode is shared under this key; "" = decoded alone
+        # Hashing costs ~1 ms per MB; skip it when the cache is off and nobody shares the decode.
+        if not digest and self.cache.max_entries > 0:
+            digest = audio_digest(audio)
+        base = audio_key(encoder.manifest.sha256, digest) if digest and self.cache.max_entries > 0 else ""
         keys = [base + (f":{w}" if w else "") if base else "" for w in placements]
         found: list[ClipEmbedding | None] = [self.cache.get(k) if k else None for k in keys]
         missing = [i for i, clip in enumerate(found) if clip is None]
@@ -138,11 +161,12 @@ class ClipEmbedder:
                     timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
 
                     def start() -> asyncio.Task[list[ClipEmbedding]]:
-                        return _retrieving(asyncio.ensure_future(self._compute(encoder, audio, todo, None, todo_keys)))
+                        work = self._compute(encoder, audio, todo, None, todo_keys, shared)
+                        return _retrieving(asyncio.ensure_future(work))
 
                     computed, joined = await self._in_flight.run("|".join(todo_keys), start, timeout)
                 else:
-                    computed = await self._compute(encoder, audio, todo, deadline, todo_keys)
+                    computed = await self._compute(encoder, audio, todo, deadline, todo_keys, shared)
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
             except TimeoutError as exc:
@@ -156,12 +180,14 @@ class ClipEmbedder:
     async def _fused(
         self, encoder: FusedEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
     ) -> list[tuple[ClipEmbedding, bool]]:
-        """The clip through every component encoder (each with its own windows, cache and batcher), joined.
+        """The clip through every component encoder (each with its own windows, cache and batcher), joined;
+        the components share one decode and trim of the clip (keyed by its digest, computed once here).
         Other placements (drift windows) are the first component's: drift is found in one encoder's windows."""
+        digest = audio_digest(audio)
         first, *rest = encoder.components
         parts = await gather_or_cancel(
-            [self._one(first, audio, label, deadline, placements)]
-            + [self._one(c, audio, label, deadline, (None,)) for c in rest]
+            [self._one(first, audio, label, deadline, placements, digest)]
+            + [self._one(c, audio, label, deadline, (None,), digest) for c in rest]
         )
         # The engine always asks for the manifest's placement (None) first; drift windows come beside it.
         at_manifest = [parts[0][placements.index(None)]] + [found[0] for found in parts[1:]]
@@ -175,21 +201,40 @@ class ClipEmbedder:
         placements: Placements,
         deadline: float | None,
         keys: Sequence[str],
+        digest: str = "",
     ) -> list[ClipEmbedding]:
         """Decode, trim and cut the clip once for all ``placements``, embed each and cache it under its
         key ("" when the cache is off). Raises AudioError without a label."""
-        loop = asyncio.get_running_loop()
-        prepared = await loop.run_in_executor(
-            self._prep_pool, prepare_placements, audio, encoder.manifest, self.vad, self.max_clip_seconds, placements
-        )
+        prepared = await self._prepare(encoder, audio, placements, digest)
         embedded = await gather_or_cancel(embed_prepared(encoder, clip, deadline) for clip in prepared)
         for key, result in zip(keys, embedded, strict=True):
             if key:
                 self.cache.put(key, result)
         return list(embedded)
 
+    async def _prepare(
+        self, encoder: WindowEncoder, audio: AudioInput, placements: Placements, digest: str
+    ) -> list[PreparedClip]:
+        """The clip's windows for ``encoder`` under each placement. With a digest (the fusion's), the decoded
+        and trimmed speech is shared with every other encoder (and fused request) preparing the same clip at
+        the same loudness at the same time; without one, one job does it all."""
+        loop = asyncio.get_running_loop()
+        manifest = encoder.manifest
+        if not digest:
+            return await loop.run_in_executor(
+                self._prep_pool, prepare_placements, audio, manifest, self.vad, self.max_clip_seconds, placements
+            )
+        target = manifest.loudness_target_dbfs
 
-def _retrieving(task: asyncio.Task[T]) -> asyncio.Task[T]:
+        def start() -> asyncio.Future[Speech]:
+            job = functools.partial(decode_and_trim, audio, target, self.vad, self.max_clip_seconds)
+            return _retrieving(loop.run_in_executor(self._prep_pool, job))
+
+        speech, _ = await self._trimming.run(f"{digest}@{target}", start)
+        return await loop.run_in_executor(self._prep_pool, cut_placements, speech, manifest, placements)
+
+
+def _retrieving(task: F) -> F:
     """``task``, with its exception marked as retrieved when it ends. A shared (single-flight) computation
     can fail after every caller has stopped waiting for it, e.g. refused by a full queue just as the last
     caller's deadline passed; asyncio would then log "Task exception was never retrieved"."""

@@ -68,24 +68,33 @@ def load_models(config: EngineConfig, observer: EngineObserver | None = None) ->
     # Two pools, so model calls never queue behind a backlog of decoding/VAD jobs: with one shared FIFO
     # pool a batch ready to run would wait for every clip queued before it.
     cpus = os.cpu_count() or 1
+    model_dirs = find_encoders(config.models_dir)
     # The decode queue is bounded (a job beyond it fails its request with Overloaded at once): clips
     # waiting there hold their request's audio, and under overload they would wait past every deadline.
     prep_pool = BoundedThreadPool(
         config.workers or cpus, config.admission.max_queued_decodes, thread_name_prefix="prep"
     )
     batched = config.batching == "on"
-    model_threads = config.batcher.max_concurrent_batches if batched else cpus
+    # Each encoder's batcher runs up to max_concurrent_batches calls, on threads of its own: with one thread
+    # shared by all, a fused request's GE2E batch waited behind CAM++'s (4-8x longer) call. Requests that name
+    # one encoder get exactly the concurrency they had. Measured on 2 cores: docs/serving.md, "Threads".
+    model_threads = config.batcher.max_concurrent_batches * max(len(model_dirs), 1) if batched else cpus
     model_pool = ThreadPoolExecutor(max_workers=model_threads, thread_name_prefix="model")
     try:
         vad: Vad = SileroVad(vad_model_path(config.models_dir)) if config.vad == "silero" else EnergyVad()
         encoders: dict[str, WindowEncoder] = {}
-        for model_dir in find_encoders(config.models_dir):
+        for model_dir in model_dirs:
             manifest = load_encoder_manifest(model_dir)
             if config.backend.encoder_backend == "triton":  # Triton batches across replicas: no batcher here
                 watch = observer.batcher(manifest.name) if observer is not None else None
                 encoders[manifest.name] = load_triton_encoder(manifest, config.backend, config.batcher, watch)
                 continue
-            runner = OnnxEncoder(manifest, device=config.device, gpu_batch=config.batcher.max_batch_windows)
+            runner = OnnxEncoder(
+                manifest,
+                device=config.device,
+                intra_op_threads=config.intra_op_threads,
+                gpu_batch=config.batcher.max_batch_windows,
+            )
             runner.warm_up()
             if batched:
                 batcher_config = encoder_batcher_config(config.batcher, runner)
