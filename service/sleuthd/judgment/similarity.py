@@ -1,6 +1,6 @@
 """The turn x turn similarity matrix of a dialogue (CheckOptions.similarity_matrix). Pure NumPy.
 
-Cosines come from the exact quantized products of sleuthd.gram, the same numbers every verdict of the
+Cosines come from the exact quantized products of sleuthd.judgment.gram, the same numbers every verdict of the
 dialogue is judged with, so a heat map drawn from them agrees with the verdicts to the last bit of a float32.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from sleuthd.domain import SimilarityMatrix
-from sleuthd.gram import gram, quantize
+from sleuthd.judgment.gram import gram, quantize
 
 
 def similarity_matrix(turns: Iterable[tuple[int, str, np.ndarray]]) -> SimilarityMatrix:
