@@ -24,10 +24,12 @@ from sleuthd.engine.facade import Engine
 from sleuthd.errors import InvalidRequest, LimitExceeded, Overloaded
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc import status
-from sleuthd.rpc.limits import RequestLimits
+from sleuthd.rpc.limits import RequestLimits, WalkPace
 from sleuthd.rpc.server import create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from loadtest.abuse import wire_walk_request
 
 from .support import TEST_MAX_MESSAGE_BYTES, VOICE_A, Speech, enc
 
@@ -215,6 +217,48 @@ def test_wire_walk_bounds_repeats_unknown_fields_and_groups() -> None:
     # Entries after a group are still counted.
     with pytest.raises(LimitExceeded, match="turns has more than 1000"):
         LIMITS.check_wire(b"\xfb\x07\xfc\x07" + b"\x12\x00" * 1001, desc)
+
+
+def test_wire_walk_cost_is_bounded_whatever_the_request() -> None:
+    # Issue 33, finding 1: inside every count limit, but every nested message carries 256 unknown fields and
+    # every submessage is sent 16 times. 8 MiB of it is 4.2 M fields: walked in full before (4-9 s of event
+    # loop here, 60 MiB took 19-60 s), now refused after at most twice the fields of the largest valid request.
+    desc = pb.CheckDialogueRequest.DESCRIPTOR
+    limits = RequestLimits.from_config(EngineConfig(models_dir=Path("unused")), max_bytes=64 << 20)
+    cap = limits.max_fields(desc)
+    with pytest.raises(LimitExceeded, match=f"CheckDialogueRequest has more than {cap} fields"):
+        limits.check_wire(wire_walk_request(8 << 20), desc)
+    # The largest valid request is well inside the cap: the walk counts its fields.
+    at_limit = pb.CheckDialogueRequest(
+        dialogue_id="d",
+        turns=[pb.Turn(turn_id=str(k), speaker="A", text="t", audio=enc(b"abc")) for k in range(1000)],
+        references=[pb.SpeakerReference(speaker=str(k), audio=enc(b"x")) for k in range(256)],
+        options=pb.CheckOptions(threshold=0.5, detect_drift=True),
+    )
+    walked = limits.check_wire(at_limit.SerializeToString(), desc)
+    assert walked == 1 + 1000 * 6 + 256 * 4 + 3
+    assert walked < cap / 2
+
+
+def test_walk_pace_bounds_the_fields_walked_per_second_by_all_requests() -> None:
+    desc = pb.CheckDialogueRequest.DESCRIPTOR
+    request = pb.CheckDialogueRequest(turns=[pb.Turn(turn_id=str(k), speaker="A") for k in range(1000)])
+    data = request.SerializeToString()  # 3000 fields
+    clock = FakeClock()
+    pace = WalkPace(fields_per_second=2000, burst=4000, clock=clock)
+    assert LIMITS.check_wire(data, desc, pace) == 3000
+    with pytest.raises(Overloaded, match="busy checking the shape of other requests"):
+        LIMITS.check_wire(data, desc, pace)  # 1000 fields left: the walk stops there
+    assert pace.available() == 0
+    with pytest.raises(Overloaded):
+        LIMITS.check_wire(data, desc, pace)  # none left: refused before any step
+    clock.now += 1.0  # refilled at 2000 fields a second, up to the burst
+    with pytest.raises(Overloaded):
+        LIMITS.check_wire(data, desc, pace)
+    clock.now += 10.0
+    assert pace.available() == 4000
+    assert LIMITS.check_wire(data, desc, pace) == 3000
+    assert pace.refused == 3
 
 
 async def test_bytes_that_are_not_a_request_are_invalid_argument(channel: grpc.aio.Channel) -> None:

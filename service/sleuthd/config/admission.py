@@ -31,6 +31,11 @@ class AdmissionConfig:
         help="decoded samples (frames x channels) the clips of one call may come to, read from their headers "
         "before anything is decoded (64 Mi: about 23 min of 48 kHz mono); over it: INVALID_ARGUMENT",
     )
+    wire_fields_per_second: int = option(
+        250_000,
+        help="protobuf fields the request checks may walk per second, all requests together (each walk runs on "
+        "the event loop at about 1 µs a field); a request that arrives when they are spent gets RESOURCE_EXHAUSTED",
+    )
     max_streams: int = option(64, help="StreamDialogue calls open at once; the next gets RESOURCE_EXHAUSTED")
     stream_idle_seconds: float = option(
         60.0, help="a stream that sends no message for this long is ended (with turns open or not), seconds"
@@ -47,6 +52,7 @@ class AdmissionConfig:
             _at_least(self, name, 1e-9)
         _at_least(self, "max_queued_decodes", 1)
         _at_least(self, "max_streams", 1)
+        _at_least(self, "wire_fields_per_second", 1)
         _at_least(self, "max_request_decoded_samples", 1)
         _at_least(self, "stream_message_overhead_bytes", 0)
 

@@ -42,7 +42,7 @@ from sleuthd.errors import InvalidRequest, Overloaded
 from sleuthd.ops.logs import clip, printable, request_id
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc.auth import TokenSet, authorization_of
-from sleuthd.rpc.limits import RequestLimits
+from sleuthd.rpc.limits import RequestLimits, WalkPace
 from sleuthd.rpc.status import status_of
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ class EdgeLimits:
     request: RequestLimits  # size and field counts of every message
     budget: AudioBudget  # request audio bytes held across all RPCs
     streams: Slots  # concurrent StreamDialogue calls
+    walk_pace: WalkPace | None = None  # fields the wire checks of our methods may walk per second, all together
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class _Refusal:
     """Stands in for a message that failed its checks or did not parse, so the gate (or, inside a
     stream, the servicer) answers it instead of gRPC."""
 
-    error: InvalidRequest
+    error: InvalidRequest | Overloaded
 
 
 @dataclass
@@ -180,7 +181,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
         if getattr(message_class, "DESCRIPTOR", None) is None:
             return handler  # not a generated protobuf deserializer: nothing to check (not one of ours)
         out = handler.response_serializer
-        parse = self._parser(message_class)
+        parse = self._parser(message_class, method.startswith(SERVICE_PREFIX))
         if method.startswith(SERVICE_PREFIX) and handler.unary_unary:
             # Served as stream-unary: a streaming handler gets the call before asking for its message
             # (the wire format is the same), so it can refuse without reading it.
@@ -206,13 +207,14 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
     # ------------------------------------------------------------------ shape: size, counts, parse
 
-    def _check_and_parse(self, data: bytes, message_class: Any) -> Any:
-        """The parsed message, or a :class:`_Refusal` (never raises)."""
+    def _check_and_parse(self, data: bytes, message_class: Any, paced: bool) -> Any:
+        """The parsed message, or a :class:`_Refusal` (never raises). ``paced``: the walk counts against
+        the process's walking pace (our methods; not health or reflection, which must always answer)."""
         descriptor = message_class.DESCRIPTOR
         try:
-            self.limits.request.check_wire(data, descriptor)
+            self.limits.request.check_wire(data, descriptor, self.limits.walk_pace if paced else None)
             return message_class.FromString(data)
-        except InvalidRequest as exc:
+        except (InvalidRequest, Overloaded) as exc:
             return _Refusal(exc)
         except DecodeError as exc:
             # Raised from a deserializer, gRPC would log a traceback per request and answer UNKNOWN.
@@ -225,10 +227,10 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
     def _sized(self, message_class: Any) -> Callable[[bytes], tuple[Any, int]]:
         """The parsed message (or refusal) with its size on the wire, which the audio budget counts."""
-        return lambda data: (self._check_and_parse(data, message_class), len(data))
+        return lambda data: (self._check_and_parse(data, message_class, True), len(data))
 
-    def _parser(self, message_class: Any) -> Callable[[bytes], Any]:
-        return lambda data: self._check_and_parse(data, message_class)
+    def _parser(self, message_class: Any, paced: bool) -> Callable[[bytes], Any]:
+        return lambda data: self._check_and_parse(data, message_class, paced)
 
     # ------------------------------------------------------------------ per-call books
 
@@ -378,7 +380,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                     try:
                         async for response in inner(request, context):
                             yield response
-                    except InvalidRequest as exc:  # a message of the request stream was refused
+                    except (InvalidRequest, Overloaded) as exc:  # a message of the request stream was refused
                         await _abort(context, exc)
                 except BaseException as exc:
                     self._finish(call, self._settle(call, exc, context))
@@ -392,7 +394,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 request = await refused_or(request, context)
                 try:
                     response = await inner(request, context)
-                except InvalidRequest as exc:  # a message of the request stream was refused
+                except (InvalidRequest, Overloaded) as exc:  # a message of the request stream was refused
                     await _abort(context, exc)
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
@@ -408,4 +410,3 @@ class RpcGate(grpc.aio.ServerInterceptor):
             if isinstance(message, _Refusal):
                 raise message.error
             yield message
-

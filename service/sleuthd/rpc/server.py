@@ -19,7 +19,7 @@ from sleuthd.engine.facade import Engine
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc.auth import TokenSet, server_credentials, warn_if_exposed
 from sleuthd.rpc.gate import EdgeLimits, RpcGate
-from sleuthd.rpc.limits import RequestLimits
+from sleuthd.rpc.limits import RequestLimits, WalkPace
 from sleuthd.rpc.ops_http import OpsHttpServer
 from sleuthd.rpc.servicer import SleuthServicer
 from sleuthd.v1 import sleuthd_pb2 as pb
@@ -144,10 +144,13 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     warn_if_exposed(config)
     # One set of limits, enforced by the gate before any handler runs (sleuthd.rpc.gate).
     bounds = engine.config.admission
+    request_limits = RequestLimits.from_config(engine.config, config.max_message_bytes)
     limits = EdgeLimits(
-        request=RequestLimits.from_config(engine.config, config.max_message_bytes),
+        request=request_limits,
         budget=AudioBudget(bounds.max_audio_in_flight_bytes, on_idle=HeapTrimmer()),
         streams=Slots(bounds.max_streams, "streams"),
+        # The burst holds two requests of the most fields allowed, so valid requests never wait on it.
+        walk_pace=WalkPace(bounds.wire_fields_per_second, 2 * request_limits.largest_max_fields()),
     )
     gate = RpcGate(metrics, limits, tokens)
     pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run
