@@ -20,6 +20,12 @@ server from another checkout's ``service/`` (the before figures), so both are me
 
 from __future__ import annotations
 
+import io
+import random
+
+import numpy as np
+import soundfile as sf
+import soxr
 from sleuthd.v1 import sleuthd_pb2 as pb
 
 # A field number none of our request messages uses, as a varint field of value 0: 2 bytes on the wire.
@@ -49,3 +55,22 @@ def wire_walk_request(max_bytes: int, unknown: int = 256, repeats: int = 16) -> 
     turn = _length_delimited(audio_number, audio) * repeats + fields
     entry = _length_delimited(turns_number, turn)
     return entry * max(1, max_bytes // len(entry))
+
+
+def noisy_mp3s(wav: bytes, n: int, seed: int = 1, flips: int = 64) -> list[bytes]:
+    """``n`` MP3 encodings of ``wav`` (resampled to 48 kHz) with ``flips`` random bits flipped past the first
+    frame: libmpg123 writes a line to file descriptor 2 for every corrupt frame it meets (about 500
+    bytes per clip at 64 flips), whatever the server's log settings."""
+    samples, rate = sf.read(io.BytesIO(wav), dtype="float32")
+    at48 = soxr.resample(samples, rate, 48_000).astype(np.float32)
+    buf = io.BytesIO()
+    sf.write(buf, at48, 48_000, format="MP3")
+    clean = buf.getvalue()
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        data = bytearray(clean)
+        for _ in range(flips):
+            data[rng.randrange(200, len(data))] ^= 1 << rng.randrange(8)
+        out.append(bytes(data))
+    return out

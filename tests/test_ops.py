@@ -26,6 +26,8 @@ from sleuthd.rpc.status import STATUS_OF
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
+from loadtest.abuse import noisy_mp3s
+
 from .ops_support import SLEUTHD, ServeProcess, http_get, own_server, rpc_count, wait_for
 from .support import REPO, VOICE_A, VOICE_F, Speech, enc
 from .test_serving import fresh_pcm
@@ -229,6 +231,58 @@ async def test_access_log_has_one_bounded_line_per_rpc_with_its_request_id(
     record = logging.LogRecord("sleuthd.x", logging.INFO, __file__, 1, "stream %r ended", ("a\nb" * 10_000,), None)
     text = logs.TextFormatter().format(record)
     assert "\n" not in text and len(text) < logs.MAX_MESSAGE_CHARS + 200
+
+
+async def test_a_server_whose_output_nobody_reads_keeps_serving_and_its_log_stays_json(
+    models_dir: Path, speech: Speech
+) -> None:
+    # Issue 33, finding 4: stderr a pipe that nobody reads while the server runs. 1,500 three-byte requests
+    # (an access-log line each at info) and 150 MP3s with corrupt frames (libmpg123 writes a line to fd 2
+    # for each) are far more than the pipe's 64 KiB. Before, the server blocked writing its log on the event
+    # loop (health included) and libmpg123 blocked the decode threads; the C library's lines were not JSON.
+    proc = subprocess.Popen(
+        [*SLEUTHD, "--log-level", "info", "serve", "--port", "0", "--metrics-port", "-1", "--log-format", "json",
+         "--models-dir", str(models_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        listening = proc.stdout.readline()
+        assert listening.startswith("sleuthd listening on"), listening
+        target = listening.split()[-1]
+        mp3s = noisy_mp3s(speech.wav_bytes(VOICE_A, 0), 150)
+        async with grpc.aio.insecure_channel(target) as ch:
+            garbage = ch.unary_unary("/sleuthd.v1.Sleuth/CheckDialogue", request_serializer=None)
+            stub = pb_grpc.SleuthStub(ch)
+            requests: list[tuple[Any, Any]] = [(garbage, b"\xff\xff\xff")] * 1500
+            requests += [
+                (stub.CheckDialogue, pb.CheckDialogueRequest(turns=[pb.Turn(turn_id="t", speaker="A", audio=enc(m))]))
+                for m in mp3s
+            ]
+            codes: dict[str, int] = {}
+            for start in range(0, len(requests), 50):  # 50 calls at a time: the connection allows 100
+                batch = [call(request, timeout=20) for call, request in requests[start : start + 50]]
+                for result in await asyncio.gather(*batch, return_exceptions=True):
+                    code = result.code().name if isinstance(result, grpc.aio.AioRpcError) else "OK"
+                    codes[code] = codes.get(code, 0) + 1
+            assert set(codes) <= {"OK", "INVALID_ARGUMENT"}, codes
+            health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            ok = pb.CheckDialogueRequest(
+                turns=[pb.Turn(turn_id="t", speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 1)))]
+            )
+            assert len((await stub.CheckDialogue(ok, timeout=30)).turns) == 1
+    finally:
+        proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+    records = [json.loads(line) for line in err.splitlines()]  # every line is JSON, the C library's included
+    assert any(r["logger"] == "sleuthd.stderr" and "libmpg123" in r["msg"] for r in records), err[-2000:]
+    assert any(r["logger"] == "sleuthd.access" for r in records)
+    assert any(r["logger"] == "sleuthd.logs" and "dropped" in r["msg"] for r in records), err[-2000:]
 
 
 async def test_sigterm_drains_in_flight_calls_and_streams_then_exits(models_dir: Path, speech: Speech) -> None:

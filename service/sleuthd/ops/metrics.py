@@ -17,6 +17,7 @@ Every metric, with its labels (all low-cardinality):
 | `sleuthd_audio_seconds_total` | counter | cached | audio seconds embedded ("false") or cached or shared ("true") |
 | `sleuthd_verdicts_total` | counter | status | turn verdicts by status (consistent, inconsistent, ...) |
 | `sleuthd_streams_active` | gauge | | open StreamDialogue calls |
+| `sleuthd_log_records_dropped_total` | counter | reason | log records dropped, never waited for: `queue`, `stderr` |
 | `sleuthd_judge_queue_prompts` | gauge | | LALM judge prompts waiting in its batcher (in-process judge) |
 | `sleuthd_judge_queue_wait_seconds` | histogram | | time from a prompt's arrival to its batch being cut |
 | `sleuthd_judge_batch_prompts` | histogram | | prompts per judge model call |
@@ -29,9 +30,14 @@ Every metric, with its labels (all low-cardinality):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from sleuthd.domain import TurnStatus
+from sleuthd.ops import logs
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
@@ -82,6 +88,18 @@ class JudgeMetrics:
         self.rejections.inc()
 
 
+class _DroppedLogRecords(Collector):
+    """The process's dropped log records (sleuthd.ops.logs.dropped), read when scraped."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "sleuthd_log_records_dropped", "Log records dropped rather than waited for", labels=["reason"]
+        )
+        for reason, n in sorted(logs.dropped().items()):
+            family.add_metric([reason], n)
+        yield family
+
+
 class ServiceMetrics:
     """All metrics of one server, on their own registry (tests create several servers per process)."""
 
@@ -114,6 +132,7 @@ class ServiceMetrics:
         self.verdicts = Counter("sleuthd_verdicts", "Turn verdicts by status", ["status"], registry=r)
         self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
         self.judge = JudgeMetrics(r)  # given to the LALM judge's batcher (Engine.start)
+        r.register(_DroppedLogRecords())
 
     # -- RPCs (called by the RPC gate, sleuthd.rpc.gate; `method` is the short name for sleuthd's own
     # services and the full path for health and reflection, so its values are bounded by what is registered)
