@@ -28,6 +28,11 @@ class LimitExceeded(InvalidRequest):
     """A per-request or per-stream bound was reached; send less (INVALID_ARGUMENT: retrying unchanged cannot help)."""
 
 
+class RegistryFull(LimitExceeded):
+    """The voice registry holds as much as it may (voices, or audio in all); delete voices first
+    (FAILED_PRECONDITION: the registry's state, not the request, has to change)."""
+
+
 class Overloaded(RuntimeError):
     """The server is at capacity; retry later with backoff (RESOURCE_EXHAUSTED)."""
 

@@ -16,6 +16,7 @@ from sleuthd.errors import (
     LimitExceeded,
     OutOfSequence,
     Overloaded,
+    RegistryFull,
     UnknownName,
     Unsupported,
 )
@@ -27,6 +28,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (Duplicate, grpc.StatusCode.ALREADY_EXISTS),
     (OutOfSequence, grpc.StatusCode.FAILED_PRECONDITION),
     (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
+    (RegistryFull, grpc.StatusCode.FAILED_PRECONDITION),
     (LimitExceeded, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
