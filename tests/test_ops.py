@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sleuthd.config import EngineConfig
 from sleuthd.engine.facade import Engine
 from sleuthd.ops import logs
+from sleuthd.ops.metrics import ServiceMetrics
+from sleuthd.rpc.ops_http import OpsHttpServer
 from sleuthd.rpc.status import STATUS_OF
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
@@ -85,6 +88,42 @@ async def test_the_ops_port_answers_only_its_paths_and_readiness_follows_health(
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
             reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+async def test_half_sent_ops_connections_cost_no_thread_and_are_closed_in_time(engine: Engine) -> None:
+    # Issue 33, finding 8: 376 connections that sent half a request held 389 threads of the ops port, for as
+    # long as they stayed open.
+    ready = [True]
+    ops = OpsHttpServer(ServiceMetrics().registry, lambda: ready[0], lambda: True, request_timeout_s=1.0,
+                        max_connections=64)  # fmt: skip
+    port = ops.start("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{port}"
+    threads = threading.active_count()
+    sockets = []
+    try:
+        for _ in range(100):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+            sockets.append(s)
+        await asyncio.sleep(0.3)
+        assert threading.active_count() <= threads + 1, threading.active_count() - threads
+        assert ops.open_connections <= 64 and ops.refused_connections == 36
+        await asyncio.sleep(1.2)  # past the request timeout: every one of them was closed by the server
+        assert all(_closed_by_peer(s) for s in sockets)
+        assert ops.open_connections == 0
+        assert await http_get(base + "/readyz") == (200, "SERVING\n")
+        assert (await http_get(base + "/nope"))[0] == 404
+    finally:
+        for s in sockets:
+            s.close()
+        ops.close()
 
 
 async def test_over_a_limit_is_invalid_argument_and_every_code_is_documented(
