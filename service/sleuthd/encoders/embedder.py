@@ -14,7 +14,7 @@ from concurrent.futures import Executor
 from typing import TypeVar
 
 from sleuthd.aio import gather_or_cancel
-from sleuthd.audio.decode import DEFAULT_REQUEST_SAMPLES, AudioError
+from sleuthd.audio.decode import DEFAULT_REQUEST_SAMPLES, AudioError, AudioProbe
 from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec
 from sleuthd.domain import AudioInput
@@ -80,14 +80,15 @@ class ClipEmbedder:
             self.observer.clip_embedded(clip.audio_seconds, cached=cached)
         return [[clip for clip, _ in clips] for clips in found]
 
-    async def admit(self, audios: Sequence[tuple[AudioInput, str]]) -> None:
+    async def admit(self, audios: Sequence[tuple[AudioInput, str]]) -> list[AudioProbe]:
         """Refuse before any decoding a batch of clips that would decode to more than the per-request bound
-        (headers only; on a worker thread: an MP3 header costs about 5 ms)."""
-        if audios:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(
-                self._prep_pool, check_request_audio, audios, self.max_clip_seconds, self.max_request_samples
-            )
+        (headers only; on a worker thread: an MP3 header costs about 5 ms). Returns the headers."""
+        if not audios:
+            return []
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._prep_pool, check_request_audio, audios, self.max_clip_seconds, self.max_request_samples
+        )
 
     async def embed_audio(
         self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], deadline: float | None = None

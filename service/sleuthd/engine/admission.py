@@ -17,13 +17,17 @@ budget is legitimate and would otherwise be told to retry for ever). Standard li
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sleuthd.errors import Overloaded
@@ -31,38 +35,189 @@ from sleuthd.errors import Overloaded
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_MIN_SHED_SECONDS = 1.0  # refuse on the pace only when at least this much work is ahead
+
+
+Client = tuple[tuple[str, str], ...]  # the shares a client's audio counts against: (kind, id), e.g. ("peer", ...)
+# The client the current task serves, set by the RPC gate for each call (sleuthd.rpc.gate); a stream's
+# session reads it once, so its chunks count against the client that opened it.
+current_client: contextvars.ContextVar[Client] = contextvars.ContextVar("sleuthd_client", default=())
 
 
 class AudioBudget:
-    """Bytes of request audio held at once by the whole process. Used from the event loop only.
+    """Bytes of request audio held at once by the whole process, shared fairly. Used from the event loop only.
 
-    It also learns the pace at which held audio gets done (bytes per second of time with work in hand,
-    weighted to the last ``half_life_s``), so a request whose deadline is shorter than the work already
-    ahead of it is refused at once instead of failing with DEADLINE_EXCEEDED after taking its share of
-    the work. A request that finds nothing held is always let in (that is how the pace is learnt).
+    - ``limit``: everything held together (unary requests from when they are read until their verdict;
+      streams' buffered chunks; turns being judged);
+    - ``shares``: what one client may hold, by kind of identity (``{"peer": ..., "token": ...}``: one
+      connection, one bearer token), so one client cannot take the budget from the others;
+    - ``buffer_limit``: what all streams together may buffer of turns not yet finished, so streams that
+      trickle (or never finish) a turn can never take the room unary requests need.
+
+    A request that finds nothing held is always let in, whatever its size (a request larger than the
+    budget is legitimate and would otherwise be told to retry for ever), and so is one whose client holds
+    nothing yet (its share then bounds only what it adds while it holds this). Before the shares, one stream
+    holding 63.5 MiB of a turn it never finished made every other client's CheckDialogue RESOURCE_EXHAUSTED
+    for as long as it trickled a chunk now and then.
     """
 
     def __init__(
         self,
         limit_bytes: int,
-        half_life_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
+        shares: Mapping[str, int] | None = None,
+        buffer_limit: int | None = None,
         on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.limit = limit_bytes
+        self.shares = dict(shares or {})
+        self.buffer_limit = limit_bytes if buffer_limit is None else buffer_limit
         self.on_idle = on_idle  # called when the last held byte is released
         self.held = 0
+        self.buffered = 0  # of ``held``: streams' chunks of unfinished turns
         self.refused = 0  # acquisitions refused since the start
+        self._by_client: dict[tuple[str, str], int] = {}
+
+    def held_by(self, share: tuple[str, str]) -> int:
+        return self._by_client.get(share, 0)
+
+    def refusal(
+        self, n: int, what: str = "this request", client: Client = (), buffered: bool = False
+    ) -> Overloaded | None:
+        """Why ``n`` more bytes of ``client`` would be refused now (counted in ``refused``), or None."""
+        if n <= 0 or self.held == 0:
+            return None
+        why = None
+        if self.held + n > self.limit:
+            why = f"{self.held} bytes of audio are in flight and {what} would add {n}, over the limit of {self.limit}"
+        elif buffered and self.buffered + n > self.buffer_limit:
+            why = (
+                f"streams buffer {self.buffered} bytes of unfinished turns and {what} would add {n}, over the "
+                f"{self.buffer_limit} all streams may buffer"
+            )
+        else:
+            for share in client:
+                mine, cap = self._by_client.get(share, 0), self.shares.get(share[0])
+                if cap is not None and mine > 0 and mine + n > cap:
+                    why = (
+                        f"this {share[0]} holds {mine} bytes of audio in requests and streams and {what} would add "
+                        f"{n}, over the {cap} one {share[0]} may hold while others wait"
+                    )
+                    break
+        if why is None:
+            return None
+        self.refused += 1
+        return Overloaded(f"the server is busy: {why}; retry with backoff")
+
+    def acquire(self, n: int, what: str = "this request", client: Client = (), buffered: bool = False) -> None:
+        """Hold ``n`` more bytes for ``client``, or raise the :meth:`refusal`."""
+        refused = self.refusal(n, what, client, buffered)
+        if refused is not None:
+            raise refused
+        if n > 0:
+            self.held += n
+            if buffered:
+                self.buffered += n
+            for share in client:
+                self._by_client[share] = self._by_client.get(share, 0) + n
+
+    def unbuffer(self, n: int) -> None:
+        """``n`` buffered bytes of a stream became a finished turn: still held, no longer buffered."""
+        self.buffered = max(0, self.buffered - n)
+
+    def release(self, n: int, client: Client = (), buffered: bool = False) -> None:
+        """Let go of ``n`` bytes of ``client`` (``buffered``: chunks of a turn that never finished)."""
+        if n <= 0:
+            return
+        self.held -= n
+        if buffered:
+            self.buffered = max(0, self.buffered - n)
+        for share in client:
+            left = self._by_client.get(share, 0) - n
+            if left > 0:
+                self._by_client[share] = left
+            else:
+                self._by_client.pop(share, None)
+        if self.held < 0:  # a bookkeeping bug must not turn into a server that refuses everything
+            logger.error("audio budget released %d bytes more than it held", -self.held)
+            self.held = 0
+        if self.held == 0 and self.on_idle is not None:
+            self.on_idle()
+
+    @contextmanager
+    def hold(self, n: int, what: str = "this request", client: Client = ()) -> Iterator[None]:
+        """``n`` bytes held for the duration of the block (released however it ends)."""
+        self.acquire(n, what, client)
+        try:
+            yield
+        finally:
+            self.release(n, client)
+
+
+# A unit is refused for its deadline only when at least this much work (seconds) is ahead of it: below
+# that the estimate is within its own noise (batching waits, the pace's granularity).
+_MIN_SHED_SECONDS = 1.0
+_RECENT_COSTS = 32  # costs remembered per kind of unit, for estimates made before a request is read
+
+
+@dataclass(eq=False)
+class _Unit:
+    cost: float  # estimated work, core-seconds
+    deadline: float | None  # on the event loop's clock
+    what: str
+    arrived: float
+    started: float | None = None
+    waiter: asyncio.Future[None] | None = None
+
+
+class WorkQueue:
+    """Admission by estimated cost, aware of deadlines, with a queue that keeps the server completing work
+    near its capacity under overload. Used from the event loop only.
+
+    Every unit of work (a CheckDialogue, a RankCandidates, a streamed turn) comes with its estimated cost
+    (core-seconds: decoding its clips, from their headers, plus embedding their audio with the encoders it
+    asks for; sleuthd.engine.facade) and its deadline. The queue learns its pace (cost done per second of
+    busy time, weighted to the last ``half_life_s``) and then:
+
+    - **refuses at once** (Overloaded: RESOURCE_EXHAUSTED, retry later) a unit that, behind the work already
+      running, could not finish before its deadline, or that would take the queued work past
+      ``max_queued_s``: refusing costs nothing, while work admitted and then cut by its deadline costs its
+      share of the CPU and finishes nothing (64 clients x 3.66 MiB with 5 s deadlines, fused: 0 answered);
+    - **runs little at once**: a unit starts when the work running has less than ``overlap_s`` left
+      (enough to keep the decode threads and the model busy), so admitted units do not share the CPU
+      among dozens and all finish late; the rest wait in the queue, holding no CPU;
+    - **serves the newest first when congested** (the oldest waiter has waited ``lifo_after_s``): it has the
+      most time left, and under overload the oldest are the ones that would miss their deadlines (adaptive
+      LIFO); when a unit is taken from the queue and can no longer finish in time, it is refused then
+      (CoDel's drop), never started. Units without a deadline are never dropped.
+
+    A unit that finds nothing running starts at once (that is how the pace is learnt, and an estimate
+    is no reason to refuse an idle server's only work)."""
+
+    def __init__(
+        self,
+        max_queued_s: float = 30.0,
+        overlap_s: float = 0.5,
+        lifo_after_s: float = 0.5,
+        half_life_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_queued_s = max_queued_s
+        self.overlap_s = overlap_s
+        self.lifo_after_s = lifo_after_s
+        self.refused = 0  # units refused (at arrival or dropped from the queue) since the start
+        self.running: list[_Unit] = []
+        self.queue: deque[_Unit] = deque()  # in arrival order
         self._half_life = half_life_s
         self._clock = clock
         self._marked = clock()
-        self._busy_s = 0.0  # decayed seconds during which something was held
-        self._done = 0.0  # decayed bytes of work that finished
+        self._busy_s = 0.0  # decayed seconds during which something ran
+        self._done = 0.0  # decayed cost of the units that finished
+        self._recent: dict[str, deque[float]] = {}
+
+    # ------------------------------------------------------------------ the pace
 
     @property
-    def pace(self) -> float | None:
-        """Bytes of held audio done per second of busy time lately; None until a second of evidence."""
+    def rate(self) -> float | None:
+        """Cost done per second of busy time lately; None until a second of evidence."""
         self._mark()
         if self._busy_s < 1.0 or self._done <= 0:
             return None
@@ -73,68 +228,153 @@ class AudioBudget:
         dt = now - self._marked
         if dt > 0:
             decay = 0.5 ** (dt / self._half_life)
-            self._busy_s = self._busy_s * decay + (dt if self.held > 0 else 0.0)
+            self._busy_s = self._busy_s * decay + (dt if self.running else 0.0)
             self._done *= decay
             self._marked = now
 
-    def refusal(self, n: int, what: str = "this request", seconds_left: float | None = None) -> Overloaded | None:
-        """Why ``n`` more bytes would be refused now (counted in ``refused``), or None: when something is
-        held and they would pass the limit, or when something is held and, at the recent pace, the work
-        with them would outlast ``seconds_left``."""
-        if n <= 0 or self.held == 0:
+    def running_left(self) -> float:
+        """Estimated cost the running units still have to do (each counts at least a tenth of its cost)."""
+        rate = self.rate or 0.0
+        now = self._clock()
+        share = rate / max(1, len(self.running))
+        return sum(max(0.1 * u.cost, u.cost - (now - (u.started or now)) * share) for u in self.running)
+
+    def seconds_left(self) -> float | None:
+        """Estimated seconds until everything admitted (running and queued) is done; None without a pace."""
+        rate = self.rate
+        if rate is None:
             return None
-        if self.held + n > self.limit:
-            self.refused += 1
+        return (self.running_left() + sum(u.cost for u in self.queue)) / rate
+
+    # ------------------------------------------------------------------ admission
+
+    def refusal(self, cost: float, seconds_left: float | None, what: str = "this request") -> Overloaded | None:
+        """Why a unit of ``cost`` with ``seconds_left`` to its deadline would be refused on arrival, or None."""
+        rate = self.rate
+        if rate is None or not (self.running or self.queue):
+            return None
+        ahead = (self.running_left() + cost) / rate
+        if seconds_left is not None and ahead > max(seconds_left, _MIN_SHED_SECONDS):
             return Overloaded(
-                f"the server is busy: {self.held} bytes of audio are in flight and {what} would add {n}, "
-                f"over the limit of {self.limit}; retry with backoff"
+                f"the server is busy: {what} would be done in about {ahead:.1f} s behind the work running (at the "
+                f"recent pace), and its deadline leaves {seconds_left:.1f} s; retry with backoff or a longer deadline"
             )
-        pace = self.pace
-        ahead = None if pace is None else (self.held + n) / pace
-        # Below a second of work ahead the estimate is within its own noise (batching waits, the pace's
-        # granularity): such a request is let in and its deadline, if too short, ends it as usual.
-        if seconds_left is not None and ahead is not None and ahead > max(seconds_left, _MIN_SHED_SECONDS):
-            self.refused += 1
+        queued = sum(u.cost for u in self.queue) / rate
+        if queued + cost / rate > self.max_queued_s:
             return Overloaded(
-                f"the server is busy: the audio in flight with {what} takes about {ahead:.1f} s "
-                f"at the recent pace, and its deadline leaves {seconds_left:.1f} s; retry with backoff or a "
-                "longer deadline"
+                f"the server is busy: {queued:.1f} s of work is queued, the most it queues is "
+                f"{self.max_queued_s:g} s; retry with backoff"
             )
         return None
 
-    def acquire(self, n: int, what: str = "this request", seconds_left: float | None = None) -> None:
-        """Hold ``n`` more bytes, or raise the :meth:`refusal`."""
-        refused = self.refusal(n, what, seconds_left)
+    def usual_refusal(self, kind: str, seconds_left: float | None) -> Overloaded | None:
+        """:meth:`refusal` for a unit of ``kind`` of the smallest recent cost (before a request is read:
+        refusing on it wrongs no request of the usual size)."""
+        costs = self._recent.get(kind)
+        if not costs:
+            return None
+        refused = self.refusal(min(costs), seconds_left, f"a {kind} request of the usual cost")
         if refused is not None:
+            self.refused += 1
+        return refused
+
+    @asynccontextmanager
+    async def admit(
+        self, cost: float, deadline: float | None, what: str = "this request", kind: str = ""
+    ) -> AsyncIterator[None]:
+        """Run the block as a unit of ``cost`` (core-seconds) due by ``deadline`` (event-loop clock): at once,
+        after waiting in the queue, or not at all (Overloaded)."""
+        loop = asyncio.get_running_loop()
+        if kind:
+            self._recent.setdefault(kind, deque(maxlen=_RECENT_COSTS)).append(cost)
+        seconds_left = None if deadline is None else deadline - loop.time()
+        refused = self.refusal(cost, seconds_left, what)
+        if refused is not None:
+            self.refused += 1
             raise refused
-        if n > 0:
-            self._mark()
-            self.held += n
-
-    def release(self, n: int, done: bool = False) -> None:
-        """Let go of ``n`` bytes; ``done``: their work was finished (it counts towards the pace)."""
-        if n > 0:
-            self._mark()
-            if done:
-                self._done += n
-            self.held -= n
-            if self.held < 0:  # a bookkeeping bug must not turn into a server that refuses everything
-                logger.error("audio budget released %d bytes more than it held", -self.held)
-                self.held = 0
-            if self.held == 0 and self.on_idle is not None:
-                self.on_idle()
-
-    @contextmanager
-    def hold(self, n: int, what: str = "this request", seconds_left: float | None = None) -> Iterator[None]:
-        """``n`` bytes held for the duration of the block (released however it ends; counted as done
-        when the block ends without an exception)."""
-        self.acquire(n, what, seconds_left)
+        unit = _Unit(cost, deadline, what, self._clock())
+        self._sweep()
+        if not self.queue and self._may_start():
+            self._start(unit)
+        else:
+            unit.waiter = loop.create_future()
+            self.queue.append(unit)
+            try:
+                await unit.waiter
+            except BaseException:
+                if unit.started is None:
+                    if unit in self.queue:
+                        self.queue.remove(unit)
+                else:  # started, then cancelled before this coroutine resumed
+                    self._finish(unit, False)
+                raise
         done = False
         try:
             yield
             done = True
         finally:
-            self.release(n, done)
+            self._finish(unit, done)
+
+    def _may_start(self) -> bool:
+        if not self.running:
+            return True
+        rate = self.rate
+        if rate is None:
+            return len(self.running) < 2
+        return self.running_left() / rate < self.overlap_s
+
+    def _start(self, unit: _Unit) -> None:
+        self._mark()
+        unit.started = self._clock()
+        self.running.append(unit)
+
+    def _finish(self, unit: _Unit, done: bool) -> None:
+        self._mark()
+        if unit in self.running:
+            self.running.remove(unit)
+            if done:
+                self._done += unit.cost
+        self._sweep()
+        self._dispatch()
+
+    def _sweep(self) -> None:
+        """Refuse the queued units that could no longer finish before their deadline even if they started
+        next (CoDel's drop: waiting longer only makes it worse for them), and forget cancelled ones."""
+        rate = self.rate
+        if not self.queue:
+            return
+        ahead_of_any = self.running_left()
+        now = self._clock()
+        kept: deque[_Unit] = deque()
+        for unit in self.queue:
+            waiter = unit.waiter
+            if waiter is None or waiter.done():  # its call was cancelled meanwhile
+                continue
+            if unit.deadline is not None and rate is not None:
+                left = unit.deadline - asyncio.get_running_loop().time()
+                ahead = (ahead_of_any + unit.cost) / rate
+                if ahead > max(left, _MIN_SHED_SECONDS):
+                    self.refused += 1
+                    waiter.set_exception(
+                        Overloaded(
+                            f"the server is busy: {unit.what} waited {now - unit.arrived:.1f} s and would now be done "
+                            f"in about {ahead:.1f} s (at the recent pace), after its deadline; retry with backoff"
+                        )
+                    )
+                    continue
+            kept.append(unit)
+        self.queue = kept
+
+    def _dispatch(self) -> None:
+        """Start queued units while there is room: newest first when congested, else in arrival order."""
+        while self.queue and self._may_start():
+            congested = self._clock() - self.queue[0].arrived > self.lifo_after_s
+            unit = self.queue.pop() if congested else self.queue.popleft()
+            waiter = unit.waiter
+            if waiter is None or waiter.done():
+                continue
+            self._start(unit)
+            waiter.set_result(None)
 
 
 class HeapTrimmer:

@@ -11,11 +11,15 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from sleuthd.audio.decode import AudioProbe
 from sleuthd.audio.vad import EnergyVad, SileroVad, Vad
 from sleuthd.config import BatcherConfig, EngineConfig, JudgeConfig, RegistryConfig
 from sleuthd.encoders.batcher import MicroBatcher
@@ -43,6 +47,16 @@ class LoadedModels:
     prep_pool: ThreadPoolExecutor  # decoding, resampling, VAD, windowing (a BoundedThreadPool when loaded here)
     model_pool: ThreadPoolExecutor  # model calls
     default_encoder: str  # what a request that names no encoder gets (``--encoder``, ``auto`` resolved)
+    # Seconds of model time one second of audio costs, by encoder (the fusion: its components' sum), timed
+    # at load; what admission estimates a request's embedding by (sleuthd.engine.admission.WorkQueue).
+    audio_cost: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def seconds_of_work(self, encoder: str, probes: Sequence[AudioProbe], placements: int = 1) -> float:
+        """Estimated seconds of work for clips with these headers under ``encoder`` (and ``placements``
+        window placements each): decoding on the prep threads plus the model's time for their audio."""
+        per_audio_second = self.audio_cost.get(encoder, max(self.audio_cost.values(), default=0.0))
+        threads = getattr(self.prep_pool, "_max_workers", 1) or 1
+        return sum(p.decode_seconds / threads + p.seconds * per_audio_second * placements for p in probes)
 
     async def aclose(self) -> None:
         for encoder in self.encoders.values():
@@ -72,10 +86,12 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
     try:
         vad: Vad = SileroVad(vad_model_path(config.models_dir)) if config.vad == "silero" else EnergyVad()
         encoders: dict[str, WindowEncoder] = {}
+        audio_cost: dict[str, float] = {}
         for model_dir in find_encoders(config.models_dir):
             manifest = load_encoder_manifest(model_dir)
             runner = OnnxEncoder(manifest, device=config.device, gpu_batch=config.batcher.max_batch_windows)
             runner.warm_up()
+            audio_cost[runner.manifest.name] = model_seconds_per_audio_second(runner)
             if batched:
                 batcher_config = encoder_batcher_config(config.batcher, runner)
                 encoders[runner.manifest.name] = MicroBatcher(runner, model_pool, batcher_config, observer)
@@ -85,6 +101,7 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         fused = load_fusion(encoders)
         if fused is not None:
             encoders[FUSED] = fused
+            audio_cost[FUSED] = sum(audio_cost[name] for name in fused.component_names)
             logger.info("encoder fused = %s", " + ".join(fused.component_names))
         if not encoders:
             raise ManifestError(
@@ -101,7 +118,20 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         prep_pool.shutdown(wait=False)
         model_pool.shutdown(wait=False)
         raise
-    return LoadedModels(encoders, vad, prep_pool, model_pool, default)
+    logger.info("model seconds per audio second: %s", ", ".join(f"{k} {v:.4f}" for k, v in sorted(audio_cost.items())))
+    return LoadedModels(encoders, vad, prep_pool, model_pool, default, audio_cost)
+
+
+def model_seconds_per_audio_second(runner: OnnxEncoder, windows: int = 4, tries: int = 3) -> float:
+    """Seconds one model call spends per second of audio (the best of ``tries`` calls of ``windows``
+    windows, times the windows an audio second makes): the encoder's relative cost, for admission."""
+    batch = np.zeros((windows, runner.manifest.window.window_samples), np.float32)
+    best = float("inf")
+    for _ in range(tries):
+        started = time.perf_counter()
+        runner.embed(batch)
+        best = min(best, time.perf_counter() - started)
+    return best / windows * runner.manifest.window.rate_per_second
 
 
 def encoder_batcher_config(config: BatcherConfig, runner: OnnxEncoder) -> BatcherConfig:

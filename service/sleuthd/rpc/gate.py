@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError
 
-from sleuthd.engine.admission import AudioBudget, Slots
+from sleuthd.engine.admission import AudioBudget, Client, Slots, WorkQueue, current_client
 from sleuthd.errors import InvalidRequest, Overloaded
 from sleuthd.ops.logs import clip, printable, request_id
 from sleuthd.ops.metrics import ServiceMetrics
@@ -73,6 +73,7 @@ class EdgeLimits:
     budget: AudioBudget  # request audio bytes held across all RPCs
     streams: Slots  # concurrent StreamDialogue calls
     walk_pace: WalkPace | None = None  # fields the wire checks of our methods may walk per second, all together
+    work: WorkQueue | None = None  # the engine's admission by cost and deadline, asked before a request is read
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class _Call:
     peer: str
     work: bool
     refusal: tuple[grpc.StatusCode, str] | None
+    token: int | None = None  # which bearer token the call presented (its line), when tokens are on
+    client: Client = ()  # the shares of the audio budget this call's audio counts against
     started: float = 0.0
     dialogue_id: str = ""
     requests_ended: bool = False
@@ -176,6 +179,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
             peer="",
             work=work,
             refusal=self._refusal(method, metadata, work),
+            token=self.tokens.which(authorization_of(metadata)) if self.tokens is not None else None,
         )
         message_class = getattr(getattr(handler, "request_deserializer", None), "__self__", None)
         if getattr(message_class, "DESCRIPTOR", None) is None:
@@ -238,6 +242,9 @@ class RpcGate(grpc.aio.ServerInterceptor):
         """Start the books for a call and refuse it when access says no (before its request is read)."""
         call.started = time.perf_counter()
         call.peer = printable(context.peer() or "", 64)
+        # One connection (its peer address and port) and one token each have a share of the audio budget.
+        call.client = (("peer", call.peer),) + ((("token", f"#{call.token}"),) if call.token is not None else ())
+        current_client.set(call.client)
         request_id.set(call.request_id)
         if call.work:
             self._in_flight += 1
@@ -288,15 +295,17 @@ class RpcGate(grpc.aio.ServerInterceptor):
         held in the audio budget while the method runs."""
         recent = self._recent[call.label]
         budget = self.limits.budget
+        work = self.limits.work
 
         async def behaviour(requests: AsyncIterator[tuple[Any, int]], context: grpc.aio.ServicerContext) -> Any:
             try:
                 await self._begin(call, context)
                 # The smallest recent request of this method: refusing on it wrongs no request of usual size.
                 expected = min(recent) if recent else 0
-                busy = budget.refusal(
-                    expected, f"a {call.label} request (about {expected} bytes, as lately)", context.time_remaining()
-                )
+                busy = budget.refusal(expected, f"a {call.label} request (about {expected} bytes, as lately)",
+                                      call.client)  # fmt: skip
+                if busy is None and work is not None:
+                    busy = work.usual_refusal(call.label, context.time_remaining())
                 if busy is not None:
                     await _abort(context, busy)
                 got = await anext(aiter(requests), None)  # a unary call carries exactly one message
@@ -308,15 +317,13 @@ class RpcGate(grpc.aio.ServerInterceptor):
                     await _abort(context, request.error)
                 call.dialogue_id = _dialogue_of(request)
                 try:
-                    budget.acquire(size, "this request", context.time_remaining())
+                    budget.acquire(size, "this request", call.client)
                 except Overloaded as refused:
                     await _abort(context, refused)
-                done = False
                 try:
                     response = await inner(request, context)
-                    done = True
                 finally:
-                    budget.release(size, done)
+                    budget.release(size, call.client)
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
                 raise

@@ -147,10 +147,16 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     request_limits = RequestLimits.from_config(engine.config, config.max_message_bytes)
     limits = EdgeLimits(
         request=request_limits,
-        budget=AudioBudget(bounds.max_audio_in_flight_bytes, on_idle=HeapTrimmer()),
+        budget=AudioBudget(
+            bounds.max_audio_in_flight_bytes,
+            shares=bounds.audio_shares,
+            buffer_limit=bounds.max_stream_buffers_bytes,
+            on_idle=HeapTrimmer(),
+        ),
         streams=Slots(bounds.max_streams, "streams"),
         # The burst holds two requests of the most fields allowed, so valid requests never wait on it.
         walk_pace=WalkPace(bounds.wire_fields_per_second, 2 * request_limits.largest_max_fields()),
+        work=engine.work,
     )
     gate = RpcGate(metrics, limits, tokens)
     pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run

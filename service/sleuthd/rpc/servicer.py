@@ -172,7 +172,7 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         session = StreamSession(self.engine, self.audio_budget)
         self.metrics.streams_active.inc()
         try:
-            async for message in paced(request_iterator, self.engine.config.admission):
+            async for message in paced(request_iterator, self.engine.config.admission, session.turn_deadline):
                 for response in await self._stream_step(session, message, context):
                     yield response
             # Its turns' verdicts were counted as each turn completed.
