@@ -157,13 +157,15 @@ class ServerProcess:
     """`sleuthd serve` in a subprocess on a free loopback port; its output goes to ``log`` (a file, so a
     chatty server can never block on a full pipe)."""
 
-    def __init__(self, extra_args: Sequence[str], log: Path) -> None:
+    def __init__(self, extra_args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
         cmd = [sys.executable, "-m", "sleuthd.cli", "--log-level", "warning", "serve", "--host", "127.0.0.1",
                "--port", "0", "--metrics-port", "-1", *extra_args]  # fmt: skip
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log
         self._log_file = log.open("w")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log_file, text=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self._log_file, text=True, env={**os.environ, **(env or {})}
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("sleuthd listening on "):
