@@ -54,12 +54,24 @@ class StreamSession:
         self._started = 0
         self._last_index = -1
         self._buffered = 0
+        self._kept = 0  # decoded audio the dialogue keeps (the LALM judge's), counted in the audio budget
 
     def release(self) -> None:
         """Free buffered audio; safe to call more than once (the servicer calls it in ``finally``)."""
         self._open.clear()
         self._budget.release(self._buffered, self._client, buffered=True)
         self._buffered = 0
+        self._budget.release(self._kept, self._client)
+        self._kept = 0
+
+    def _count_kept(self) -> None:
+        """Hold in the budget what the dialogue now keeps of decoded audio (Overloaded when there is no
+        room: the stream ends, busy, and its kept audio is freed)."""
+        assert self._state is not None
+        grown = self._state.kept_audio_bytes - self._kept
+        if grown > 0:
+            self._budget.acquire(grown, "the decoded audio this stream's judge keeps to hear again", self._client)
+            self._kept += grown
 
     def turn_deadline(self) -> tuple[float, str] | None:
         """When the oldest unfinished turn runs out of time (event-loop clock), and its id; None when no
@@ -84,6 +96,7 @@ class StreamSession:
         with self._budget.hold(sent, "this stream's references", self._client):
             self._state = await self.engine.open_dialogue(dialogue_id, references, opts, deadline)
         self.dialogue_id = dialogue_id
+        self._count_kept()
 
     def start_turn(self, turn_id: str, speaker: str, index: int, pcm: PcmSpec | None) -> None:
         state = self._require_open()
@@ -138,7 +151,9 @@ class StreamSession:
             async with self.engine.admitted(
                 [(completed.audio, f"turn {turn_id!r}")], state.opts, deadline, "StreamTurn"
             ):
-                return await state.finish_turn(completed, deadline)
+                updates = await state.finish_turn(completed, deadline)
+            self._count_kept()
+            return updates
         finally:
             self._done.add(turn_id)
             self._budget.release(turn.size, self._client)
