@@ -458,7 +458,7 @@ async def test_the_audio_a_stream_keeps_for_the_judge_counts_in_the_audio_budget
         # The reference and the three turns' waveforms (float32 at 16 kHz), and nothing else, are held.
         assert budget.held >= kept_seconds * 16_000 * 4 > 0
         await call.done_writing()
-        while not (message := await call.read()).HasField("final"):
+        while not (await call.read()).HasField("final"):
             pass
         assert await call.code() == grpc.StatusCode.OK
         assert budget.held == 0
