@@ -37,6 +37,11 @@ class Overloaded(RuntimeError):
     """The server is at capacity; retry later with backoff (RESOURCE_EXHAUSTED)."""
 
 
+class ShuttingDown(RuntimeError):
+    """The server is draining (SIGTERM): what it cannot finish in its grace period is refused, and streams
+    end once their finished turns have their verdicts; retry on another replica (UNAVAILABLE)."""
+
+
 class DeadlineExceeded(TimeoutError):
     """The request's deadline passed before its embeddings were ready; queued work was dropped (DEADLINE_EXCEEDED)."""
 

@@ -30,7 +30,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sleuthd.errors import Overloaded
+from sleuthd.errors import Overloaded, ShuttingDown
 
 logger = logging.getLogger(__name__)
 
@@ -266,6 +266,40 @@ class WorkQueue:
                 f"{self.max_queued_s:g} s; retry with backoff"
             )
         return None
+
+    def usual_seconds(self, kind: str) -> float | None:
+        """How long a unit of ``kind`` of the smallest recent cost takes at the recent pace, alone."""
+        costs, rate = self._recent.get(kind), self.rate
+        return None if not costs or rate is None else min(costs) / rate
+
+    def shed(self, seconds: float) -> int:
+        """On SIGTERM: refuse (ShuttingDown: UNAVAILABLE, retry elsewhere) the queued units that would not be
+        done within ``seconds`` if served in arrival order behind the running work, so their clients retry on
+        another replica now instead of being cut at the end of the grace period. Units without a deadline
+        (streamed turns) are kept: their streams end after their verdicts. Returns how many were refused."""
+        rate = self.rate
+        if rate is None:
+            return 0
+        ahead = self.running_left()
+        kept: deque[_Unit] = deque()
+        refused = 0
+        for unit in self.queue:
+            waiter = unit.waiter
+            if waiter is None or waiter.done():
+                continue
+            if unit.deadline is not None and (ahead + unit.cost) / rate > seconds:
+                refused += 1
+                waiter.set_exception(
+                    ShuttingDown(
+                        f"the server is shutting down and could not finish {unit.what} in its {seconds:.0f} s grace "
+                        "period: retry on another replica"
+                    )
+                )
+                continue
+            ahead += unit.cost
+            kept.append(unit)
+        self.queue = kept
+        return refused
 
     def usual_refusal(self, kind: str, seconds_left: float | None) -> Overloaded | None:
         """:meth:`refusal` for a unit of ``kind`` of the smallest recent cost (before a request is read:

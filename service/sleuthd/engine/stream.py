@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sleuthd.config import AdmissionConfig
 from sleuthd.domain import AudioInput, CheckOptions, DialogueResult, PcmSpec, Reference, TurnUpdate
 from sleuthd.engine.admission import AudioBudget, current_client
 from sleuthd.engine.facade import Engine
-from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
+from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, ShuttingDown, UnknownName
 from sleuthd.judgment.dialogue import Dialogue, TurnAudio, check_id, require_references
 
 T = TypeVar("T")
@@ -173,13 +173,48 @@ async def paced(
     messages: AsyncIterator[T],
     bounds: AdmissionConfig,
     turn_deadline: Callable[[], tuple[float, str] | None] = lambda: None,
+    stopping: asyncio.Event | None = None,
 ) -> AsyncIterator[T]:
     """``messages`` as they come, ending the stream with LimitExceeded when none arrives for
     ``bounds.stream_idle_seconds``, when it has been open ``bounds.stream_lifetime_seconds``, or when
-    ``turn_deadline()`` (when the oldest unfinished turn runs out of time, and its id) passes."""
+    ``turn_deadline()`` (when the oldest unfinished turn runs out of time, and its id) passes; and with
+    ShuttingDown once ``stopping`` is set (the server's grace period is ending). Messages are handed out one
+    at a time, so by then every turn whose final chunk was handed out has had its verdicts sent."""
     loop = asyncio.get_running_loop()
     ends = loop.time() + bounds.stream_lifetime_seconds
     source = aiter(messages)
+    stop = None if stopping is None else asyncio.ensure_future(stopping.wait())
+    try:
+        while True:
+            if stop is not None and stop.done():
+                raise ShuttingDown(
+                    "the server is shutting down: the verdicts of every turn finished so far were sent; reopen the "
+                    "stream on another replica for the rest of the dialogue"
+                )
+            message = await _next(source, loop, ends, bounds, turn_deadline, stop)
+            if message is _STOPPED:
+                continue
+            if message is _ENDED:
+                return
+            yield message  # type: ignore[misc]
+    finally:
+        if stop is not None:
+            stop.cancel()
+
+
+_STOPPED, _ENDED = object(), object()
+
+
+async def _next(
+    source: AsyncIterator[T],
+    loop: asyncio.AbstractEventLoop,
+    ends: float,
+    bounds: AdmissionConfig,
+    turn_deadline: Callable[[], tuple[float, str] | None],
+    stop: asyncio.Future[Any] | None,
+) -> T | object:
+    """The next message; _ENDED when the client half-closed; _STOPPED when ``stop`` finished first; or
+    LimitExceeded for a stream too quiet, too long, or with a turn open too long."""
     while True:
         now = loop.time()
         left = ends - now
@@ -190,12 +225,22 @@ async def paced(
                 "longest a turn may take: send each turn's audio as it is made and finish it (final=true)"
             )
         wait = min(bounds.stream_idle_seconds, left, bounds.stream_idle_seconds if turn is None else turn[0] - now)
+        reading: asyncio.Future[T] | None = None
         try:
             async with asyncio.timeout(wait):
-                message = await anext(source)
+                if stop is None:
+                    return await anext(source)
+                reading = asyncio.ensure_future(anext(source))
+                await asyncio.wait((reading, stop), return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done():
+                    reading.cancel()
+                    return _STOPPED
+                return reading.result()
         except StopAsyncIteration:
-            return
+            return _ENDED
         except TimeoutError:
+            if reading is not None:
+                reading.cancel()
             if turn is not None and loop.time() >= turn[0]:
                 continue  # reported above, with the turn's id
             if left <= bounds.stream_idle_seconds:
@@ -207,4 +252,3 @@ async def paced(
                 f"no message for {bounds.stream_idle_seconds:g} s, the longest a stream may stay quiet: send "
                 "audio as it is made, or close the stream and open a new one when there is more"
             ) from None
-        yield message

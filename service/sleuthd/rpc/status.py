@@ -17,6 +17,7 @@ from sleuthd.errors import (
     OutOfSequence,
     Overloaded,
     RegistryFull,
+    ShuttingDown,
     UnknownName,
     Unsupported,
 )
@@ -33,6 +34,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
     # The registry's database is unreachable or locked: retry later, but this server is healthy.
     (DependencyUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
