@@ -235,7 +235,9 @@ async def drive(target: str, clients: int, seconds: float, deadline_s: float, re
     """``clients`` closed-loop clients, each on its own connection, sending for ``seconds``; meanwhile one
     more connection asks for health every 100 ms."""
     limit = 256 * 1024 * 1024
-    options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+    # A connection per client, as separate clients have (channels of one process share one by default).
+    options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit),
+               ("grpc.use_local_subchannel_pool", 1)]  # fmt: skip
     calls = _Calls()
     stop_at = time.perf_counter() + seconds
     nonce = iter(range(1, 1 << 40))

@@ -353,6 +353,9 @@ async def test_work_queue_refuses_what_cannot_finish_in_time_and_serves_the_newe
     async with work.admit(2.0, None, kind="Check"):  # nothing known yet: admitted, the pace is learnt
         clock.now += 2.0
     assert work.rate == pytest.approx(1.0, rel=0.05)  # 2 s of work in 2 s busy
+    # Alone, a unit is refused only when it clearly cannot make its deadline (1.5x what it leaves).
+    assert work.refusal(6.0, 5.0) is None
+    assert "needs about 10.0 s of work here" in str(work.refusal(10.0, 5.0))
 
     order: list[str] = []
     release = asyncio.Event()

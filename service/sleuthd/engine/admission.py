@@ -156,6 +156,8 @@ class AudioBudget:
 # that the estimate is within its own noise (batching waits, the pace's granularity).
 _MIN_SHED_SECONDS = 1.0
 _RECENT_COSTS = 32  # costs remembered per kind of unit, for estimates made before a request is read
+# A unit alone is refused only when its estimate is this many times the time its deadline leaves.
+_HOPELESS = 1.5
 
 
 @dataclass(eq=False)
@@ -190,7 +192,9 @@ class WorkQueue:
       (CoDel's drop), never started. Units without a deadline are never dropped.
 
     A unit that finds nothing running starts at once (that is how the pace is learnt, and an estimate
-    is no reason to refuse an idle server's only work)."""
+    is no reason to refuse an idle server's only work), unless even alone it would need more than
+    ``_HOPELESS`` times what its deadline leaves (a fused 3.66 MiB dialogue takes 12-19 s on two loaded
+    cores: with a 5 s deadline every one admitted was cut by its deadline, its CPU wasted)."""
 
     def __init__(
         self,
@@ -251,7 +255,17 @@ class WorkQueue:
     def refusal(self, cost: float, seconds_left: float | None, what: str = "this request") -> Overloaded | None:
         """Why a unit of ``cost`` with ``seconds_left`` to its deadline would be refused on arrival, or None."""
         rate = self.rate
-        if rate is None or not (self.running or self.queue):
+        if rate is None:
+            return None
+        if not (self.running or self.queue):
+            # Alone, a unit is let in unless it clearly cannot finish (the estimate is only an estimate).
+            alone = cost / rate
+            if seconds_left is not None and alone > max(_HOPELESS * seconds_left, _MIN_SHED_SECONDS):
+                return Overloaded(
+                    f"{what} needs about {alone:.1f} s of work here (at the recent pace, with nothing else running) "
+                    f"and its deadline leaves {seconds_left:.1f} s: give it a longer deadline, or send fewer or "
+                    "shorter clips per call"
+                )
             return None
         ahead = (self.running_left() + cost) / rate
         if seconds_left is not None and ahead > max(seconds_left, _MIN_SHED_SECONDS):
