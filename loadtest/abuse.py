@@ -45,7 +45,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from loadtest.overload import RATE, RequestBytes, RssSampler, ServerProcess, drive, long_turns, make_request
+from loadtest import overload
+from loadtest.overload import (
+    RATE,
+    RequestBytes,
+    RssSampler,
+    ServerProcess,
+    hoarding_stream,
+    long_turns,
+    make_request,
+)
 
 # A field number none of our request messages uses, as a varint field of value 0: 2 bytes on the wire.
 _UNKNOWN_FIELD = bytes([(15 << 3) | 0, 0])
@@ -191,36 +200,7 @@ async def hoard(target: str, hoarders: int, seconds: float, trickle_s: float, ho
     2-byte chunk every ``trickle_s``; meanwhile another client sends a 0.5 MB and a 3.66 MiB CheckDialogue
     in turn, one every 2 s, for ``seconds``."""
     stop = asyncio.Event()
-    sent: list[float] = []
-    ended: list[str] = []
-
-    async def one() -> None:
-        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as ch:
-            call = pb_grpc.SleuthStub(ch).StreamDialogue(timeout=3600)
-            req = pb.StreamDialogueRequest
-            total = 0.0
-            try:
-                await call.write(req(open=pb.StreamOpen(dialogue_id="hoard")))
-                await call.write(req(turn_start=pb.TurnStart(turn_id="t", speaker="A")))
-                piece = bytes(1 << 20)
-                while total < hoard_mib:
-                    await call.write(
-                        req(audio=pb.TurnAudio(turn_id="t", data=piece[: int(min(1.0, hoard_mib - total) * 2**20)]))
-                    )
-                    total += min(1.0, hoard_mib - total)
-                while not stop.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), trickle_s)
-                    if not stop.is_set():
-                        await call.write(req(audio=pb.TurnAudio(turn_id="t", data=b"\x00\x00")))
-                ended.append("held to the end")
-            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-                ended.append((await call.code()).name)
-            finally:
-                sent.append(total)
-                call.cancel()
-
-    streams = [asyncio.ensure_future(one()) for _ in range(hoarders)]
+    streams = [asyncio.ensure_future(hoarding_stream(target, hoard_mib, trickle_s, stop)) for _ in range(hoarders)]
     await asyncio.sleep(5.0)  # the hoard is in place
     small, large = _small_dialogue(0.5), RequestBytes(long_turns(4, 30.0)).template
     results: list[tuple[str, str, float, str]] = []
@@ -235,7 +215,7 @@ async def hoard(target: str, hoarders: int, seconds: float, trickle_s: float, ho
             k += 1
             await asyncio.sleep(max(0.0, 2.0 * k - (time.perf_counter() - started)))
     stop.set()
-    await asyncio.gather(*streams)
+    ended = await asyncio.gather(*streams)
     by_size = {size: dict(Counter(code for s, code, _, _ in results if s == size)) for size in ("0.5 MB", "3.66 MiB")}
     return {
         "hoarders": hoarders,
@@ -247,40 +227,6 @@ async def hoard(target: str, hoarders: int, seconds: float, trickle_s: float, ho
     }
 
 
-def _capacity(target: str, clients: int, seconds: float, requests: RequestBytes) -> dict[str, Any]:
-    """OK answers per second of ``clients`` closed-loop clients with a deadline far beyond any request."""
-    calls = asyncio.run(drive(target, clients, seconds, 300.0, requests))
-    ok = [t for code, t in calls.results if code == "OK"]
-    return {"clients": clients, "ok": len(ok), "ok_per_s": round(len(ok) / seconds, 3),
-            "latency_p50_s": round(float(np.median(ok)), 2) if ok else None}  # fmt: skip
-
-
-def overload_probe(
-    target: str, sampler: RssSampler, clients: int, seconds: float, deadline: float, capacity_clients: int,
-    capacity_seconds: float,
-) -> dict[str, Any]:  # fmt: skip
-    requests = RequestBytes(long_turns(4, 30.0))
-    capacity = _capacity(target, capacity_clients, capacity_seconds, requests)
-    sampler.reset_peak()
-    calls = asyncio.run(drive(target, clients, seconds, deadline, requests))
-    codes = dict(Counter(code for code, _ in calls.results).most_common())
-    exhausted = [t for code, t in calls.results if code == "RESOURCE_EXHAUSTED"]
-    ok = codes.get("OK", 0)
-    return {
-        "capacity": capacity,
-        "clients": clients,
-        "deadline_s": deadline,
-        "request_mib": round(len(requests.template) / 2**20, 2),
-        "codes": codes,
-        "ok_per_s": round(ok / seconds, 3),
-        "goodput_of_capacity": round(ok / seconds / capacity["ok_per_s"], 2) if capacity["ok_per_s"] else None,
-        "exhausted_p50_s": round(float(np.quantile(exhausted, 0.5)), 3) if exhausted else None,
-        "exhausted_p95_s": round(float(np.quantile(exhausted, 0.95)), 3) if exhausted else None,
-        "health_max_s": round(max(calls.health), 3) if calls.health else None,
-        "details": list(calls.details)[:3],
-    }
-
-
 def run_probe(name: str, args: argparse.Namespace) -> Probe:
     env = (
         {"PYTHONPATH": os.pathsep.join([args.pythonpath, os.environ.get("PYTHONPATH", "")])}
@@ -288,9 +234,18 @@ def run_probe(name: str, args: argparse.Namespace) -> Probe:
         else None
     )
     log = args.out / f"{name}-{args.label}.log"
+    probe = Probe(name, args.label, after_s=args.after_seconds)
+    if name == "overload":  # loadtest.overload starts its own server and samples its memory
+        r = overload.run(
+            clients=args.clients, seconds=args.seconds, deadline_s=args.deadline, turns=4, turn_seconds=30.0,
+            serve_args=shlex.split(args.serve_args), log=log, kill_rss_mb=args.kill_rss_mb, settle_s=args.after_seconds,
+            capacity_clients=args.capacity_clients, capacity_seconds=args.capacity_seconds, env=env,
+        )  # fmt: skip
+        probe.figures = asdict(r)
+        probe.rss_idle_mb, probe.rss_peak_mb, probe.rss_after_mb = r.rss_before_mb, r.rss_peak_mb, r.rss_after_mb
+        return probe
     server = ServerProcess(shlex.split(args.serve_args), log, env)
     sampler = RssSampler(server.proc.pid, kill_mb=args.kill_rss_mb)
-    probe = Probe(name, args.label, after_s=args.after_seconds)
     try:
         asyncio.run(_warm(server.target))
         probe.rss_idle_mb = round(sampler.rss_mb())
@@ -307,9 +262,6 @@ def run_probe(name: str, args: argparse.Namespace) -> Probe:
                 )
                 for n in args.hoarders
             }
-        elif name == "overload":
-            probe.figures = overload_probe(server.target, sampler, args.clients, args.seconds, args.deadline,
-                                           args.capacity_clients, args.capacity_seconds)  # fmt: skip
         else:
             raise SystemExit(f"no probe {name!r}: wirewalk, hoard or overload")
         probe.rss_peak_mb = round(sampler.peak_mb)

@@ -7,9 +7,13 @@ is checked before the work starts, and going over it raises :class:`~sleuthd.err
 ("busy, retry later": RESOURCE_EXHAUSTED) without doing anything:
 
 - :class:`AudioBudget`: request audio bytes held across all RPCs, from before decoding until the
-  verdict (unary requests whole, streams per buffered chunk);
+  verdict (unary requests whole, streams per buffered chunk), shared fairly: one connection, one token,
+  all streams' unfinished turns each have a share (memory);
+- :class:`WorkQueue`: every request's work by its estimated cost and its deadline (time): refused at once
+  when it cannot finish in time, queued with little run at once, newest first under overload;
 - :class:`Slots`: concurrent calls of one kind (StreamDialogue);
-- :class:`BoundedThreadPool`: the decode pool's queue of jobs not yet started.
+- :class:`BoundedThreadPool`: the decode pool's queue of jobs not yet started;
+- :class:`HeapTrimmer`: freed heap returned to the system after work.
 
 Each admits work larger than its whole bound when nothing else holds it (a request larger than the
 budget is legitimate and would otherwise be told to retry for ever). Standard library only.
@@ -65,12 +69,10 @@ class AudioBudget:
         limit_bytes: int,
         shares: Mapping[str, int] | None = None,
         buffer_limit: int | None = None,
-        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.limit = limit_bytes
         self.shares = dict(shares or {})
         self.buffer_limit = limit_bytes if buffer_limit is None else buffer_limit
-        self.on_idle = on_idle  # called when the last held byte is released
         self.held = 0
         self.buffered = 0  # of ``held``: streams' chunks of unfinished turns
         self.refused = 0  # acquisitions refused since the start
@@ -139,8 +141,6 @@ class AudioBudget:
         if self.held < 0:  # a bookkeeping bug must not turn into a server that refuses everything
             logger.error("audio budget released %d bytes more than it held", -self.held)
             self.held = 0
-        if self.held == 0 and self.on_idle is not None:
-            self.on_idle()
 
     @contextmanager
     def hold(self, n: int, what: str = "this request", client: Client = ()) -> Iterator[None]:
@@ -426,11 +426,12 @@ class WorkQueue:
 
 
 class HeapTrimmer:
-    """Hands freed heap memory back to the system once a burst of work is over (glibc only; elsewhere a
-    no-op). After an overload the C allocator keeps the pages of every freed request, decoded clip and
-    window array: RSS stayed near its peak for good (about a gigabyte after 64 clients). ``malloc_trim``
-    returns them; it runs on a timer thread, at most once per ``min_interval_s`` (a call in between
-    schedules one trim for the end of the interval, so the last burst is always trimmed)."""
+    """Hands freed heap memory back to the system after work (glibc only; elsewhere a no-op). After an
+    overload the C allocator keeps the pages of every freed request, decoded clip and window array: RSS
+    stayed near its peak for good (about a gigabyte after 64 clients). ``malloc_trim`` returns them (from
+    every arena); it runs on a timer thread, at most once per ``min_interval_s`` (a call in between
+    schedules one trim for the end of the interval, so the last burst is always trimmed). The RPC gate
+    calls it whenever a work RPC ends."""
 
     def __init__(self, min_interval_s: float = 10.0) -> None:
         self.min_interval_s = min_interval_s

@@ -128,10 +128,18 @@ async def _abort(context: grpc.aio.ServicerContext, error: BaseException) -> NoR
 
 
 class RpcGate(grpc.aio.ServerInterceptor):
-    def __init__(self, metrics: ServiceMetrics, limits: EdgeLimits, tokens: TokenSet | None = None) -> None:
+    def __init__(
+        self,
+        metrics: ServiceMetrics,
+        limits: EdgeLimits,
+        tokens: TokenSet | None = None,
+        after_work: Callable[[], None] | None = None,
+    ) -> None:
+        """``after_work``: called when a work RPC ends (refused ones included); it must not block."""
         self.metrics = metrics
         self.limits = limits
         self.tokens = tokens
+        self.after_work = after_work
         self.draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -273,6 +281,8 @@ class RpcGate(grpc.aio.ServerInterceptor):
             self.metrics.rpcs_in_flight.set(self._in_flight)
             if self._in_flight == 0:
                 self._idle.set()
+            if self.after_work is not None:
+                self.after_work()
         level = logging.DEBUG if not call.work and code == grpc.StatusCode.OK else logging.INFO
         dialogue = printable(call.dialogue_id, 128)
         fields = {"method": call.label, "code": code.name, "ms": round(seconds * 1000, 1), "dialogue_id": dialogue,

@@ -170,14 +170,16 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
             bounds.max_audio_in_flight_bytes,
             shares=bounds.audio_shares,
             buffer_limit=bounds.max_stream_buffers_bytes,
-            on_idle=HeapTrimmer(),
         ),
         streams=Slots(bounds.max_streams, "streams"),
         # The burst holds two requests of the most fields allowed, so valid requests never wait on it.
         walk_pace=WalkPace(bounds.wire_fields_per_second, 2 * request_limits.largest_max_fields()),
         work=engine.work,
     )
-    gate = RpcGate(metrics, limits, tokens)
+    # Freed heap pages go back to the system after work (at most every 10 s, on a thread): after refused
+    # requests too (a burst of 60 MiB requests refused unparsed left 450 MB behind), and while a stream
+    # that never ends keeps the audio budget from ever being empty.
+    gate = RpcGate(metrics, limits, tokens, after_work=HeapTrimmer())
     pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run
 
     def on_engine_failure() -> None:
