@@ -55,7 +55,7 @@ class LoadedModels:
         """Estimated seconds of work for clips with these headers under ``encoder`` (and ``placements``
         window placements each): decoding on the prep threads plus the model's time for their audio."""
         per_audio_second = self.audio_cost.get(encoder, max(self.audio_cost.values(), default=0.0))
-        threads = getattr(self.prep_pool, "_max_workers", 1) or 1
+        threads = max(1, self.prep_pool._max_workers)  # the decode threads work side by side
         return sum(p.decode_seconds / threads + p.seconds * per_audio_second * placements for p in probes)
 
     async def aclose(self) -> None:

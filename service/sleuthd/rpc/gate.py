@@ -133,9 +133,10 @@ class RpcGate(grpc.aio.ServerInterceptor):
         metrics: ServiceMetrics,
         limits: EdgeLimits,
         tokens: TokenSet | None = None,
-        after_work: Callable[[], None] | None = None,
+        after_work: Callable[[bool], None] | None = None,
     ) -> None:
-        """``after_work``: called when a work RPC ends (refused ones included); it must not block."""
+        """``after_work(idle)``: called when a work RPC ends (refused ones included), ``idle`` when it was
+        the last in flight; it must not block."""
         self.metrics = metrics
         self.limits = limits
         self.tokens = tokens
@@ -282,7 +283,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
             if self._in_flight == 0:
                 self._idle.set()
             if self.after_work is not None:
-                self.after_work()
+                self.after_work(self._in_flight == 0)
         level = logging.DEBUG if not call.work and code == grpc.StatusCode.OK else logging.INFO
         dialogue = printable(call.dialogue_id, 128)
         fields = {"method": call.label, "code": code.name, "ms": round(seconds * 1000, 1), "dialogue_id": dialogue,
