@@ -420,6 +420,20 @@ async def test_work_queue_drops_a_waiter_that_can_no_longer_finish_in_time() -> 
     assert work.refused == 1
 
 
+async def test_work_cut_short_does_not_read_as_a_slower_server() -> None:
+    # Uncredited, one unit cut by its deadline halved the pace; every later unit then looked hopeless, was
+    # refused, and nothing ran again to correct the pace (a fused overload answered nothing).
+    clock = FakeClock()
+    work = WorkQueue(clock=clock)
+    async with work.admit(2.0, None):
+        clock.now += 2.0
+    with pytest.raises(asyncio.CancelledError):
+        async with work.admit(4.0, None):
+            clock.now += 2.0  # half of it done when its client went away
+            raise asyncio.CancelledError
+    assert work.rate == pytest.approx(1.0, rel=0.05)
+
+
 async def _admitted(work: WorkQueue, cost: float, deadline: float) -> None:
     async with work.admit(cost, deadline):
         pass

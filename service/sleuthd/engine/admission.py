@@ -219,6 +219,7 @@ class WorkQueue:
         self._marked = clock()
         self._busy_s = 0.0  # decayed seconds during which something ran
         self._done = 0.0  # decayed cost of the units that finished
+        self._last_done = -float("inf")  # when a unit last finished (the pace's freshest evidence)
         self._recent: dict[str, deque[float]] = {}
 
     # ------------------------------------------------------------------ the pace
@@ -262,9 +263,11 @@ class WorkQueue:
         if rate is None:
             return None
         if not (self.running or self.queue):
-            # Alone, a unit is let in unless it clearly cannot finish (the estimate is only an estimate).
+            # Alone, a unit is let in unless it clearly cannot finish (the estimate is only an estimate), and
+            # always when the pace has no recent evidence (a server that got faster must be able to show it).
             alone = cost / rate
-            if seconds_left is not None and alone > max(_HOPELESS * seconds_left, _MIN_SHED_SECONDS):
+            fresh = self._clock() - self._last_done < 2 * self._half_life
+            if fresh and seconds_left is not None and alone > max(_HOPELESS * seconds_left, _MIN_SHED_SECONDS):
                 return Overloaded(
                     f"{what} needs about {alone:.1f} s of work here (at the recent pace, with nothing else running) "
                     f"and its deadline leaves {seconds_left:.1f} s: give it a longer deadline, or send fewer or "
@@ -388,11 +391,19 @@ class WorkQueue:
         self.running.append(unit)
 
     def _finish(self, unit: _Unit, done: bool) -> None:
+        rate = self.rate  # before this unit's end is counted
         self._mark()
         if unit in self.running:
             self.running.remove(unit)
             if done:
                 self._done += unit.cost
+                self._last_done = self._clock()
+            elif rate is not None and unit.started is not None:
+                # Cut short (its deadline, its client): credit what it did at the pace so far, so work thrown
+                # away does not read as a slower server. (Uncredited, one cut unit halved the pace; everything
+                # then looked hopeless and nothing ran again to correct it.)
+                share = (self._clock() - unit.started) * rate / (len(self.running) + 1)
+                self._done += min(unit.cost, share)
         self._sweep()
         self._dispatch()
 
