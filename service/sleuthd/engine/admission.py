@@ -391,7 +391,8 @@ class WorkQueue:
         self.running.append(unit)
 
     def _finish(self, unit: _Unit, done: bool) -> None:
-        rate = self.rate  # before this unit's end is counted
+        # The pace as of the last event, before the busy time this unit just took is counted.
+        rate = self._done / self._busy_s if self._busy_s >= 1.0 and self._done > 0 else None
         self._mark()
         if unit in self.running:
             self.running.remove(unit)
