@@ -48,13 +48,18 @@ class ClipEmbedder:
         max_clip_seconds: float,
         cache_entries: int,
         max_request_samples: int = DEFAULT_REQUEST_SAMPLES,
+        probe_pool: Executor | None = None,
     ) -> None:
+        """``probe_pool``: where clips' headers are read before admission (default: ``prep_pool``). A pool of
+        its own keeps the header reads of arriving requests, most of them refused under overload, from
+        queueing ahead of the decoding of admitted ones."""
         self.vad = vad
         self.observer = observer
         self.max_clip_seconds = max_clip_seconds
         self.max_request_samples = max_request_samples
         self.cache: LruCache[ClipEmbedding] = LruCache(cache_entries)
         self._prep_pool = prep_pool
+        self._probe_pool = probe_pool or prep_pool
         # Cache misses in flight, by cache key(s): concurrent requests for the same clip share one computation.
         self._in_flight: SingleFlight[str, list[ClipEmbedding]] = SingleFlight()
 
@@ -87,7 +92,7 @@ class ClipEmbedder:
             return []
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._prep_pool, check_request_audio, audios, self.max_clip_seconds, self.max_request_samples
+            self._probe_pool, check_request_audio, audios, self.max_clip_seconds, self.max_request_samples
         )
 
     async def embed_audio(

@@ -184,7 +184,7 @@ class WorkQueue:
     busy time, weighted to the last ``half_life_s``) and then:
 
     - **refuses at once** (Overloaded: RESOURCE_EXHAUSTED, retry later) a unit that, behind the work already
-      running, could not finish before its deadline, or that would take the queued work past
+      admitted (running and queued), could not finish before its deadline, or that would take the queued work past
       ``max_queued_s``: refusing costs nothing, while work admitted and then cut by its deadline costs its
       share of the CPU and finishes nothing (64 clients x 3.66 MiB with 5 s deadlines, fused: 0 answered);
     - **runs little at once**: a unit starts when the work running has less than ``overlap_s`` left
@@ -192,8 +192,8 @@ class WorkQueue:
       among dozens and all finish late; the rest wait in the queue, holding no CPU;
     - **serves the newest first when congested** (the oldest waiter has waited ``lifo_after_s``): it has the
       most time left, and under overload the oldest are the ones that would miss their deadlines (adaptive
-      LIFO); when a unit is taken from the queue and can no longer finish in time, it is refused then
-      (CoDel's drop), never started. Units without a deadline are never dropped.
+      LIFO); a waiting unit that could no longer finish in time even if started next is refused as soon as
+      that is so (CoDel's drop), never started. Units without a deadline are never dropped.
 
     A unit that finds nothing running starts at once (that is how the pace is learnt, and an estimate
     is no reason to refuse an idle server's only work), unless even alone it would need more than
@@ -274,13 +274,15 @@ class WorkQueue:
                     "shorter clips per call"
                 )
             return None
-        ahead = (self.running_left() + cost) / rate
+        queued = sum(u.cost for u in self.queue) / rate
+        # Behind everything admitted, as if served in arrival order: a unit let in on the promise of going
+        # first (LIFO) would push the ones already waiting past their deadlines.
+        ahead = (self.running_left() + cost) / rate + queued
         if seconds_left is not None and ahead > max(seconds_left, _MIN_SHED_SECONDS):
             return Overloaded(
-                f"the server is busy: {what} would be done in about {ahead:.1f} s behind the work running (at the "
+                f"the server is busy: {what} would be done in about {ahead:.1f} s behind the work admitted (at the "
                 f"recent pace), and its deadline leaves {seconds_left:.1f} s; retry with backoff or a longer deadline"
             )
-        queued = sum(u.cost for u in self.queue) / rate
         if queued + cost / rate > self.max_queued_s:
             return Overloaded(
                 f"the server is busy: {queued:.1f} s of work is queued, the most it queues is "
@@ -424,7 +426,7 @@ class WorkQueue:
             if unit.deadline is not None and rate is not None:
                 left = unit.deadline - asyncio.get_running_loop().time()
                 ahead = (ahead_of_any + unit.cost) / rate
-                if ahead > max(left, _MIN_SHED_SECONDS):
+                if ahead > left:  # started now it would still finish late: its CPU would be wasted
                     self.refused += 1
                     waiter.set_exception(
                         Overloaded(

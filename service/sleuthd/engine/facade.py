@@ -63,6 +63,7 @@ class Engine:
             config.max_clip_seconds,
             config.embedding_cache_entries,
             config.admission.max_request_decoded_samples,
+            models.probe_pool,
         )
         self.registry = (
             None

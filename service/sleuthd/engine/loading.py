@@ -46,6 +46,7 @@ class LoadedModels:
     vad: Vad
     prep_pool: ThreadPoolExecutor  # decoding, resampling, VAD, windowing (a BoundedThreadPool when loaded here)
     model_pool: ThreadPoolExecutor  # model calls
+    probe_pool: ThreadPoolExecutor  # reading clips' headers before admission (a BoundedThreadPool when loaded here)
     default_encoder: str  # what a request that names no encoder gets (``--encoder``, ``auto`` resolved)
     # Seconds of model time one second of audio costs, by encoder (the fusion: its components' sum), timed
     # at load; what admission estimates a request's embedding by (sleuthd.engine.admission.WorkQueue).
@@ -62,7 +63,7 @@ class LoadedModels:
         for encoder in self.encoders.values():
             if isinstance(encoder, MicroBatcher):
                 await encoder.close()
-        for pool in (self.prep_pool, self.model_pool):
+        for pool in (self.prep_pool, self.model_pool, self.probe_pool):
             pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -83,6 +84,9 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
     batched = config.batching == "on"
     model_threads = config.batcher.max_concurrent_batches if batched else cpus
     model_pool = ThreadPoolExecutor(max_workers=model_threads, thread_name_prefix="model")
+    # Headers are read before admission on a thread of their own: under overload most requests whose headers
+    # are read are then refused, and in the decode pool their reads would queue ahead of admitted work.
+    probe_pool = BoundedThreadPool(1, config.admission.max_queued_decodes, thread_name_prefix="probe")
     try:
         vad: Vad = SileroVad(vad_model_path(config.models_dir)) if config.vad == "silero" else EnergyVad()
         encoders: dict[str, WindowEncoder] = {}
@@ -115,11 +119,11 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
                 f"(found: {', '.join(sorted(encoders))})"
             )
     except BaseException:
-        prep_pool.shutdown(wait=False)
-        model_pool.shutdown(wait=False)
+        for pool in (prep_pool, model_pool, probe_pool):
+            pool.shutdown(wait=False)
         raise
     logger.info("model seconds per audio second: %s", ", ".join(f"{k} {v:.4f}" for k, v in sorted(audio_cost.items())))
-    return LoadedModels(encoders, vad, prep_pool, model_pool, default, audio_cost)
+    return LoadedModels(encoders, vad, prep_pool, model_pool, probe_pool, default, audio_cost)
 
 
 def model_seconds_per_audio_second(runner: OnnxEncoder, windows: int = 4, tries: int = 3) -> float:

@@ -231,7 +231,14 @@ async def _next(
                 if stop is None:
                     return await anext(source)
                 reading = asyncio.ensure_future(anext(source))
-                await asyncio.wait((reading, stop), return_when=asyncio.FIRST_COMPLETED)
+                # However this ends (the call cancelled meanwhile included), its outcome is looked at: an
+                # unread StopAsyncIteration would be logged as "Task exception was never retrieved".
+                reading.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+                try:
+                    await asyncio.wait((reading, stop), return_when=asyncio.FIRST_COMPLETED)
+                except BaseException:  # the call was cancelled, or timed out (below)
+                    reading.cancel()
+                    raise
                 if not reading.done():
                     reading.cancel()
                     return _STOPPED
