@@ -408,10 +408,10 @@ async def test_work_queue_drops_a_waiter_that_can_no_longer_finish_in_time() -> 
 
     holder = asyncio.ensure_future(hold())
     await asyncio.sleep(0)
-    waiter = asyncio.ensure_future(_admitted(work, 1.0, loop.time() + 3.5))  # 2 + 1 s ahead: fits for now
+    waiter = asyncio.ensure_future(_admitted(work, 1.0, loop.time() + 4.0))  # 2 + 1 s ahead: fits for now
     await asyncio.sleep(0)
     assert len(work.queue) == 1
-    await asyncio.sleep(1.0)  # its deadline comes closer while it waits: 2.5 s left, and 2 + 1 s of work
+    await asyncio.sleep(1.0)  # its deadline comes closer while it waits: 3 s left, and 2 + 1 s of work
     later = asyncio.ensure_future(_admitted(work, 0.1, None))  # any arrival looks at the queue again
     with pytest.raises(Overloaded, match=r"waited .* after its deadline"):
         await waiter

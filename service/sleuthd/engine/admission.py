@@ -162,6 +162,10 @@ _MIN_SHED_SECONDS = 1.0
 _RECENT_COSTS = 32  # costs remembered per kind of unit, for estimates made before a request is read
 # A unit alone is refused only when its estimate is this many times the time its deadline leaves.
 _HOPELESS = 1.5
+# A unit must be estimated done within this share of the time its deadline leaves: the estimate's error
+# (the pace lags the machine's load by its half-life) otherwise turned a quarter of what was admitted under
+# overload into work cut by its deadline.
+_DEADLINE_SHARE = 0.8
 
 
 @dataclass(eq=False)
@@ -278,7 +282,7 @@ class WorkQueue:
         # Behind everything admitted, as if served in arrival order: a unit let in on the promise of going
         # first (LIFO) would push the ones already waiting past their deadlines.
         ahead = (self.running_left() + cost) / rate + queued
-        if seconds_left is not None and ahead > max(seconds_left, _MIN_SHED_SECONDS):
+        if seconds_left is not None and ahead > max(_DEADLINE_SHARE * seconds_left, _MIN_SHED_SECONDS):
             return Overloaded(
                 f"the server is busy: {what} would be done in about {ahead:.1f} s behind the work admitted (at the "
                 f"recent pace), and its deadline leaves {seconds_left:.1f} s; retry with backoff or a longer deadline"
@@ -426,7 +430,7 @@ class WorkQueue:
             if unit.deadline is not None and rate is not None:
                 left = unit.deadline - asyncio.get_running_loop().time()
                 ahead = (ahead_of_any + unit.cost) / rate
-                if ahead > left:  # started now it would still finish late: its CPU would be wasted
+                if ahead > _DEADLINE_SHARE * left:  # started now it would likely finish late: its CPU wasted
                     self.refused += 1
                     waiter.set_exception(
                         Overloaded(
