@@ -5,18 +5,24 @@ In order, for each call:
                   and put on every log line of the call
   -> access       the bearer token (UNAUTHENTICATED; health stays open), draining (after SIGTERM new work
                   gets UNAVAILABLE)
+  -> client       who the call's audio counts against: its connection (peer) and, with tokens, its token
+                  (sleuthd.engine.admission.current_client; a stream's session reads it)
   -> admission    before a byte of the request is read: a StreamDialogue when every stream slot is taken,
-                  a unary call whose usual size the audio budget would refuse with this deadline:
-                  RESOURCE_EXHAUSTED at once (under overload, reading requests that are then refused is
-                  most of the cost of refusing them)
-  -> shape        each message's bytes checked (size, field counts: sleuthd.rpc.limits) and parsed as
-                  gRPC reads them (in the deserializer: parsed later, the raw bytes of every request
-                  stayed alive longer and the server's memory after a burst grew by half); bytes over a
-                  limit or not the method's protobuf type are INVALID_ARGUMENT, never half-parsed
-  -> hold         a unary request's bytes held in the audio budget while it runs; a stream holds a slot
-  -> the handler  (sleuthd.rpc.servicer)
+                  a unary call whose usual size the audio budget (or this client's share of it) would
+                  refuse, or whose usual cost the engine's work queue could not finish before this call's
+                  deadline: RESOURCE_EXHAUSTED at once (under overload, reading requests that are then
+                  refused is most of the cost of refusing them)
+  -> shape        each message's bytes checked (size, field counts, at most a bounded number of fields
+                  walked per message and per second: sleuthd.rpc.limits) and parsed as gRPC reads them (in
+                  the deserializer: parsed later, the raw bytes of every request stayed alive longer and the
+                  server's memory after a burst grew by half); bytes over a limit or not the method's
+                  protobuf type are INVALID_ARGUMENT, never half-parsed
+  -> hold         a unary request's bytes held in the audio budget (under its client's share) while it
+                  runs; a stream holds a slot
+  -> the handler  (sleuthd.rpc.servicer; the engine admits the work itself by its estimated cost)
   -> outcome      labelled truthfully (a passed deadline is DEADLINE_EXCEEDED, a client that went away
-                  CANCELLED) -> ``sleuthd_rpc_total`` and one access-log line; refused calls included.
+                  CANCELLED) -> ``sleuthd_rpc_total`` and one access-log line; refused calls included;
+                  then ``after_work`` (the heap trimmer).
 
 The servicer trusts all of this: it converts, calls the engine and maps errors to status codes.
 """
