@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 from sleuthd.audio import decode as audio
 from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig, ServerConfig
 from sleuthd.encoders import clips
-from sleuthd.engine.admission import AudioBudget, BoundedThreadPool, WorkQueue
+from sleuthd.engine.admission import AudioBudget, BoundedThreadPool, WorkQueue, current_client
 from sleuthd.engine.facade import Engine
 from sleuthd.errors import InvalidRequest, LimitExceeded, Overloaded
 from sleuthd.ops.metrics import ServiceMetrics
@@ -418,6 +418,33 @@ async def test_work_queue_drops_a_waiter_that_can_no_longer_finish_in_time() -> 
     release.set()
     await asyncio.gather(holder, later)
     assert work.refused == 1
+
+
+async def test_work_queue_serves_the_client_served_least_first() -> None:
+    # Issue 33, finding 5: requests cheap to send and dear to decode, from many connections, were all
+    # admitted at once; another client's request waited 15-33 s behind them. Now it waits for a unit or two.
+    clock = FakeClock()
+    work = WorkQueue(clock=clock)
+    async with work.admit(2.0, None):
+        clock.now += 2.0
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def unit(client: str, name: str) -> None:
+        current_client.set((("peer", client),))
+        async with work.admit(1.0, None):
+            order.append(name)
+            if name == "flood-0":
+                await release.wait()
+
+    tasks = [asyncio.ensure_future(unit("flooder", f"flood-{k}")) for k in range(5)]
+    await asyncio.sleep(0)
+    tasks.append(asyncio.ensure_future(unit("other", "other")))
+    await asyncio.sleep(0)
+    assert order == ["flood-0"] and len(work.queue) == 5
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order[:2] == ["flood-0", "other"], order  # before the flooder's four others, though it came last
 
 
 async def test_work_cut_short_does_not_read_as_a_slower_server() -> None:

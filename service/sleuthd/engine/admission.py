@@ -174,6 +174,7 @@ class _Unit:
     deadline: float | None  # on the event loop's clock
     what: str
     arrived: float
+    client: str = ""  # whose work (its token, else its connection): the queue is fair among clients
     started: float | None = None
     waiter: asyncio.Future[None] | None = None
 
@@ -194,6 +195,10 @@ class WorkQueue:
     - **runs little at once**: a unit starts when the work running has less than ``overlap_s`` left
       (enough to keep the decode threads and the model busy), so admitted units do not share the CPU
       among dozens and all finish late; the rest wait in the queue, holding no CPU;
+    - **is fair among clients**: the next unit started is one of the client (token, else connection) served
+      least lately, so 16 connections flooding it with requests cheap to send and dear to decode (2 x 300 s
+      of 48 kHz stereo FLAC, 70 KiB) cannot delay another client's request by more than a unit or two
+      (it waited 15-33 s behind them);
     - **serves the newest first when congested** (the oldest waiter has waited ``lifo_after_s``): it has the
       most time left, and under overload the oldest are the ones that would miss their deadlines (adaptive
       LIFO); a waiting unit that could no longer finish in time even if started next is refused as soon as
@@ -224,6 +229,8 @@ class WorkQueue:
         self._busy_s = 0.0  # decayed seconds during which something ran
         self._done = 0.0  # decayed cost of the units that finished
         self._last_done = -float("inf")  # when a unit last finished (the pace's freshest evidence)
+        self._served: dict[str, float] = {}  # client -> cost started for it, as of _served_at
+        self._served_at: dict[str, float] = {}
         self._recent: dict[str, deque[float]] = {}
 
     # ------------------------------------------------------------------ the pace
@@ -356,7 +363,9 @@ class WorkQueue:
                 raise refused
             finally:  # the traceback holds this frame (and the request's above it): no cycle through it
                 refused = None
-        unit = _Unit(cost, deadline, what, self._clock())
+        shares = current_client.get()
+        client = next((i for k, i in shares if k == "token"), next((i for _, i in shares), ""))
+        unit = _Unit(cost, deadline, what, self._clock(), client)
         self._sweep()
         if not self.queue and self._may_start():
             self._start(unit)
@@ -395,6 +404,17 @@ class WorkQueue:
         self._mark()
         unit.started = self._clock()
         self.running.append(unit)
+        self._served[unit.client] = self.served(unit.client) + unit.cost
+        self._served_at[unit.client] = unit.started
+        if len(self._served) > 4 * _RECENT_COSTS:  # forget clients whose service has decayed away
+            for client in [c for c in self._served if self.served(c) < 1e-3]:
+                del self._served[client], self._served_at[client]
+
+    def served(self, client: str) -> float:
+        """Cost started for ``client`` lately (decayed with the pace's half-life)."""
+        if client not in self._served:
+            return 0.0
+        return self._served[client] * 0.5 ** ((self._clock() - self._served_at[client]) / self._half_life)
 
     def _finish(self, unit: _Unit, done: bool) -> None:
         # The pace as of the last event, before the busy time this unit just took is counted.
@@ -443,10 +463,15 @@ class WorkQueue:
         self.queue = kept
 
     def _dispatch(self) -> None:
-        """Start queued units while there is room: newest first when congested, else in arrival order."""
+        """Start queued units while there is room: the client served least lately first (so a client with many
+        requests waiting cannot starve one with a single request), and among its units the newest first
+        when congested, else in arrival order."""
         while self.queue and self._may_start():
             congested = self._clock() - self.queue[0].arrived > self.lifo_after_s
-            unit = self.queue.pop() if congested else self.queue.popleft()
+            order = range(len(self.queue) - 1, -1, -1) if congested else range(len(self.queue))
+            best = min(order, key=lambda i: self.served(self.queue[i].client))  # ties: the first in ``order``
+            unit = self.queue[best]
+            del self.queue[best]
             waiter = unit.waiter
             if waiter is None or waiter.done():
                 continue
