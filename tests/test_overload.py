@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import threading
+import time
 import weakref
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +20,8 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import soundfile as sf
+from sleuthd.config import ServerConfig
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.batcher import BatcherConfig, MicroBatcher
 from sleuthd.encoders.clips import ClipEmbedding
@@ -24,12 +29,16 @@ from sleuthd.encoders.embedder import ClipEmbedder, _retrieving
 from sleuthd.encoders.single_flight import SingleFlight
 from sleuthd.engine.facade import Engine
 from sleuthd.errors import Overloaded
+from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.ops.observe import NullObserver
+from sleuthd.rpc.server import create_server
+from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from loadtest import overload
 
 from .support import VOICE_A, Speech
+from .test_serving import fresh_pcm
 
 # ---------------------------------------------------------------------------------------------- the batcher
 
@@ -234,3 +243,67 @@ def test_overload_is_refused_fast_within_a_memory_bound(overload_run: tuple[over
     assert r.exhausted_latency_p50_s < r.ok_latency_p50_s / 4, (r.exhausted_latency_p50_s, r.ok_latency_p50_s)
     assert r.after_status == "OK"
     assert "never retrieved" not in log, log[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------- dear to decode
+
+
+def _long_silent_flac(seconds: float) -> bytes:
+    """``seconds`` of 48 kHz stereo near-silence as FLAC: a few tens of KiB that decode to 2 x 48,000 samples
+    a second (resampled, trimmed: seconds of CPU for the server, nothing for the sender)."""
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", 48_000, 2, format="FLAC", subtype="PCM_16") as f:
+        for _ in range(int(seconds)):
+            f.write(np.zeros((48_000, 2), np.int16))
+    return buf.getvalue()
+
+
+async def test_requests_dear_to_decode_do_not_starve_another_client(engine: Engine, speech: Speech) -> None:
+    # Issue 33, finding 5: 16 clients sending 2 x 300 s of 48 kHz stereo FLAC (70 KiB each) were all
+    # admitted (their bytes are few), and a fresh valid request from another client took 15-33 s. Now each
+    # is admitted by its cost from the headers, one or two at a time, and the queue serves the client served
+    # least first: here 16 connections flood, and another client's small requests wait for a unit or two.
+    flac = _long_silent_flac(300.0)
+    assert len(flac) < 200_000
+    uncached = replace(engine.config, embedding_cache_entries=0)  # every request decoded, as distinct ones are
+    server = ServerConfig(port=0, metrics_port=-1)
+    running = await create_server(Engine(engine.models, uncached), server, ServiceMetrics())
+    target = f"127.0.0.1:{running.port}"
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    stop = asyncio.Event()
+    flood_codes: Counter[str] = Counter()
+
+    async def flood() -> None:
+        async with grpc.aio.insecure_channel(target, options=own) as ch:
+            stub = pb_grpc.SleuthStub(ch)
+            req = pb.CheckDialogueRequest(dialogue_id="dear")
+            for k in range(2):
+                req.turns.add(turn_id=f"t{k}", speaker="A", audio=pb.Audio(encoded=flac))
+            while not stop.is_set():
+                try:
+                    await stub.CheckDialogue(req, timeout=60)
+                    flood_codes["OK"] += 1
+                except grpc.aio.AioRpcError as err:
+                    flood_codes[err.code().name] += 1
+                    await asyncio.sleep(0.05)
+
+    flooders = [asyncio.ensure_future(flood()) for _ in range(16)]
+    waits = []
+    try:
+        await asyncio.sleep(3.0)  # the flood is in full swing
+        async with grpc.aio.insecure_channel(target, options=own) as ch:
+            stub = pb_grpc.SleuthStub(ch)
+            for k in range(3):
+                req = pb.CheckDialogueRequest(dialogue_id="fresh")
+                req.turns.add(turn_id="t", speaker="A", audio=fresh_pcm(speech, VOICE_A, k, 4242 + k))
+                started = time.perf_counter()
+                verdict = await stub.CheckDialogue(req, timeout=120)
+                waits.append(time.perf_counter() - started)
+                assert verdict.turns[0].speech_seconds > 1
+    finally:
+        stop.set()
+        await asyncio.gather(*flooders)
+        await running.stop(1.0)
+    assert flood_codes["OK"] > 0, flood_codes  # the flood is served too, a unit at a time
+    # One of the flood's units (a second of decoding here, two on a busy machine) and its own.
+    assert max(waits) < 4.0, (waits, flood_codes)

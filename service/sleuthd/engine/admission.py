@@ -156,6 +156,11 @@ class AudioBudget:
             self.release(n, client)
 
 
+def _client_of(shares: Client) -> str:
+    """Whose work a unit is, for the queue's fairness: its token when it has one, else its connection."""
+    return next((i for k, i in shares if k == "token"), next((i for _, i in shares), ""))
+
+
 # A unit is refused for its deadline only when at least this much work (seconds) is ahead of it: below
 # that the estimate is within its own noise (batching waits, the pace's granularity).
 _MIN_SHED_SECONDS = 1.0
@@ -175,6 +180,7 @@ class _Unit:
     what: str
     arrived: float
     client: str = ""  # whose work (its token, else its connection): the queue is fair among clients
+    tag: float = 0.0  # its virtual finish time in the fair queue: served in order of tags
     started: float | None = None
     waiter: asyncio.Future[None] | None = None
 
@@ -195,10 +201,11 @@ class WorkQueue:
     - **runs little at once**: a unit starts when the work running has less than ``overlap_s`` left
       (enough to keep the decode threads and the model busy), so admitted units do not share the CPU
       among dozens and all finish late; the rest wait in the queue, holding no CPU;
-    - **is fair among clients**: the next unit started is one of the client (token, else connection) served
-      least lately, so 16 connections flooding it with requests cheap to send and dear to decode (2 x 300 s
-      of 48 kHz stereo FLAC, 70 KiB) cannot delay another client's request by more than a unit or two
-      (it waited 15-33 s behind them);
+    - **is fair among clients** (weighted fair queuing by cost): each unit gets a virtual finish time, its
+      client's previous one (or the queue's virtual now, whichever is later) plus its cost, and the queue
+      starts the smallest, and admits a unit on the work with smaller tags only; so 16 connections flooding
+      it with requests cheap to send and dear to decode (2 x 300 s of 48 kHz stereo FLAC, 70 KiB) cannot
+      delay another client's small request by more than the work running (it waited 15-33 s behind them);
     - **serves the newest first when congested** (the oldest waiter has waited ``lifo_after_s``): it has the
       most time left, and under overload the oldest are the ones that would miss their deadlines (adaptive
       LIFO); a waiting unit that could no longer finish in time even if started next is refused as soon as
@@ -229,8 +236,8 @@ class WorkQueue:
         self._busy_s = 0.0  # decayed seconds during which something ran
         self._done = 0.0  # decayed cost of the units that finished
         self._last_done = -float("inf")  # when a unit last finished (the pace's freshest evidence)
-        self._served: dict[str, float] = {}  # client -> cost started for it, as of _served_at
-        self._served_at: dict[str, float] = {}
+        self._vnow = 0.0  # the fair queue's virtual time: the start (tag less cost) of the unit started last
+        self._last_tag: dict[str, float] = {}  # client -> the tag of its latest unit
         self._recent: dict[str, deque[float]] = {}
 
     # ------------------------------------------------------------------ the pace
@@ -268,8 +275,17 @@ class WorkQueue:
 
     # ------------------------------------------------------------------ admission
 
-    def refusal(self, cost: float, seconds_left: float | None, what: str = "this request") -> Overloaded | None:
-        """Why a unit of ``cost`` with ``seconds_left`` to its deadline would be refused on arrival, or None."""
+    def refusal(
+        self,
+        cost: float,
+        seconds_left: float | None,
+        what: str = "this request",
+        client: str | None = None,
+        queued_too: bool = True,
+    ) -> Overloaded | None:
+        """Why a unit of ``cost`` for ``client`` (default: the current task's) with ``seconds_left`` to its
+        deadline would be refused on arrival, or None. ``queued_too``: behind the queued work it would wait
+        for as well as the running work (False: the running work only)."""
         rate = self.rate
         if rate is None:
             return None
@@ -285,9 +301,9 @@ class WorkQueue:
                     "shorter clips per call"
                 )
             return None
-        queued = sum(u.cost for u in self.queue) / rate
-        # Behind everything admitted, as if served in arrival order: a unit let in on the promise of going
-        # first (LIFO) would push the ones already waiting past their deadlines.
+        # Behind the running work and the queued work the fair queue would start before it (smaller tags).
+        tag = self._tag(_client_of(current_client.get()) if client is None else client, cost)
+        queued = sum(u.cost for u in self.queue if u.tag <= tag) / rate if queued_too else 0.0
         ahead = (self.running_left() + cost) / rate + queued
         if seconds_left is not None and ahead > max(_DEADLINE_SHARE * seconds_left, _MIN_SHED_SECONDS):
             return Overloaded(
@@ -336,12 +352,13 @@ class WorkQueue:
         return refused
 
     def usual_refusal(self, kind: str, seconds_left: float | None) -> Overloaded | None:
-        """:meth:`refusal` for a unit of ``kind`` of the smallest recent cost (before a request is read:
-        refusing on it wrongs no request of the usual size)."""
+        """:meth:`refusal` for a unit of ``kind`` of the smallest recent cost behind the running work only
+        (before a request is read: refusing on it wrongs no request of the usual size, and whether this
+        client's request would wait for the queued work depends on its own cost, known once it is read)."""
         costs = self._recent.get(kind)
         if not costs:
             return None
-        refused = self.refusal(min(costs), seconds_left, f"a {kind} request of the usual cost")
+        refused = self.refusal(min(costs), seconds_left, f"a {kind} request of the usual cost", queued_too=False)
         if refused is not None:
             self.refused += 1
         return refused
@@ -363,9 +380,9 @@ class WorkQueue:
                 raise refused
             finally:  # the traceback holds this frame (and the request's above it): no cycle through it
                 refused = None
-        shares = current_client.get()
-        client = next((i for k, i in shares if k == "token"), next((i for _, i in shares), ""))
-        unit = _Unit(cost, deadline, what, self._clock(), client)
+        client = _client_of(current_client.get())
+        unit = _Unit(cost, deadline, what, self._clock(), client, self._tag(client, cost))
+        self._last_tag[client] = unit.tag
         self._sweep()
         if not self.queue and self._may_start():
             self._start(unit)
@@ -404,17 +421,15 @@ class WorkQueue:
         self._mark()
         unit.started = self._clock()
         self.running.append(unit)
-        self._served[unit.client] = self.served(unit.client) + unit.cost
-        self._served_at[unit.client] = unit.started
-        if len(self._served) > 4 * _RECENT_COSTS:  # forget clients whose service has decayed away
-            for client in [c for c in self._served if self.served(c) < 1e-3]:
-                del self._served[client], self._served_at[client]
+        # The virtual now is the start of the unit just started (its tag less its cost): with its finish
+        # instead, a small unit arriving now would be tagged after every unit already waiting.
+        self._vnow = max(self._vnow, unit.tag - unit.cost)
+        if len(self._last_tag) > 4 * _RECENT_COSTS:  # clients behind the virtual now need no entry
+            self._last_tag = {c: t for c, t in self._last_tag.items() if t > self._vnow}
 
-    def served(self, client: str) -> float:
-        """Cost started for ``client`` lately (decayed with the pace's half-life)."""
-        if client not in self._served:
-            return 0.0
-        return self._served[client] * 0.5 ** ((self._clock() - self._served_at[client]) / self._half_life)
+    def _tag(self, client: str, cost: float) -> float:
+        """The virtual finish time a unit of ``client`` and ``cost`` arriving now would get."""
+        return max(self._vnow, self._last_tag.get(client, 0.0)) + cost
 
     def _finish(self, unit: _Unit, done: bool) -> None:
         # The pace as of the last event, before the busy time this unit just took is counted.
@@ -463,15 +478,17 @@ class WorkQueue:
         self.queue = kept
 
     def _dispatch(self) -> None:
-        """Start queued units while there is room: the client served least lately first (so a client with many
-        requests waiting cannot starve one with a single request), and among its units the newest first
-        when congested, else in arrival order."""
+        """Start queued units while there is room: the smallest tag first (so a client with many requests
+        waiting cannot starve one with a single request), and when congested that client's newest unit
+        in its place (it has the most time left)."""
         while self.queue and self._may_start():
             congested = self._clock() - self.queue[0].arrived > self.lifo_after_s
-            order = range(len(self.queue) - 1, -1, -1) if congested else range(len(self.queue))
-            best = min(order, key=lambda i: self.served(self.queue[i].client))  # ties: the first in ``order``
-            unit = self.queue[best]
-            del self.queue[best]
+            first = min(self.queue, key=lambda u: u.tag)
+            unit = first
+            if congested:
+                unit = next(u for u in reversed(self.queue) if u.client == first.client)  # the queue: arrival order
+                unit.tag, first.tag = first.tag, unit.tag  # the client's order of tags is kept
+            self.queue.remove(unit)
             waiter = unit.waiter
             if waiter is None or waiter.done():
                 continue
