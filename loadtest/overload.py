@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import itertools
 import json
 import logging
 import os
@@ -238,6 +239,9 @@ class _Calls:
     health: list[float] = field(default_factory=list)  # health-check latencies, seconds
 
 
+_NONCES = itertools.count(1)
+
+
 async def drive(target: str, clients: int, seconds: float, deadline_s: float, requests: RequestBytes) -> _Calls:
     """``clients`` closed-loop clients, each on its own connection, sending for ``seconds``; meanwhile one
     more connection asks for health every 100 ms."""
@@ -247,7 +251,7 @@ async def drive(target: str, clients: int, seconds: float, deadline_s: float, re
                ("grpc.use_local_subchannel_pool", 1)]  # fmt: skip
     calls = _Calls()
     stop_at = time.perf_counter() + seconds
-    nonce = iter(range(1, 1 << 40))
+    nonce = _NONCES  # shared by every drive of the process: a second run must not resend the first's audio
 
     async def client() -> None:
         async with grpc.aio.insecure_channel(target, options=options) as ch:

@@ -438,7 +438,10 @@ class WorkQueue:
         if unit in self.running:
             self.running.remove(unit)
             if done:
-                self._done += unit.cost
+                # Credited at most twice its time at the pace so far: a unit far quicker than its estimate
+                # (its clips were in the embedding cache) must not make every other estimate too small.
+                took = self._clock() - (unit.started or self._clock())
+                self._done += unit.cost if rate is None else min(unit.cost, 2 * took * rate + 1e-9)
                 self._last_done = self._clock()
             elif rate is not None and unit.started is not None:
                 # Cut short (its deadline, its client): credit what it did at the pace so far, so work thrown
