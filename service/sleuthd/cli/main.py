@@ -44,6 +44,7 @@ def _error(message: str) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from sleuthd.encoders import runtime
     from sleuthd.encoders.manifest import ManifestError
+    from sleuthd.engine.admission import limit_malloc_arenas
     from sleuthd.engine.facade import Engine
     from sleuthd.errors import EngineFailure, InvalidRequest
     from sleuthd.ops import logs
@@ -56,6 +57,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine_config = from_cli_args(EngineConfig, args)
     except ConfigError as exc:
         return _error(str(exc))
+    # One malloc arena per core, set before any thread starts (sleuthd.engine.admission).
+    limit_malloc_arenas(os.cpu_count() or 2)
     # From here until the server has stopped, nothing the process writes can block it (sleuthd.ops.logs).
     logs.configure(args.log_level, server_config.log_format, capture=True)
     try:

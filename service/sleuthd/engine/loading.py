@@ -51,6 +51,12 @@ class LoadedModels:
     # Seconds of model time one second of audio costs, by encoder (the fusion: its components' sum), timed
     # at load; what admission estimates a request's embedding by (sleuthd.engine.admission.WorkQueue).
     audio_cost: dict[str, float] = dataclasses.field(default_factory=dict)
+    runners: list[OnnxEncoder] = dataclasses.field(default_factory=list)  # the ONNX sessions behind the encoders
+
+    def shrink_arenas(self) -> None:
+        """Give back what the encoders' ONNX Runtime CPU arenas hold beyond their use now (on an idle server)."""
+        for runner in self.runners:
+            runner.shrink_arena()
 
     def seconds_of_work(self, encoder: str, probes: Sequence[AudioProbe], placements: int = 1) -> float:
         """Estimated seconds of work for clips with these headers under ``encoder`` (and ``placements``
@@ -91,11 +97,13 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
         vad: Vad = SileroVad(vad_model_path(config.models_dir)) if config.vad == "silero" else EnergyVad()
         encoders: dict[str, WindowEncoder] = {}
         audio_cost: dict[str, float] = {}
+        runners: list[OnnxEncoder] = []
         for model_dir in find_encoders(config.models_dir):
             manifest = load_encoder_manifest(model_dir)
             runner = OnnxEncoder(manifest, device=config.device, gpu_batch=config.batcher.max_batch_windows)
             runner.warm_up()
             audio_cost[runner.manifest.name] = model_seconds_per_audio_second(runner)
+            runners.append(runner)
             if batched:
                 batcher_config = encoder_batcher_config(config.batcher, runner)
                 encoders[runner.manifest.name] = MicroBatcher(runner, model_pool, batcher_config, observer)
@@ -123,7 +131,7 @@ def load_models(config: EngineConfig, observer: BatchObserver | None = None) -> 
             pool.shutdown(wait=False)
         raise
     logger.info("model seconds per audio second: %s", ", ".join(f"{k} {v:.4f}" for k, v in sorted(audio_cost.items())))
-    return LoadedModels(encoders, vad, prep_pool, model_pool, probe_pool, default, audio_cost)
+    return LoadedModels(encoders, vad, prep_pool, model_pool, probe_pool, default, audio_cost, runners)
 
 
 def model_seconds_per_audio_second(runner: OnnxEncoder, windows: int = 4, tries: int = 3) -> float:

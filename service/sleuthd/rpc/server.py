@@ -179,7 +179,7 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     # Freed heap pages go back to the system after work (at most every 10 s, on a thread): after refused
     # requests too (a burst of 60 MiB requests refused unparsed left 450 MB behind), and while a stream
     # that never ends keeps the audio budget from ever being empty.
-    gate = RpcGate(metrics, limits, tokens, after_work=HeapTrimmer())
+    gate = RpcGate(metrics, limits, tokens, after_work=HeapTrimmer(when_idle=[engine.models.shrink_arenas]))
     pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run
 
     def on_engine_failure() -> None:
