@@ -28,6 +28,7 @@ import select
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -606,6 +607,8 @@ def start_server(models_dir: Path, log: Path, *extra: str) -> tuple[subprocess.P
     if not line.startswith("sleuthd listening on "):
         proc.kill()
         raise SystemExit(f"server did not start: {line!r}; see {log}")
+    # Whatever else it prints on stdout is read and dropped, so no pipe of the server ever fills up.
+    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
     return proc, line.split()[-1]
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import itertools
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -157,13 +158,15 @@ class ServerProcess:
     """`sleuthd serve` in a subprocess on a free loopback port; its output goes to ``log`` (a file, so a
     chatty server can never block on a full pipe)."""
 
-    def __init__(self, extra_args: Sequence[str], log: Path) -> None:
+    def __init__(self, extra_args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
         cmd = [sys.executable, "-m", "sleuthd.cli", "--log-level", "warning", "serve", "--host", "127.0.0.1",
                "--port", "0", "--metrics-port", "-1", *extra_args]  # fmt: skip
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log
         self._log_file = log.open("w")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log_file, text=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self._log_file, text=True, env={**os.environ, **(env or {})}
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("sleuthd listening on "):
@@ -216,6 +219,13 @@ class OverloadResult:
     killed_after_s: float | None = None  # seconds into the run when the watchdog killed the server
     after_status: str = ""  # what the ``after`` probe returned
     server_details: list[str] = field(default_factory=list)  # distinct non-OK details (first few)
+    # The same payload with a deadline far beyond any request, ``capacity_clients`` closed-loop clients, on
+    # the same server just before the overload: OK answers per second (the unloaded capacity).
+    capacity_clients: int = 0
+    capacity_ok_per_s: float | None = None
+    goodput_of_capacity: float | None = None  # ok_per_s / capacity_ok_per_s
+    hoarders: int = 0  # streams buffering a turn they never finish during the overload
+    hoarders_ended: dict[str, int] = field(default_factory=dict)  # how each ended: "held to the end" or a code
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -229,14 +239,19 @@ class _Calls:
     health: list[float] = field(default_factory=list)  # health-check latencies, seconds
 
 
+_NONCES = itertools.count(1)
+
+
 async def drive(target: str, clients: int, seconds: float, deadline_s: float, requests: RequestBytes) -> _Calls:
     """``clients`` closed-loop clients, each on its own connection, sending for ``seconds``; meanwhile one
     more connection asks for health every 100 ms."""
     limit = 256 * 1024 * 1024
-    options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+    # A connection per client, as separate clients have (channels of one process share one by default).
+    options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit),
+               ("grpc.use_local_subchannel_pool", 1)]  # fmt: skip
     calls = _Calls()
     stop_at = time.perf_counter() + seconds
-    nonce = iter(range(1, 1 << 40))
+    nonce = _NONCES  # shared by every drive of the process: a second run must not resend the first's audio
 
     async def client() -> None:
         async with grpc.aio.insecure_channel(target, options=options) as ch:
@@ -274,6 +289,48 @@ async def drive(target: str, clients: int, seconds: float, deadline_s: float, re
     return calls
 
 
+async def hoarding_stream(target: str, mib: float, trickle_s: float, stop: asyncio.Event) -> str:
+    """A stream (on a connection of its own) that sends ``mib`` of one turn in 1 MiB chunks and never finishes
+    it, keeping itself alive with a 2-byte chunk every ``trickle_s`` until ``stop``; how it ended ("held to
+    the end", or the status the server ended it with)."""
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    req = pb.StreamDialogueRequest
+    async with grpc.aio.insecure_channel(target, options=options) as ch:
+        call = pb_grpc.SleuthStub(ch).StreamDialogue(timeout=3600)
+        try:
+            await call.write(req(open=pb.StreamOpen(dialogue_id="hoard")))
+            await call.write(req(turn_start=pb.TurnStart(turn_id="t", speaker="A")))
+            left = mib
+            while left > 0:
+                await call.write(req(audio=pb.TurnAudio(turn_id="t", data=bytes(int(min(1.0, left) * 2**20)))))
+                left -= 1.0
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), trickle_s)
+                except TimeoutError:
+                    await call.write(req(audio=pb.TurnAudio(turn_id="t", data=b"\x00\x00")))
+            ended = "held to the end"
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            ended = (await call.code()).name
+        call.cancel()
+        return ended
+
+
+async def _with_hoarders(
+    target: str, hoarders: int, hoard_mib: float, work: Callable[[], Awaitable[_Calls]]
+) -> tuple[_Calls, list[str]]:
+    """``work()`` while ``hoarders`` streams hoard ``hoard_mib`` each (in place for a second first)."""
+    stop = asyncio.Event()
+    streams = [asyncio.ensure_future(hoarding_stream(target, hoard_mib, 5.0, stop)) for _ in range(hoarders)]
+    if streams:
+        await asyncio.sleep(1.0)
+    try:
+        calls = await work()
+    finally:
+        stop.set()
+    return calls, list(await asyncio.gather(*streams))
+
+
 async def _warm_up(target: str, turns: Sequence[tuple[str, bytes]]) -> None:
     async with grpc.aio.insecure_channel(target) as ch:
         await pb_grpc.SleuthStub(ch).CheckDialogue(make_request(turns[:2], 0), timeout=120)
@@ -292,24 +349,39 @@ def run(
     kill_rss_mb: float | None = 6000.0,
     settle_s: float = 5.0,
     after: Callable[[str], str] | None = None,
+    capacity_clients: int = 0,
+    capacity_seconds: float = 0.0,
+    hoarders: int = 0,
+    hoard_mib: float = 0.0,
+    env: dict[str, str] | None = None,
 ) -> OverloadResult:
     """One overload run; starts (and stops) a server unless ``target`` is given (then RSS is not measured).
-    ``after(target)``, if given, runs once the clients have stopped; what it returns is ``after_status``."""
+    ``after(target)``, if given, runs once the clients have stopped; what it returns is ``after_status``.
+    With ``capacity_clients``, the unloaded capacity is measured first on the same server (same payload,
+    no deadline pressure, ``capacity_seconds``); with ``hoarders``, that many streams each hold
+    ``hoard_mib`` of a turn they never finish throughout the overload. ``env``: more of the server's environment."""
     audio = long_turns(turns, turn_seconds)
     requests = RequestBytes(audio)
     result = OverloadResult(clients, seconds, deadline_s, len(requests.template) / 2**20)
-    server = ServerProcess(serve_args, log) if target is None else None
+    result.capacity_clients, result.hoarders = capacity_clients, hoarders
+    server = ServerProcess(serve_args, log, env) if target is None else None
     sampler = RssSampler(server.proc.pid, kill_mb=kill_rss_mb) if server else None
     try:
         addr = server.target if server else target
         assert addr is not None
         asyncio.run(_warm_up(addr, audio))
+        if capacity_clients:
+            unloaded = asyncio.run(drive(addr, capacity_clients, capacity_seconds, 600.0, requests))
+            result.capacity_ok_per_s = sum(code == "OK" for code, _ in unloaded.results) / capacity_seconds
         if sampler:
             result.rss_before_mb = sampler.rss_mb()
             sampler.reset_peak()
             sampler.start()
         started = time.perf_counter()
-        calls = asyncio.run(drive(addr, clients, seconds, deadline_s, requests))
+        calls, result_hoarders = asyncio.run(
+            _with_hoarders(addr, hoarders, hoard_mib, lambda: drive(addr, clients, seconds, deadline_s, requests))
+        )
+        result.hoarders_ended = dict(Counter(result_hoarders))
         wall = time.perf_counter() - started
         result.server_details = list(calls.details)[:8]
         result.requests = len(calls.results)
@@ -319,6 +391,8 @@ def run(
         result.health_p50_s = _quantile(calls.health, 0.5)
         result.health_max_s = max(calls.health) if calls.health else None
         result.ok_per_s = len(ok) / wall
+        if result.capacity_ok_per_s:
+            result.goodput_of_capacity = result.ok_per_s / result.capacity_ok_per_s
         result.audio_s_per_s = len(ok) * turns * turn_seconds / wall
         result.ok_latency_p50_s = _quantile(ok, 0.5)
         result.exhausted_latency_p50_s = _quantile(exhausted, 0.5)
@@ -351,7 +425,14 @@ def table(r: OverloadResult) -> str:
         [
             f"clients {r.clients}, {r.seconds:g} s, deadline {r.deadline_s:g} s, request {r.request_mb:.2f} MiB",
             f"requests {r.requests}: " + ", ".join(f"{k} {v}" for k, v in r.codes.items()),
-            f"goodput {r.ok_per_s:.2f} OK/s ({r.audio_s_per_s:.1f} audio s/s), OK p50 {f(r.ok_latency_p50_s)} s",
+            f"goodput {r.ok_per_s:.2f} OK/s ({r.audio_s_per_s:.1f} audio s/s), OK p50 {f(r.ok_latency_p50_s)} s"
+            + (
+                f"; unloaded capacity {f(r.capacity_ok_per_s)} OK/s ({r.capacity_clients} clients), goodput "
+                f"{f(r.goodput_of_capacity)} of it"
+                if r.capacity_clients
+                else ""
+            )
+            + (f"; {r.hoarders} hoarding streams: {r.hoarders_ended}" if r.hoarders else ""),
             f"time to RESOURCE_EXHAUSTED p50 {f(r.exhausted_latency_p50_s, '.3f')} s, "
             f"p95 {f(r.exhausted_latency_p95_s, '.3f')} s, max {f(r.exhausted_latency_max_s, '.3f')} s",
             f"health check p50 {f(r.health_p50_s, '.3f')} s, max {f(r.health_max_s, '.3f')} s",
@@ -376,6 +457,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kill-rss-mb", type=float, default=6000.0, help="watchdog: kill the server above this")
     parser.add_argument("--settle", type=float, default=5.0, help="idle seconds before the RSS after the run")
     parser.add_argument("--log", type=Path, default=Path("runs/overload/server.log"), help="the server's output")
+    parser.add_argument("--capacity-clients", type=int, default=2, help="clients measuring capacity first (0: no)")
+    parser.add_argument("--capacity-seconds", type=float, default=30.0, help="how long capacity is measured (30)")
+    parser.add_argument("--hoarders", type=int, default=0, help="streams hoarding a turn during the run (0)")
+    parser.add_argument("--hoard-mib", type=float, default=16.0, help="what each hoarding stream buffers, MiB")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -390,6 +475,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log=args.log,
         kill_rss_mb=args.kill_rss_mb,
         settle_s=args.settle,
+        capacity_clients=args.capacity_clients,
+        capacity_seconds=args.capacity_seconds,
+        hoarders=args.hoarders,
+        hoard_mib=args.hoard_mib,
     )
     print(table(result))
     for line in result.server_details:

@@ -8,11 +8,12 @@ import inspect
 import os
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +80,20 @@ async def wait_for(predicate: Any, timeout: float = 10.0, what: str = "a conditi
 
 @dataclass
 class ServeProcess:
-    """`sleuthd serve` in a subprocess, with the ports it printed."""
+    """`sleuthd serve` in a subprocess, with the ports it printed; its stderr is read as it comes (a pipe
+    left unread would fill up with the server's log)."""
 
     proc: subprocess.Popen[str]
     target: str
     metrics_url: str
+    _err: list[str] = field(default_factory=list)
+    _reader: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        stream = self.proc.stderr
+        if stream is not None:
+            self._reader = threading.Thread(target=lambda: self._err.extend(stream), daemon=True)
+            self._reader.start()
 
     @classmethod
     def start(cls, models_dir: Path, *args: str, env: dict[str, str] | None = None) -> ServeProcess:
@@ -106,11 +116,13 @@ class ServeProcess:
     def finish(self, timeout: float = 30) -> tuple[int, str]:
         """Wait for the exit; returns (exit code, stderr)."""
         try:
-            _, err = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
-        return self.proc.returncode, err
+        if self._reader is not None:
+            self._reader.join(timeout)
+        return self.proc.returncode, "".join(self._err)
 
 
 def channel_to(target: str) -> grpc.aio.Channel:

@@ -19,15 +19,17 @@ from google.protobuf.message import Message
 from sleuthd.audio import decode as audio
 from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig, ServerConfig
 from sleuthd.encoders import clips
-from sleuthd.engine.admission import AudioBudget, BoundedThreadPool
+from sleuthd.engine.admission import AudioBudget, BoundedThreadPool, WorkQueue, current_client
 from sleuthd.engine.facade import Engine
 from sleuthd.errors import InvalidRequest, LimitExceeded, Overloaded
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc import status
-from sleuthd.rpc.limits import RequestLimits
+from sleuthd.rpc.limits import RequestLimits, WalkPace
 from sleuthd.rpc.server import create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from loadtest.abuse import wire_walk_request
 
 from .support import TEST_MAX_MESSAGE_BYTES, VOICE_A, Speech, enc
 
@@ -217,6 +219,48 @@ def test_wire_walk_bounds_repeats_unknown_fields_and_groups() -> None:
         LIMITS.check_wire(b"\xfb\x07\xfc\x07" + b"\x12\x00" * 1001, desc)
 
 
+def test_wire_walk_cost_is_bounded_whatever_the_request() -> None:
+    # Issue 33, finding 1: inside every count limit, but every nested message carries 256 unknown fields and
+    # every submessage is sent 16 times. 8 MiB of it is 4.2 M fields: walked in full before (4-9 s of event
+    # loop here, 60 MiB took 19-60 s), now refused after at most twice the fields of the largest valid request.
+    desc = pb.CheckDialogueRequest.DESCRIPTOR
+    limits = RequestLimits.from_config(EngineConfig(models_dir=Path("unused")), max_bytes=64 << 20)
+    cap = limits.max_fields(desc)
+    with pytest.raises(LimitExceeded, match=f"CheckDialogueRequest has more than {cap} fields"):
+        limits.check_wire(wire_walk_request(8 << 20), desc)
+    # The largest valid request is well inside the cap: the walk counts its fields.
+    at_limit = pb.CheckDialogueRequest(
+        dialogue_id="d",
+        turns=[pb.Turn(turn_id=str(k), speaker="A", text="t", audio=enc(b"abc")) for k in range(1000)],
+        references=[pb.SpeakerReference(speaker=str(k), audio=enc(b"x")) for k in range(256)],
+        options=pb.CheckOptions(threshold=0.5, detect_drift=True),
+    )
+    walked = limits.check_wire(at_limit.SerializeToString(), desc)
+    assert walked == 1 + 1000 * 6 + 256 * 4 + 3
+    assert walked < cap / 2
+
+
+def test_walk_pace_bounds_the_fields_walked_per_second_by_all_requests() -> None:
+    desc = pb.CheckDialogueRequest.DESCRIPTOR
+    request = pb.CheckDialogueRequest(turns=[pb.Turn(turn_id=str(k), speaker="A") for k in range(1000)])
+    data = request.SerializeToString()  # 3000 fields
+    clock = FakeClock()
+    pace = WalkPace(fields_per_second=2000, burst=4000, clock=clock)
+    assert LIMITS.check_wire(data, desc, pace) == 3000
+    with pytest.raises(Overloaded, match="busy checking the shape of other requests"):
+        LIMITS.check_wire(data, desc, pace)  # 1000 fields left: the walk stops there
+    assert pace.available() == 0
+    with pytest.raises(Overloaded):
+        LIMITS.check_wire(data, desc, pace)  # none left: refused before any step
+    clock.now += 1.0  # refilled at 2000 fields a second, up to the burst
+    with pytest.raises(Overloaded):
+        LIMITS.check_wire(data, desc, pace)
+    clock.now += 10.0
+    assert pace.available() == 4000
+    assert LIMITS.check_wire(data, desc, pace) == 3000
+    assert pace.refused == 3
+
+
 async def test_bytes_that_are_not_a_request_are_invalid_argument(channel: grpc.aio.Channel) -> None:
     call = channel.unary_unary("/sleuthd.v1.Sleuth/CheckDialogue", request_serializer=None, response_deserializer=None)
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -274,23 +318,152 @@ def test_audio_budget_admits_a_lone_request_and_refuses_past_the_limit() -> None
     assert budget.held == 0 and budget.refused == 2
 
 
-def test_audio_budget_refuses_a_request_whose_deadline_is_shorter_than_the_work_ahead() -> None:
+def test_audio_budget_shares_keep_one_client_from_taking_it_all() -> None:
+    # Issue 33, finding 2: one stream buffering a turn it never finishes held the whole budget, and every
+    # other client's CheckDialogue was RESOURCE_EXHAUSTED for as long as it trickled a chunk now and then.
+    budget = AudioBudget(100, shares={"peer": 30, "token": 50}, buffer_limit=40)
+    hoarder = (("peer", "ipv4:10.0.0.1:1000"), ("token", "#1"))
+    budget.acquire(25, client=hoarder, buffered=True)  # a stream's chunks
+    with pytest.raises(Overloaded, match=r"this peer holds 25 bytes .* over the 30 one peer may hold"):
+        budget.acquire(10, client=hoarder, buffered=True)
+    second = (("peer", "ipv4:10.0.0.1:1001"), ("token", "#1"))  # another connection, the same token
+    budget.acquire(15, client=second, buffered=True)
+    with pytest.raises(Overloaded, match="all streams may buffer"):  # 40 bytes buffered: the streams' share
+        budget.acquire(5, client=(("peer", "c"),), buffered=True)
+    with pytest.raises(Overloaded, match="this token holds 40 bytes"):
+        budget.acquire(15, client=second)
+    other = (("peer", "ipv4:10.0.0.2:2000"),)
+    budget.acquire(55, client=other)  # a new client: its unary request fits beside the streams
+    assert budget.held == 95 and budget.buffered == 40 and budget.held_by(hoarder[1]) == 40
+    budget.unbuffer(15)  # the second stream finished its turn: held until judged, no longer buffered
+    budget.release(15, client=second)
+    budget.release(25, client=hoarder, buffered=True)
+    budget.release(55, client=other)
+    assert budget.held == budget.buffered == 0 and budget.held_by(hoarder[0]) == 0
+    with budget.hold(500, client=hoarder):  # alone, a client may hold more than its share
+        pass
+
+
+async def test_work_queue_refuses_what_cannot_finish_in_time_and_serves_the_newest_first_when_congested() -> None:
+    # Issue 33, finding 3: work admitted although it could not finish before its deadline (and sharing the
+    # CPU with everything else admitted) finished nothing; goodput was zero under overload.
     clock = FakeClock()
-    budget = AudioBudget(10_000, half_life_s=30.0, clock=clock)
-    with budget.hold(1000, seconds_left=0.001):  # no pace known yet: admitted
-        clock.now += 2.0  # 1000 bytes done in 2 s of busy time: 500 B/s
-    assert budget.pace == pytest.approx(500, rel=0.05)
-    budget.acquire(1000)
-    # 1000 held + 1000 more at 500 B/s is about 4 s of work
-    with pytest.raises(Overloaded, match=r"about 4\.0 s .* its deadline leaves 3\.0 s"):
-        budget.acquire(1000, seconds_left=3.0)
-    budget.acquire(1000, seconds_left=5.0)
-    budget.release(2000)
-    budget.acquire(1000, seconds_left=0.1)  # nothing held: always let in
-    budget.release(1000)
-    budget.acquire(100)
-    # 0.4 s of work ahead is within the estimate's noise: let in, its own deadline decides
-    budget.acquire(100, seconds_left=0.1)
+    loop = asyncio.get_running_loop()
+    work = WorkQueue(max_queued_s=10.0, overlap_s=0.5, lifo_after_s=0.5, clock=clock)
+    async with work.admit(2.0, None, kind="Check"):  # nothing known yet: admitted, the pace is learnt
+        clock.now += 2.0
+    assert work.rate == pytest.approx(1.0, rel=0.05)  # 2 s of work in 2 s busy
+    # Alone, a unit is refused only when it clearly cannot make its deadline (1.5x what it leaves).
+    assert work.refusal(6.0, 5.0) is None
+    assert "needs about 10.0 s of work here" in str(work.refusal(10.0, 5.0))
+
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def unit(name: str, cost: float, seconds: float | None) -> str:
+        deadline = None if seconds is None else loop.time() + seconds
+        try:
+            async with work.admit(cost, deadline, f"unit {name}", kind="Check"):
+                order.append(name)
+                if name == "running":
+                    await release.wait()
+        except Overloaded as exc:
+            return f"{name}: {exc}"
+        return f"{name}: done"
+
+    running = asyncio.ensure_future(unit("running", 3.0, None))
+    await asyncio.sleep(0)
+    assert order == ["running"]
+    # 3 s of work ahead and 3 s of its own: its 5 s deadline cannot be met, refused at once
+    refused = await unit("late", 3.0, 5.0)
+    assert refused.startswith("late:") and "deadline leaves 5.0 s" in refused
+    # Before the request is read: refused on the smallest recent cost of its kind (2 s)
+    usual = work.usual_refusal("Check", 4.0)
+    assert usual is not None and "usual cost" in str(usual)
+    waiting = [asyncio.ensure_future(unit(name, 1.0, 60.0)) for name in ("a", "b", "c")]
+    await asyncio.sleep(0)
+    assert len(work.queue) == 3 and order == ["running"]  # the running unit has 3 s left: they wait
+    with pytest.raises(Overloaded, match="queued"):  # 3 s queued + 8 would pass the 10 s the queue holds
+        async with work.admit(8.0, None):
+            pass
+    clock.now += 1.0  # the oldest has waited past lifo_after_s: congested, newest first
+    release.set()
+    results = await asyncio.gather(running, *waiting)
+    assert order == ["running", "c", "b", "a"], order
+    assert all(r.endswith("done") for r in results)
+    assert work.refused == 3 and not work.running and not work.queue
+
+
+async def test_work_queue_drops_a_waiter_that_can_no_longer_finish_in_time() -> None:
+    clock = FakeClock()
+    loop = asyncio.get_running_loop()
+    work = WorkQueue(clock=clock)
+    async with work.admit(2.0, None):
+        clock.now += 2.0
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with work.admit(2.0, None):
+            await release.wait()
+
+    holder = asyncio.ensure_future(hold())
+    await asyncio.sleep(0)
+    waiter = asyncio.ensure_future(_admitted(work, 1.0, loop.time() + 4.0))  # 2 + 1 s ahead: fits for now
+    await asyncio.sleep(0)
+    assert len(work.queue) == 1
+    await asyncio.sleep(1.0)  # its deadline comes closer while it waits: 3 s left, and 2 + 1 s of work
+    later = asyncio.ensure_future(_admitted(work, 0.1, None))  # any arrival looks at the queue again
+    with pytest.raises(Overloaded, match=r"waited .* after its deadline"):
+        await waiter
+    release.set()
+    await asyncio.gather(holder, later)
+    assert work.refused == 1
+
+
+async def test_work_queue_serves_the_client_served_least_first() -> None:
+    # Issue 33, finding 5: requests cheap to send and dear to decode, from many connections, were all
+    # admitted at once; another client's request waited 15-33 s behind them. Now it waits for a unit or two.
+    clock = FakeClock()
+    work = WorkQueue(clock=clock)
+    async with work.admit(2.0, None):
+        clock.now += 2.0
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def unit(client: str, name: str) -> None:
+        current_client.set((("peer", client),))
+        async with work.admit(1.0, None):
+            order.append(name)
+            if name == "flood-0":
+                await release.wait()
+
+    tasks = [asyncio.ensure_future(unit("flooder", f"flood-{k}")) for k in range(5)]
+    await asyncio.sleep(0)
+    tasks.append(asyncio.ensure_future(unit("other", "other")))
+    await asyncio.sleep(0)
+    assert order == ["flood-0"] and len(work.queue) == 5
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order[:2] == ["flood-0", "other"], order  # before the flooder's four others, though it came last
+
+
+async def test_work_cut_short_does_not_read_as_a_slower_server() -> None:
+    # Uncredited, one unit cut by its deadline halved the pace; every later unit then looked hopeless, was
+    # refused, and nothing ran again to correct the pace (a fused overload answered nothing).
+    clock = FakeClock()
+    work = WorkQueue(clock=clock)
+    async with work.admit(2.0, None):
+        clock.now += 2.0
+    with pytest.raises(asyncio.CancelledError):
+        async with work.admit(4.0, None):
+            clock.now += 2.0  # half of it done when its client went away
+            raise asyncio.CancelledError
+    assert work.rate == pytest.approx(1.0, rel=0.05)
+
+
+async def _admitted(work: WorkQueue, cost: float, deadline: float) -> None:
+    async with work.admit(cost, deadline):
+        pass
 
 
 def test_decode_pool_queue_is_bounded_and_cancelled_jobs_leave_it() -> None:

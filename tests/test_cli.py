@@ -25,6 +25,7 @@ SLEUTHD = [sys.executable, "-m", "sleuthd.cli"]
 @pytest.fixture(scope="module")
 def served(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     registry = tmp_path_factory.mktemp("registry") / "voices.sqlite3"
+    log = registry.with_name("server.log")
     proc = subprocess.Popen(
         [
             *SLEUTHD,
@@ -41,12 +42,12 @@ def served(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             str(registry),
         ],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=log.open("w"),  # a file: a pipe nobody reads would fill up with the server's log
         text=True,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until the server prints where it listens
-    assert line.startswith("sleuthd listening on 127.0.0.1:"), line + (proc.stderr.read() if proc.stderr else "")
+    assert line.startswith("sleuthd listening on 127.0.0.1:"), line + log.read_text()
     target = line.split()[-1]
     yield target
     proc.send_signal(signal.SIGTERM)  # graceful shutdown: drain, close, exit 0

@@ -175,15 +175,18 @@ def test_the_installed_wheel_serves_a_request_from_a_models_dir(
     path, cards = where.splitlines()[:2]
     assert path.startswith(str(fresh_venv)) and cards.startswith("ge2e [")  # the cards ship as package data
     assert {"'campplus'", "'fused'", "'ge2e'", "'silero_vad'"} <= set(cards.split(" ", 1)[1].strip("[]").split(", "))
+    # stderr goes to a file: a pipe nobody reads would fill up with the server's log.
     server = subprocess.Popen(
         [str(bin_dir / "sleuthd"), "--log-level", "warning", "serve", "--port", "0", "--metrics-port", "-1",
          "--models-dir", str(models), "--vad", "silero"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=(log := (tmp_path / "server.log").open("w")),
+        text=True,
     )  # fmt: skip
     try:
         assert server.stdout is not None
         line = server.stdout.readline()
-        assert line.startswith("sleuthd listening on"), line + (server.stderr.read() if server.stderr else "")
+        log.flush()
+        assert line.startswith("sleuthd listening on"), line + (tmp_path / "server.log").read_text()
         target = line.split()[-1]
         health = subprocess.run([str(bin_dir / "sleuthd"), "health", "--target", target],
                                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip

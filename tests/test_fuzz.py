@@ -17,6 +17,7 @@ import pytest
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
+from loadtest.abuse import wire_walk_request
 from loadtest.fuzz import BROKEN, CHANNEL_OPTIONS, CaseFactory, HealthProbe, Seeds, run_cases, start_server
 from loadtest.fuzz import rss_mib as server_rss_mib
 
@@ -28,14 +29,18 @@ SEED = 17
 # Every case is cheap (the slowest take about 2 s here), so a call that runs into this deadline lost
 # its answer: the server never sent a status.
 CALL_TIMEOUT_S = 30.0
-# The server runs in a process of its own. Measured with this seed and 16 clients: it peaks 450-500 MiB
-# above its idle size (up to 64 MiB of request audio admitted at once, its decoded samples, windows and
-# ONNX Runtime's arena) and, once the heap trimmer has run after the burst, settles about 100-250 MiB
-# above it (caches, the arena, thread stacks). A run of 7,500 cases peaked no higher, so the working set
-# is bounded, not leaking. Decompression bombs are refused from their headers (tests/test_audio_limits.py);
-# before that, the fuzz cases drove this process 1,744 MiB up.
-MAX_PEAK_GROWTH_MIB = 800
-MAX_GROWTH_MIB = 350
+# The server runs in a process of its own. Measured with this seed and 16 clients (issue 33): it peaks
+# 100-170 MiB above its idle size and, once it has gone idle, ends 60 MiB below to 100 MiB above it. Before,
+# it peaked at +525 and ended at +350 (+350..+530 in CI runs, against the bound of 350, so the test failed
+# now and then): every refused request stayed alive, parsed and converted with its audio, in a reference
+# cycle gRPC's handler keeps with the abort exception, until a full collection that came late or never;
+# and ONNX Runtime's arena and the allocator's thread arenas kept their peak. Now the gate cuts the abort's
+# traceback, and when the server goes idle the heap trimmer collects cycles, shrinks the ONNX Runtime
+# arenas and trims the heap (sleuthd.engine.admission.HeapTrimmer), with one malloc arena per core.
+# Decompression bombs are refused from their headers (tests/test_audio_limits.py); before that, the fuzz
+# cases drove this process 1,744 MiB up.
+MAX_PEAK_GROWTH_MIB = 500
+MAX_GROWTH_MIB = 200
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +77,7 @@ async def _fuzz_and_check(channel: grpc.aio.Channel, target: str, pid: int, seed
     cases = CaseFactory(seeds, SEED).cases(REQUESTS)  # built as they are sent
     before = server_rss_mib(pid)
     result = await run_cases(channel, target, cases, CLIENTS, CALL_TIMEOUT_S, rss=lambda: server_rss_mib(pid))
-    await asyncio.sleep(11.0)  # cancelled work drains and the heap trimmer (at most every 10 s) runs
+    await asyncio.sleep(12.0)  # cancelled work drains and the heap trimmer (at most every 10 s) runs
     growth = server_rss_mib(pid) - before
     peak = result.peak_rss_mib - before
     summary = (
@@ -111,3 +116,33 @@ async def test_huge_repeated_field_is_refused_without_stalling_health(channel: g
         await watcher
     assert err.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
     assert probe.checks > 0 and not probe.misses, probe.misses
+
+
+async def test_requests_costly_to_walk_never_stall_health(channel: grpc.aio.Channel) -> None:
+    # Issue 33, finding 1: requests inside every count limit whose every nested message carries 256 unknown
+    # fields (every submessage sent 16 times). Before, each was walked in full on the event loop (4 MiB: 2 M
+    # fields, seconds each) and health waited; now each walk stops at the request's field cap, and all walks
+    # together at the process's walking pace.
+    call = channel.unary_unary("/sleuthd.v1.Sleuth/CheckDialogue", request_serializer=None, response_deserializer=None)
+    data = wire_walk_request(TEST_MAX_MESSAGE_BYTES - 4096)
+    probe = HealthProbe(channel, interval=0.05)
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(probe.run(stop))
+
+    async def one() -> grpc.StatusCode:
+        try:
+            await call(data, timeout=60)
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+        return grpc.StatusCode.OK
+
+    try:
+        await asyncio.sleep(0.2)
+        codes = await asyncio.gather(*(one() for _ in range(8)))
+        await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await watcher
+    assert set(codes) <= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert grpc.StatusCode.INVALID_ARGUMENT in codes
+    assert probe.checks > 0 and not probe.misses, (probe.misses, probe.slowest)

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import threading
+import time
 import weakref
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +20,8 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import soundfile as sf
+from sleuthd.config import ServerConfig
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.batcher import BatcherConfig, MicroBatcher
 from sleuthd.encoders.clips import ClipEmbedding
@@ -24,12 +29,16 @@ from sleuthd.encoders.embedder import ClipEmbedder, _retrieving
 from sleuthd.encoders.single_flight import SingleFlight
 from sleuthd.engine.facade import Engine
 from sleuthd.errors import Overloaded
+from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.ops.observe import NullObserver
+from sleuthd.rpc.server import create_server
+from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from loadtest import overload
 
 from .support import VOICE_A, Speech
+from .test_serving import fresh_pcm
 
 # ---------------------------------------------------------------------------------------------- the batcher
 
@@ -159,19 +168,24 @@ async def test_shared_computation_failing_after_its_caller_left(retrieved: bool)
 
 # ---------------------------------------------------------------------------------------------- the server
 
-# The run: 24 clients, each sending 2 turns x 40 s (2.4 MiB) back to back with 2 s deadlines for 8 s,
-# against `sleuthd serve` with its defaults: far more than two cores can score in 2 s, so most calls must
-# be refused. Before admission control no call was refused (the batcher's queue never filled in 8 s) and
-# almost every call ran into its deadline after taking its share of the work; now refusals come before
-# the request is read or decoded.
-CLIENTS, SECONDS, DEADLINE, TURNS, TURN_SECONDS = 24, 8.0, 2.0, 2, 40.0
+# The run: 24 clients, each on its own connection, sending dialogues of 2 turns x 20 s (1.2 MiB) back to back
+# with 5 s deadlines for 10 s, against `sleuthd serve` (GE2E), while one stream holds 12 MiB of a turn it
+# never finishes: far more than two cores can score, so most calls must be refused. The same payload is
+# first sent by two clients without deadline pressure for 8 s: the server's unloaded capacity.
+# Before issue 17 no call was refused and almost every call ran into its deadline; before issue 33 the
+# hoarding stream's bytes counted as work ahead (the pace said hours) and every call was refused, and
+# without a hoarder the admitted calls shared the CPU and many finished after their deadline.
+CLIENTS, SECONDS, DEADLINE, TURNS, TURN_SECONDS = 24, 10.0, 5.0, 2, 20.0
+CAPACITY_CLIENTS, CAPACITY_SECONDS, HOARD_MIB = 2, 8.0, 12.0
+# Goodput under overload as a share of the unloaded capacity (issue 33 asks for 40 %; measured here ...).
+MIN_GOODPUT = 0.4
 # The bound on growth over idle RSS. What remains under overload: one request per client in transport
-# buffers and being refused (24 x 2.4 MiB, a few copies each), the few admitted requests' audio, decoded
-# samples and windows (the budget admits only what its pace says can finish in 2 s), ONNX Runtime's
-# arena growing to full batches, and the allocator's slack. Measured 340-510 MB after the fix and
-# 580-600 MB before it on a 2-core machine shared with other jobs; the difference grows with time, as
-# before it nothing bounded the work taken on (loadtest/overload.py's 30 s runs: docs/serving.md).
-RSS_BOUND_MB = 700.0
+# buffers and being refused (24 x 1.2 MiB, a few copies each), the hoarding stream's 12 MiB, the few admitted
+# requests' audio, decoded samples and windows, ONNX Runtime's arena growing to full batches, and the
+# allocator's slack. Measured 250-300 MB here on a 2-core machine shared with other jobs (1.9 GB before the
+# RPC gate cut the traceback of the abort that refuses a request: gRPC keeps it in a reference cycle, and
+# every refused request, parsed and converted, stayed alive until a full collection).
+RSS_BOUND_MB = 500.0
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +203,10 @@ def overload_run(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         kill_rss_mb=4000.0,
         settle_s=1.0,
         after=_valid_request_after,
+        capacity_clients=CAPACITY_CLIENTS,
+        capacity_seconds=CAPACITY_SECONDS,
+        hoarders=1,
+        hoard_mib=HOARD_MIB,
     )
     return result, log.read_text()
 
@@ -216,8 +234,77 @@ def test_overload_is_refused_fast_within_a_memory_bound(overload_run: tuple[over
     assert set(r.codes) <= {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}, r.codes
     assert r.codes.get("RESOURCE_EXHAUSTED", 0) > r.requests // 2, r.codes
     assert r.codes.get("OK", 0) > 0, r.codes  # goodput: admitted work is done, not starved
+    # Issue 33, findings 2 and 3: near the unloaded capacity although a stream hoards a turn, and what is
+    # admitted finishes (work admitted and then cut by its deadline is CPU taken from the rest).
+    assert r.goodput_of_capacity is not None and r.goodput_of_capacity >= MIN_GOODPUT, (r.codes, r.capacity_ok_per_s)
+    assert r.codes.get("DEADLINE_EXCEEDED", 0) <= max(2, r.codes["OK"] // 4), r.codes
+    assert r.hoarders_ended == {"held to the end": 1}, r.hoarders_ended
     # "Busy" comes before the work, not after it: a refusal takes a fraction of what scoring one takes.
     assert r.exhausted_latency_p50_s is not None and r.ok_latency_p50_s is not None
     assert r.exhausted_latency_p50_s < r.ok_latency_p50_s / 4, (r.exhausted_latency_p50_s, r.ok_latency_p50_s)
     assert r.after_status == "OK"
     assert "never retrieved" not in log, log[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------- dear to decode
+
+
+def _long_silent_flac(seconds: float) -> bytes:
+    """``seconds`` of 48 kHz stereo near-silence as FLAC: a few tens of KiB that decode to 2 x 48,000 samples
+    a second (resampled, trimmed: seconds of CPU for the server, nothing for the sender)."""
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", 48_000, 2, format="FLAC", subtype="PCM_16") as f:
+        for _ in range(int(seconds)):
+            f.write(np.zeros((48_000, 2), np.int16))
+    return buf.getvalue()
+
+
+async def test_requests_dear_to_decode_do_not_starve_another_client(engine: Engine, speech: Speech) -> None:
+    # Issue 33, finding 5: 16 clients sending 2 x 300 s of 48 kHz stereo FLAC (70 KiB each) were all
+    # admitted (their bytes are few), and a fresh valid request from another client took 15-33 s. Now each
+    # is admitted by its cost from the headers, one or two at a time, and the queue serves the client served
+    # least first: here 16 connections flood, and another client's small requests wait for a unit or two.
+    flac = _long_silent_flac(300.0)
+    assert len(flac) < 200_000
+    uncached = replace(engine.config, embedding_cache_entries=0)  # every request decoded, as distinct ones are
+    server = ServerConfig(port=0, metrics_port=-1)
+    running = await create_server(Engine(engine.models, uncached), server, ServiceMetrics())
+    target = f"127.0.0.1:{running.port}"
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    stop = asyncio.Event()
+    flood_codes: Counter[str] = Counter()
+
+    async def flood() -> None:
+        async with grpc.aio.insecure_channel(target, options=own) as ch:
+            stub = pb_grpc.SleuthStub(ch)
+            req = pb.CheckDialogueRequest(dialogue_id="dear")
+            for k in range(2):
+                req.turns.add(turn_id=f"t{k}", speaker="A", audio=pb.Audio(encoded=flac))
+            while not stop.is_set():
+                try:
+                    await stub.CheckDialogue(req, timeout=60)
+                    flood_codes["OK"] += 1
+                except grpc.aio.AioRpcError as err:
+                    flood_codes[err.code().name] += 1
+                    await asyncio.sleep(0.05)
+
+    flooders = [asyncio.ensure_future(flood()) for _ in range(16)]
+    waits = []
+    try:
+        await asyncio.sleep(3.0)  # the flood is in full swing
+        async with grpc.aio.insecure_channel(target, options=own) as ch:
+            stub = pb_grpc.SleuthStub(ch)
+            for k in range(3):
+                req = pb.CheckDialogueRequest(dialogue_id="fresh")
+                req.turns.add(turn_id="t", speaker="A", audio=fresh_pcm(speech, VOICE_A, k, 4242 + k))
+                started = time.perf_counter()
+                verdict = await stub.CheckDialogue(req, timeout=120)
+                waits.append(time.perf_counter() - started)
+                assert verdict.turns[0].speech_seconds > 1
+    finally:
+        stop.set()
+        await asyncio.gather(*flooders)
+        await running.stop(1.0)
+    assert flood_codes["OK"] > 0, flood_codes  # the flood is served too, a unit at a time
+    # One of the flood's units (a second of decoding here, two on a busy machine) and its own.
+    assert max(waits) < 4.0, (waits, flood_codes)

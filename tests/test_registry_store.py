@@ -21,7 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sleuthd.config import ConfigError, add_cli_args, from_cli_args
-from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName, Unsupported
+from sleuthd.errors import (
+    Duplicate,
+    InvalidRequest,
+    LimitExceeded,
+    OutOfSequence,
+    RegistryFull,
+    UnknownName,
+    Unsupported,
+)
 from sleuthd.registry import AsyncVoiceStore, Embedding, RegistryConfig, RegistryUnavailable, open_store
 from sleuthd.registry.sql import SqlStore
 from sleuthd.registry.store import VoiceStore
@@ -218,6 +226,32 @@ def test_bounds_are_enforced_with_errors_that_name_the_limit(location: str) -> N
         small.register("v3", [clip])
     small.register("v2", clips_for(2), replace=True)  # replacing does not add a voice
     small.close()
+
+
+def test_the_audio_kept_in_all_is_bounded(location: str) -> None:
+    # Issue 33, finding 6: 2,000 registrations of one 243 KB clip made a 473 MB SQLite file; nothing bounded it.
+    clip = clips_for(1)
+    small = _open(location, registry_max_total_mb=2.5 * len(clip[0].data) / 2**20)
+    small.register("v1", clip)
+    small.register("v2", clip)
+    with pytest.raises(RegistryFull, match=r"over its limit of .* MiB \(registry_max_total_mb\): delete voices"):
+        small.register("v3", clip)
+    small.register("v3", clip, keep_audio=False)  # audio not kept: nothing counted
+    small.register("v2", clip, replace=True)  # a replaced voice's old clips no longer count
+    small.delete("v1")
+    small.register("v4", clip)  # deleting frees its share
+    assert small.count() == 3
+    small.close()
+
+
+def test_a_new_sqlite_registry_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    # Issue 33, finding 6: the file keeps voice audio and was created 0644 (readable by every local user).
+    path = tmp_path / "voices.sqlite3"
+    store = _open(str(path))
+    store.register("v1", clips_for(1))
+    for made in (path, path.with_name(path.name + "-wal")):
+        assert oct(made.stat().st_mode & 0o777) == oct(0o600), made
+    store.close()
 
 
 def test_a_failure_inside_the_transaction_leaves_nothing(store: VoiceStore, monkeypatch: pytest.MonkeyPatch) -> None:

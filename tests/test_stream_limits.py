@@ -135,6 +135,88 @@ async def test_empty_chunks_are_not_free(serve: Serve) -> None:
     assert "the limit is 100000" in err.value.details()
 
 
+async def test_a_turn_left_unfinished_is_ended(serve: Serve) -> None:
+    # Issue 33, finding 2: a turn trickled two bytes at a time kept its buffer for the stream's whole lifetime.
+    running = await serve(stream_idle_seconds=10.0, stream_turn_seconds=1.0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+        call = pb_grpc.SleuthStub(ch).StreamDialogue(timeout=120)
+        await call.write(open_msg())
+        await call.write(start("t"))
+
+        async def trickle() -> None:
+            for _ in range(int(HANG / 0.2)):
+                await call.write(chunk("t", b"\x00\x00"))
+                await asyncio.sleep(0.2)
+
+        writer = asyncio.ensure_future(trickle())
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await asyncio.wait_for(call.read(), HANG)
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, asyncio.InvalidStateError, grpc.aio.AioRpcError,
+                                     grpc.aio.UsageError):  # fmt: skip
+                await writer
+    assert err.value.code() == over_limit_code()
+    assert "turn 't' has been open 1 s without its final chunk" in err.value.details()
+    assert await wait_until(lambda: running.gate.limits.budget.held == 0)
+
+
+async def test_streams_hoarding_turns_cannot_starve_other_clients(serve: Serve, speech: Speech) -> None:
+    # Issue 33, finding 2: streams that buffer turns they never finish (a chunk now and then keeps them under
+    # the idle timeout) held the whole audio budget, and every other client's CheckDialogue was refused for
+    # as long as they stayed (60 of 60 probes over 99 s). Four connections here each buffer 1.99 MiB of an
+    # 8 MiB budget; now each connection holds at most its share (2 MiB) and all streams together half the
+    # budget (two of them), so the other client's requests always find room.
+    running = await serve(max_audio_in_flight_mb=8.0)
+    budget = running.gate.limits.budget
+    target = f"127.0.0.1:{running.port}"
+    piece = bytes(290 * 1024)  # 7 of them and their overhead: just under a connection's 2 MiB share
+    one_stream = 7 * (len(piece) + 1024)  # 7 chunks, each counting 1 KiB of overhead
+
+    def refused() -> float:
+        return running.metrics.registry.get_sample_value(
+            "sleuthd_rpc_total", {"method": "StreamDialogue", "code": "RESOURCE_EXHAUSTED"}
+        ) or 0.0
+
+    async def hoard(ch: grpc.aio.Channel, stop: asyncio.Event) -> None:
+        call = pb_grpc.SleuthStub(ch).StreamDialogue(timeout=120)
+        # A write after the server has refused the stream fails on the client's side (the asyncio client then
+        # reports INTERNAL, grpc/grpc#36066): the server's own counts say what happened.
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            await call.write(open_msg())
+            await call.write(start("t"))
+            for _ in range(7):
+                await call.write(chunk("t", piece))
+            await stop.wait()
+        call.cancel()
+
+    stop = asyncio.Event()
+    # Each on a connection of its own (channels in one process share one by default).
+    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(4)]
+    hoarders = []
+    try:
+        for n, ch in enumerate(channels, 1):  # one after the other, so the shares decide, not a race
+            hoarders.append(asyncio.ensure_future(hoard(ch, stop)))
+            assert await wait_until(lambda n=n: budget.held // one_stream + refused() == n, 20.0)
+        request = pb.CheckDialogueRequest(dialogue_id="probe", options=pb.CheckOptions(method=pb.METHOD_PAIRWISE))
+        for k in range(4):  # about 0.4 MiB of speech
+            request.turns.add(turn_id=f"t{k}", speaker="A", audio=pb.Audio(encoded=speech.wav_bytes(VOICE_A, k)))
+        assert request.ByteSize() > 300_000
+        async with grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as probe:
+            stub = pb_grpc.SleuthStub(probe)
+            for _ in range(3):
+                verdict = await stub.CheckDialogue(request, timeout=60)
+                assert len(verdict.turns) == 4
+        assert budget.buffered == 2 * one_stream and refused() == 2  # two hoarders held on throughout
+    finally:
+        stop.set()
+        await asyncio.gather(*hoarders)
+        for ch in channels:
+            await ch.close()
+    assert await wait_until(lambda: budget.held == 0)
+
+
 async def test_streams_beyond_the_server_bound_are_refused_at_once(serve: Serve, speech: Speech) -> None:
     running = await serve(max_streams=2)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:

@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -306,14 +307,16 @@ async def test_without_a_registry_voice_calls_say_how_to_get_one(
 
 
 def serve(models_dir: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    # stderr goes to a file: a pipe nobody reads would fill up with the server's log.
     proc = subprocess.Popen(
         [*SLEUTHD, "--log-level", "warning", "serve", "--port", "0", "--metrics-port", "-1",
          "--models-dir", str(models_dir), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=(log := tempfile.TemporaryFile("w+")), text=True,
     )  # fmt: skip
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    assert line.startswith("sleuthd listening on"), line + (proc.stderr.read() if proc.stderr else "")
+    log.seek(0)
+    assert line.startswith("sleuthd listening on"), line + log.read()
     return proc, line.split()[-1]
 
 

@@ -28,8 +28,18 @@ class LimitExceeded(InvalidRequest):
     """A per-request or per-stream bound was reached; send less (INVALID_ARGUMENT: retrying unchanged cannot help)."""
 
 
+class RegistryFull(LimitExceeded):
+    """The voice registry holds as much as it may (voices, or audio in all); delete voices first
+    (FAILED_PRECONDITION: the registry's state, not the request, has to change)."""
+
+
 class Overloaded(RuntimeError):
     """The server is at capacity; retry later with backoff (RESOURCE_EXHAUSTED)."""
+
+
+class ShuttingDown(RuntimeError):
+    """The server is draining (SIGTERM): what it cannot finish in its grace period is refused, and streams
+    end once their finished turns have their verdicts; retry on another replica (UNAVAILABLE)."""
 
 
 class DeadlineExceeded(TimeoutError):

@@ -501,6 +501,39 @@ async def test_a_stream_keeps_bounded_audio_for_the_judge(
         await _stop(served, channel)
 
 
+async def test_the_audio_a_stream_keeps_for_the_judge_counts_in_the_audio_budget(
+    engine: Engine, endpoint: TinyOpenAIServer, speech: Speech
+) -> None:
+    """Issue 33, finding 7: each lalm stream kept up to 256 MiB of decoded audio outside the process's audio
+    budget. Now the waveforms a stream keeps are held in it (its client's share) until the stream ends."""
+    config = JudgeConfig(judge_endpoint=endpoint.url, judge_model_name=endpoint.name)
+    served, channel = await _serve(engine, config)
+    budget = served.running.gate.limits.budget
+    try:
+        turns, refs = _dialogue(speech)
+        call = served.stub.StreamDialogue(timeout=120)
+        opening = pb.StreamOpen(dialogue_id="d", options=LALM)
+        opening.references.add(speaker="A", audio=pb.Audio(encoded=refs["A"]))
+        await call.write(pb.StreamDialogueRequest(open=opening))
+        kept_seconds = 0.0
+        for index, (turn_id, speaker, data) in enumerate(turns[:3]):
+            await call.write(pb.StreamDialogueRequest(turn_start=pb.TurnStart(turn_id=turn_id, speaker=speaker,
+                                                                                index=index)))  # fmt: skip
+            await call.write(pb.StreamDialogueRequest(audio=pb.TurnAudio(turn_id=turn_id, data=data, final=True)))
+            update = await call.read()
+            assert update.turn.verdict.turn_id == turn_id
+            kept_seconds += update.turn.verdict.audio_seconds
+        # The reference and the three turns' waveforms (float32 at 16 kHz), and nothing else, are held.
+        assert budget.held >= kept_seconds * 16_000 * 4 > 0
+        await call.done_writing()
+        while not (await call.read()).HasField("final"):
+            pass
+        assert await call.code() == grpc.StatusCode.OK
+        assert budget.held == 0
+    finally:
+        await _stop(served, channel)
+
+
 def test_the_serving_path_imports_no_torch_transformers_or_httpx() -> None:
     """A server installed without the judge extra still starts: the judge's libraries load only for a judge."""
     code = (

@@ -32,6 +32,7 @@ import platform
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -234,12 +235,14 @@ class ServerProcess:
         """``env``: the server's environment (e.g. another checkout's PYTHONPATH); None inherits ours."""
         cmd = [sys.executable, "-m", "sleuthd.cli", "--log-level", "warning", "serve", "--port", "0",
                "--metrics-port", "-1", "--embedding-cache-entries", "0", *extra_args]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        # stderr goes to a file, never a pipe left unread (the server's log would fill it); stdout says the port.
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("sleuthd listening on "):
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise RuntimeError(f"server did not start: {line}{err}")
+            self.log.seek(0)
+            raise RuntimeError(f"server did not start: {line}{self.log.read()}")
         self.target = line.split()[-1]
 
     def stop(self) -> None:
@@ -248,6 +251,7 @@ class ServerProcess:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self.log.close()
 
 
 class TritonForBench:

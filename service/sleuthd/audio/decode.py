@@ -49,6 +49,13 @@ CLIP_SAMPLES_PER_SECOND = 2 * MAX_SAMPLE_RATE
 # FLAC holds speech in about half the bytes.
 DEFAULT_REQUEST_SAMPLES = 64 * 1024 * 1024
 BLOCK_FRAMES = 65_536
+# CPU seconds per million decoded samples (frames x channels) to decode and prepare a clip, by container:
+# measured on the 2-core development machine (thread CPU time, 30 s of speech at 16 and 48 kHz, mono and
+# stereo): WAV and FLAC 9-26 ms, MP3 18, OGG/Vorbis 30-39, OGG/Opus 90. What admission estimates a request's
+# decoding by (sleuthd.engine.admission.WorkQueue): a 70 KiB FLAC of 300 s of 48 kHz stereo is 29 M
+# samples, about 0.7 s of work, however small it is on the wire.
+DECODE_SECONDS_PER_MSAMPLE = {"OGG/Opus": 0.09, "OGG/Vorbis": 0.035}
+_DEFAULT_DECODE_SECONDS_PER_MSAMPLE = 0.025
 # Subtypes that decode to floats which may lie outside [-1, 1] (integer PCM cannot).
 _FLOAT_SUBTYPES = frozenset({"FLOAT", "DOUBLE", "VORBIS", "OPUS", "MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III"})
 
@@ -87,6 +94,13 @@ class AudioProbe:
     def samples(self) -> int:
         """Decoded samples (frames × channels), an upper bound: the unit of the per-clip and per-request bounds."""
         return self.frames * self.channels
+
+    @property
+    def decode_seconds(self) -> float:
+        """Estimated CPU seconds to decode and prepare the clip (decode, downmix, resample, loudness, VAD,
+        windows): its decoded samples at the container's cost (see ``DECODE_SECONDS_PER_MSAMPLE``)."""
+        per_million = DECODE_SECONDS_PER_MSAMPLE.get(self.container, _DEFAULT_DECODE_SECONDS_PER_MSAMPLE)
+        return self.samples / 1e6 * per_million
 
 
 def clip_sample_limit(max_seconds: float) -> int:

@@ -44,6 +44,7 @@ def _error(message: str) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from sleuthd.encoders import runtime
     from sleuthd.encoders.manifest import ManifestError
+    from sleuthd.engine.admission import limit_malloc_arenas
     from sleuthd.engine.facade import Engine
     from sleuthd.errors import DependencyUnavailable, EngineFailure, InvalidRequest
     from sleuthd.ops import logs
@@ -54,20 +55,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         server_config = from_cli_args(ServerConfig, args)
         engine_config = from_cli_args(EngineConfig, args)
-        logs.configure(args.log_level, server_config.log_format)
-        runtime.check_before_load(engine_config.device)
-        check_ports(server_config)  # before the models load: a clash is reported in a moment, not seconds
-        engine = Engine.load(engine_config, observer=metrics)
-    # DependencyUnavailable: the voice registry's database cannot be reached at start-up
-    except (ConfigError, ManifestError, EngineFailure, DependencyUnavailable, InvalidRequest, OSError) as exc:
+    except ConfigError as exc:
         return _error(str(exc))
+    # One malloc arena per core, set before any thread starts (sleuthd.engine.admission).
+    limit_malloc_arenas(os.cpu_count() or 2)
+    # From here until the server has stopped, nothing the process writes can block it (sleuthd.ops.logs).
+    logs.configure(args.log_level, server_config.log_format, capture=True)
     try:
-        runtime.check_after_load(engine_config.device, [(n, e.provider) for n, e in engine.encoders.items()])
-        asyncio.run(serve_forever(engine, server_config, metrics))
-    # a port taken, a TLS/token file unusable, CUDA fell back, the LALM judge cannot start
-    except (ConfigError, OSError, EngineFailure) as exc:
-        return _error(str(exc))
-    return EXIT_OK
+        try:
+            runtime.check_before_load(engine_config.device)
+            check_ports(server_config)  # before the models load: a clash is reported in a moment, not seconds
+            engine = Engine.load(engine_config, observer=metrics)
+        # DependencyUnavailable: the voice registry's database cannot be reached at start-up
+        except (ConfigError, ManifestError, EngineFailure, DependencyUnavailable, InvalidRequest, OSError) as exc:
+            failure = str(exc)
+        else:
+            failure = ""
+            try:
+                runtime.check_after_load(engine_config.device, [(n, e.provider) for n, e in engine.encoders.items()])
+                asyncio.run(serve_forever(engine, server_config, metrics))
+            # a port taken, a TLS/token file unusable, CUDA fell back, the LALM judge cannot start
+            except (ConfigError, OSError, EngineFailure) as exc:
+                failure = str(exc)
+    finally:
+        logs.shutdown()
+    return _error(failure) if failure else EXIT_OK
 
 
 def cmd_health(args: argparse.Namespace) -> int:

@@ -24,6 +24,11 @@ class RegistryConfig:
         "change; off: keep only hashes and embeddings (a voice must then be re-registered with its clips)",
     )
     registry_max_voices: int = option(100_000, help="voices the registry may hold; registering more is refused")
+    registry_max_total_mb: float = option(
+        1024.0,
+        help="clip audio the registry keeps in all (clips as sent, of voices registered with their audio "
+        "kept), MiB; a registration that would pass it is refused with FAILED_PRECONDITION (delete voices first)",
+    )
     registry_max_clips_per_voice: int = option(32, help="clips per registered voice")
     registry_max_clip_mb: float = option(16.0, help="largest registered clip as sent (encoded or PCM), MiB")
     registry_max_voice_mb: float = option(64.0, help="all clips of one voice together as sent, MiB")
@@ -61,3 +66,7 @@ class RegistryConfig:
     @property
     def max_voice_bytes(self) -> int:
         return int(self.registry_max_voice_mb * 1024 * 1024)
+
+    @property
+    def max_total_bytes(self) -> int:
+        return int(self.registry_max_total_mb * 1024 * 1024)

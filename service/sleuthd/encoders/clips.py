@@ -15,6 +15,7 @@ import numpy as np
 from sleuthd.audio import SAMPLE_RATE
 from sleuthd.audio.decode import (
     AudioError,
+    AudioProbe,
     Waveform,
     check_request_budget,
     decode_encoded,
@@ -50,10 +51,13 @@ def decode(audio: AudioInput, max_seconds: float) -> Waveform:
     return to_model_rate(wave)
 
 
-def check_request_audio(audios: Sequence[tuple[AudioInput, str]], max_clip_seconds: float, max_samples: int) -> None:
+def check_request_audio(
+    audios: Sequence[tuple[AudioInput, str]], max_clip_seconds: float, max_samples: int
+) -> list[AudioProbe]:
     """Refuse, from the clips' headers alone (nothing is decoded), a request whose clips would decode to
     more than ``max_samples`` samples in all, or a clip that breaks the per-clip bounds: a small compressed
-    file can decode to hundreds of MiB. Raises AudioError naming the clip, or LimitExceeded."""
+    file can decode to hundreds of MiB. Raises AudioError naming the clip, or LimitExceeded. Returns the
+    headers read (what admission estimates the request's cost from)."""
     probes = []
     for audio, label in audios:
         try:
@@ -61,6 +65,7 @@ def check_request_audio(audios: Sequence[tuple[AudioInput, str]], max_clip_secon
         except AudioError as exc:
             raise AudioError(f"{label}: {exc}") from exc
     check_request_budget(probes, max_samples)
+    return [p for _, p in probes]
 
 
 def prepare_placements(

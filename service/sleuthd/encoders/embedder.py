@@ -20,7 +20,7 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from sleuthd.aio import gather_or_cancel
-from sleuthd.audio.decode import DEFAULT_REQUEST_SAMPLES, AudioError
+from sleuthd.audio.decode import DEFAULT_REQUEST_SAMPLES, AudioError, AudioProbe
 from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec
 from sleuthd.domain import AudioInput
@@ -57,13 +57,18 @@ class ClipEmbedder:
         max_clip_seconds: float,
         cache_entries: int,
         max_request_samples: int = DEFAULT_REQUEST_SAMPLES,
+        probe_pool: Executor | None = None,
     ) -> None:
+        """``probe_pool``: where clips' headers are read before admission (default: ``prep_pool``). A pool of
+        its own keeps the header reads of arriving requests, most of them refused under overload, from
+        queueing ahead of the decoding of admitted ones."""
         self.vad = vad
         self.observer = observer
         self.max_clip_seconds = max_clip_seconds
         self.max_request_samples = max_request_samples
         self.cache: LruCache[ClipEmbedding] = LruCache(cache_entries)
         self._prep_pool = prep_pool
+        self._probe_pool = probe_pool or prep_pool
         # Cache misses in flight, by cache key(s): concurrent requests for the same clip share one computation.
         self._in_flight: SingleFlight[str, list[ClipEmbedding]] = SingleFlight()
         # Clips being decoded and trimmed, by digest and loudness target: the encoders of a fused request
@@ -92,14 +97,15 @@ class ClipEmbedder:
             self.observer.clip_embedded(clip.audio_seconds, cached=cached)
         return [[clip for clip, _ in clips] for clips in found]
 
-    async def admit(self, audios: Sequence[tuple[AudioInput, str]]) -> None:
+    async def admit(self, audios: Sequence[tuple[AudioInput, str]]) -> list[AudioProbe]:
         """Refuse before any decoding a batch of clips that would decode to more than the per-request bound
-        (headers only; on a worker thread: an MP3 header costs about 5 ms)."""
-        if audios:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(
-                self._prep_pool, check_request_audio, audios, self.max_clip_seconds, self.max_request_samples
-            )
+        (headers only; on a worker thread: an MP3 header costs about 5 ms). Returns the headers."""
+        if not audios:
+            return []
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._probe_pool, check_request_audio, audios, self.max_clip_seconds, self.max_request_samples
+        )
 
     async def embed_audio(
         self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], deadline: float | None = None

@@ -12,12 +12,22 @@ The request path, stage by stage ("X -> Y": what goes in and what comes out):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 
 from sleuthd.config import EngineConfig
-from sleuthd.domain import CheckOptions, DialogueRequest, DialogueResult, RankRequest, RankResult, Reference
+from sleuthd.domain import (
+    AudioInput,
+    CheckOptions,
+    DialogueRequest,
+    DialogueResult,
+    RankRequest,
+    RankResult,
+    Reference,
+)
 from sleuthd.encoders.embedder import ClipEmbedder
 from sleuthd.encoders.runner import WindowEncoder
+from sleuthd.engine.admission import WorkQueue
 from sleuthd.engine.judging import EncoderJudging, Judging, LalmJudging
 from sleuthd.engine.loading import LoadedModels, load_models, open_registry
 from sleuthd.errors import Unsupported
@@ -53,6 +63,7 @@ class Engine:
             config.max_clip_seconds,
             config.embedding_cache_entries,
             config.admission.max_request_decoded_samples,
+            models.probe_pool,
         )
         self.registry = (
             None
@@ -61,6 +72,8 @@ class Engine:
         )
         self.encoder_judging = EncoderJudging(self.embedder, lambda: self.voices, self.observer)
         self.lalm = LalmJudging(config.judge, self.embedder, self.observer)
+        # Every request's work is admitted by its estimated cost and deadline (sleuthd.engine.admission).
+        self.work = WorkQueue(max_queued_s=config.admission.max_queued_work_seconds)
 
     @classmethod
     def load(cls, config: EngineConfig, observer: EngineObserver | None = None) -> Engine:
@@ -118,9 +131,23 @@ class Engine:
         opts = self.resolve(request.options)
         turns = audio_turns(request)
         require_references(opts, [t.speaker for t in turns], request.references)
-        dialogue = await self.open_dialogue(request.dialogue_id, request.references, opts, deadline)
-        await dialogue.add_turns(turns, deadline)
-        return await dialogue.result(deadline)
+        audios = [(t.audio, f"turn {t.turn_id!r}") for t in turns] + _reference_audio(request.references)
+        async with self.admitted(audios, opts, deadline, "CheckDialogue"):
+            dialogue = await self.open_dialogue(request.dialogue_id, request.references, opts, deadline)
+            await dialogue.add_turns(turns, deadline)
+            return await dialogue.result(deadline)
+
+    @asynccontextmanager
+    async def admitted(
+        self, audios: Sequence[tuple[AudioInput, str]], opts: ResolvedOptions, deadline: float | None, kind: str
+    ) -> AsyncIterator[None]:
+        """The block runs as one unit of work, admitted by its estimated cost (the clips' headers under the
+        request's encoder and window placements) and its deadline: at once, after a wait in the queue, or
+        not at all (Overloaded). The headers are checked against the per-request bounds first."""
+        probes = await self.embedder.admit(audios)
+        cost = self.models.seconds_of_work(opts.encoder.manifest.name, probes, len(opts.placements))
+        async with self.work.admit(cost, deadline, f"this {kind}", kind):
+            yield
 
     async def open_dialogue(
         self, dialogue_id: str, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
@@ -133,4 +160,13 @@ class Engine:
     async def rank_candidates(self, request: RankRequest, deadline: float | None = None) -> RankResult:
         validate_rank(request, self.config.max_candidates, self.config.max_context)
         opts = self.resolve(request.options)
-        return await self._judging(opts).rank(request, opts, deadline)
+        audios = [(c.audio, f"candidate {c.candidate_id!r}") for c in request.candidates]
+        audios += [(a, f"context clip #{n}") for n, a in enumerate(request.context)]
+        audios += _reference_audio({"": request.reference} if request.reference is not None else {})
+        async with self.admitted(audios, opts, deadline, "RankCandidates"):
+            return await self._judging(opts).rank(request, opts, deadline)
+
+
+def _reference_audio(references: Mapping[str, Reference]) -> list[tuple[AudioInput, str]]:
+    return [(r, f"reference of speaker {s!r}" if s else "reference") for s, r in references.items()
+            if isinstance(r, AudioInput)]  # fmt: skip

@@ -11,11 +11,15 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from sleuthd.audio.decode import AudioProbe
 from sleuthd.audio.vad import EnergyVad, SileroVad, Vad
 from sleuthd.config import BatcherConfig, EngineConfig, JudgeConfig, RegistryConfig
 from sleuthd.encoders.batcher import MicroBatcher
@@ -43,7 +47,24 @@ class LoadedModels:
     vad: Vad
     prep_pool: ThreadPoolExecutor  # decoding, resampling, VAD, windowing (a BoundedThreadPool when loaded here)
     model_pool: ThreadPoolExecutor  # model calls
+    probe_pool: ThreadPoolExecutor  # reading clips' headers before admission (a BoundedThreadPool when loaded here)
     default_encoder: str  # what a request that names no encoder gets (``--encoder``, ``auto`` resolved)
+    # Seconds of model time one second of audio costs, by encoder (the fusion: its components' sum), timed
+    # at load; what admission estimates a request's embedding by (sleuthd.engine.admission.WorkQueue).
+    audio_cost: dict[str, float] = dataclasses.field(default_factory=dict)
+    runners: list[OnnxEncoder] = dataclasses.field(default_factory=list)  # the ONNX sessions behind the encoders
+
+    def shrink_arenas(self) -> None:
+        """Give back what the encoders' ONNX Runtime CPU arenas hold beyond their use now (on an idle server)."""
+        for runner in self.runners:
+            runner.shrink_arena()
+
+    def seconds_of_work(self, encoder: str, probes: Sequence[AudioProbe], placements: int = 1) -> float:
+        """Estimated seconds of work for clips with these headers under ``encoder`` (and ``placements``
+        window placements each): decoding on the prep threads plus the model's time for their audio."""
+        per_audio_second = self.audio_cost.get(encoder, max(self.audio_cost.values(), default=0.0))
+        threads = max(1, self.prep_pool._max_workers)  # the decode threads work side by side
+        return sum(p.decode_seconds / threads + p.seconds * per_audio_second * placements for p in probes)
 
     async def start(self) -> None:
         """In the server's event loop: encoders on Triton connect (and probe while Triton is down)."""
@@ -55,7 +76,7 @@ class LoadedModels:
         for encoder in self.encoders.values():
             if isinstance(encoder, MicroBatcher | TritonEncoder):
                 await encoder.close()
-        for pool in (self.prep_pool, self.model_pool):
+        for pool in (self.prep_pool, self.model_pool, self.probe_pool):
             pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -80,9 +101,14 @@ def load_models(config: EngineConfig, observer: EngineObserver | None = None) ->
     # one encoder get exactly the concurrency they had. Measured on 2 cores: docs/serving.md, "Threads".
     model_threads = config.batcher.max_concurrent_batches * max(len(model_dirs), 1) if batched else cpus
     model_pool = ThreadPoolExecutor(max_workers=model_threads, thread_name_prefix="model")
+    # Headers are read before admission on a thread of their own: under overload most requests whose headers
+    # are read are then refused, and in the decode pool their reads would queue ahead of admitted work.
+    probe_pool = BoundedThreadPool(1, config.admission.max_queued_decodes, thread_name_prefix="probe")
     try:
         vad: Vad = SileroVad(vad_model_path(config.models_dir)) if config.vad == "silero" else EnergyVad()
         encoders: dict[str, WindowEncoder] = {}
+        audio_cost: dict[str, float] = {}
+        runners: list[OnnxEncoder] = []
         for model_dir in model_dirs:
             manifest = load_encoder_manifest(model_dir)
             if config.backend.encoder_backend == "triton":  # Triton batches across replicas: no batcher here
@@ -96,6 +122,8 @@ def load_models(config: EngineConfig, observer: EngineObserver | None = None) ->
                 gpu_batch=config.batcher.max_batch_windows,
             )
             runner.warm_up()
+            audio_cost[runner.manifest.name] = model_seconds_per_audio_second(runner)
+            runners.append(runner)
             if batched:
                 batcher_config = encoder_batcher_config(config.batcher, runner)
                 watch = observer.batcher(runner.manifest.name) if observer is not None else None
@@ -106,6 +134,7 @@ def load_models(config: EngineConfig, observer: EngineObserver | None = None) ->
         fused = load_fusion(encoders)
         if fused is not None:
             encoders[FUSED] = fused
+            audio_cost[FUSED] = sum(audio_cost[name] for name in fused.component_names)
             logger.info("encoder fused = %s", " + ".join(fused.component_names))
         if not encoders:
             raise ManifestError(
@@ -120,10 +149,23 @@ def load_models(config: EngineConfig, observer: EngineObserver | None = None) ->
                 f"(found: {', '.join(sorted(encoders))})"
             )
     except BaseException:
-        prep_pool.shutdown(wait=False)
-        model_pool.shutdown(wait=False)
+        for pool in (prep_pool, model_pool, probe_pool):
+            pool.shutdown(wait=False)
         raise
-    return LoadedModels(encoders, vad, prep_pool, model_pool, default)
+    logger.info("model seconds per audio second: %s", ", ".join(f"{k} {v:.4f}" for k, v in sorted(audio_cost.items())))
+    return LoadedModels(encoders, vad, prep_pool, model_pool, probe_pool, default, audio_cost, runners)
+
+
+def model_seconds_per_audio_second(runner: OnnxEncoder, windows: int = 4, tries: int = 3) -> float:
+    """Seconds one model call spends per second of audio (the best of ``tries`` calls of ``windows``
+    windows, times the windows an audio second makes): the encoder's relative cost, for admission."""
+    batch = np.zeros((windows, runner.manifest.window.window_samples), np.float32)
+    best = float("inf")
+    for _ in range(tries):
+        started = time.perf_counter()
+        runner.embed(batch)
+        best = min(best, time.perf_counter() - started)
+    return best / windows * runner.manifest.window.rate_per_second
 
 
 def encoder_batcher_config(config: BatcherConfig, runner: OnnxEncoder) -> BatcherConfig:

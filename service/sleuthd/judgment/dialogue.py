@@ -87,6 +87,11 @@ class Dialogue(Protocol):
     def __len__(self) -> int:
         """Turns added so far."""
 
+    @property
+    def kept_audio_bytes(self) -> int:
+        """Decoded audio the dialogue keeps between turns, bytes (the LALM judge hears earlier turns again;
+        the encoders keep none): a stream counts it in the process's audio budget."""
+
     async def add_turns(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:
         """Hear completed turns (together, as one request's audio) and add them, without judging yet."""
 
@@ -175,6 +180,10 @@ class EncoderDialogue:
         self._turns: dict[str, _Turn] = {}
         self._speakers: dict[str, _Speaker] = {}
         self._drift: dict[str, DriftResult | None] = {}  # searched turns only
+
+    @property
+    def kept_audio_bytes(self) -> int:
+        return 0
 
     def __len__(self) -> int:
         return len(self._turns)

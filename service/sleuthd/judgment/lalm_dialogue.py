@@ -97,6 +97,10 @@ class LalmDialogue:
     def __len__(self) -> int:
         return len(self._inner)
 
+    @property
+    def kept_audio_bytes(self) -> int:
+        return self._held
+
     # ------------------------------------------------------------------ the Dialogue protocol
 
     async def add_turns(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:

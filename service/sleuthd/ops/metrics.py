@@ -17,6 +17,7 @@ Every metric, with its labels (all low-cardinality):
 | `sleuthd_audio_seconds_total` | counter | cached | audio seconds embedded ("false") or cached or shared ("true") |
 | `sleuthd_verdicts_total` | counter | status, reason | turn verdicts by status, and why flagged or uncertain |
 | `sleuthd_streams_active` | gauge | | open StreamDialogue calls |
+| `sleuthd_log_records_dropped_total` | counter | reason | log records dropped, never waited for: `queue`, `stderr` |
 | `sleuthd_judge_queue_prompts` | gauge | | LALM judge prompts waiting in its batcher (in-process judge) |
 | `sleuthd_judge_queue_wait_seconds` | histogram | | time from a prompt's arrival to its batch being cut |
 | `sleuthd_judge_batch_prompts` | histogram | | prompts per judge model call |
@@ -35,9 +36,14 @@ metrics come from prometheus_client's ProcessCollector.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from sleuthd.domain import TurnStatus
+from sleuthd.ops import logs
 from sleuthd.ops.observe import BatchObserver
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -87,6 +93,18 @@ class JudgeMetrics:
 
     def rejected(self) -> None:
         self.rejections.inc()
+
+
+class _DroppedLogRecords(Collector):
+    """The process's dropped log records (sleuthd.ops.logs.dropped), read when scraped."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "sleuthd_log_records_dropped", "Log records dropped rather than waited for", labels=["reason"]
+        )
+        for reason, n in sorted(logs.dropped().items()):
+            family.add_metric([reason], n)
+        yield family
 
 
 class EncoderBatchMetrics:
@@ -158,6 +176,7 @@ class ServiceMetrics:
         # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, ... (read from /proc on
         # Linux; elsewhere the collector reports nothing). On this registry, as every metric of the server.
         ProcessCollector(registry=r)
+        r.register(_DroppedLogRecords())
 
     # -- RPCs (called by the RPC gate, sleuthd.rpc.gate; `method` is the short name for sleuthd's own
     # services and the full path for health and reflection, so its values are bounded by what is registered)

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from sleuthd.config import RegistryConfig
-from sleuthd.errors import Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName, Unsupported
+from sleuthd.errors import Duplicate, InvalidRequest, OutOfSequence, RegistryFull, UnknownName, Unsupported
 from sleuthd.registry import model as m
 from sleuthd.registry.store import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, RegistryUnavailable
 
@@ -62,6 +62,8 @@ SCHEMA = (
         created_us BIGINT NOT NULL,
         PRIMARY KEY (voice_id, encoder, weights_sha256))""",
     "CREATE INDEX IF NOT EXISTS registry_embeddings_by_weights ON registry_embeddings (encoder, weights_sha256)",
+    # The audio kept, summed at every registration (registry_max_total_mb) from this index alone.
+    "CREATE INDEX IF NOT EXISTS registry_clips_kept ON registry_clips (voice_id, n_bytes) WHERE data IS NOT NULL",
     "INSERT INTO registry_meta (key, value) VALUES ('schema_version', '1') ON CONFLICT (key) DO NOTHING",
 )
 
@@ -160,6 +162,8 @@ class SqlStore(ABC):
                     f"voice {voice_id!r} is already registered (revision {old[1]}); set replace to overwrite it "
                     "or delete it first"
                 )
+            if keep:
+                self._check_total(cur, voice_id, sum(c.n_bytes for c in stored))
             if old is not None:
                 created, revision = int(old[0]), int(old[1]) + 1
                 cur.execute("DELETE FROM registry_embeddings WHERE voice_id = ?", (voice_id,))
@@ -173,7 +177,7 @@ class SqlStore(ABC):
                 cur.execute("SELECT COUNT(*) FROM registry_voices")
                 n = int(cur.fetchone()[0])
                 if n >= self.config.registry_max_voices:
-                    raise LimitExceeded(
+                    raise RegistryFull(
                         f"the registry holds {n} voices, its limit (registry_max_voices); delete voices no "
                         "longer needed or raise the limit"
                     )
@@ -207,6 +211,22 @@ class SqlStore(ABC):
                 for e, v in zip(embeddings, vectors, strict=True)
             ),
         )
+
+    def _check_total(self, cur: Cursor, voice_id: str, adding: int) -> None:
+        """Refuse (RegistryFull) a registration whose kept audio would take the registry's past
+        ``registry_max_total_mb`` (a voice being replaced no longer counts its old clips)."""
+        cur.execute(
+            "SELECT COALESCE(SUM(n_bytes), 0) FROM registry_clips WHERE data IS NOT NULL AND voice_id <> ?",
+            (voice_id,),
+        )
+        kept = int(cur.fetchone()[0])
+        limit = self.config.max_total_bytes
+        if kept + adding > limit:
+            raise RegistryFull(
+                f"the registry keeps {kept / 2**20:.1f} MiB of clip audio and this voice's clips add "
+                f"{adding / 2**20:.1f} MiB, over its limit of {limit / 2**20:g} MiB (registry_max_total_mb): delete "
+                "voices no longer needed, register without keeping the audio (keep_audio off), or raise the limit"
+            )
 
     @staticmethod
     def _upsert_embedding(cur: Cursor, voice_id: str, e: m.Embedding, v: Any, t: int) -> None:

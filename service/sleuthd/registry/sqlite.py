@@ -12,7 +12,9 @@ matters. The file must be on a local disk: WAL does not work over network file s
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +34,7 @@ class SqliteStore(SqlStore):
     def __init__(self, path: Path, config: RegistryConfig) -> None:
         super().__init__(config)
         self.path = Path(path)
+        _create_private(self.path)
         self._pool: ConnectionPool[sqlite3.Connection] = ConnectionPool(self._connect, _close)
         self._enter_wal()
         self._create_schema()
@@ -96,6 +99,26 @@ class SqliteStore(SqlStore):
 
     def close(self) -> None:
         self._pool.close()
+
+
+def _create_private(path: Path) -> None:
+    """Create the registry file readable by its owner only (0600) when it does not exist yet: it keeps
+    voice audio. SQLite creates its -wal and -shm files with the database's mode. An existing file keeps
+    its mode; one that others can read is reported."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return
+    except FileExistsError:
+        pass
+    except OSError:  # no permission, read-only folder: the connection reports it with the path
+        return
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        logger.warning(
+            "the voice registry %s is readable by other users (mode %04o) and keeps voice audio: chmod 600 it",
+            path,
+            mode,
+        )
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -49,14 +49,20 @@ class TokenSet:
 
     def accepts(self, authorization: str | None) -> bool:
         """Whether an ``authorization`` header value is ``Bearer <one of the tokens>`` (constant-time compare)."""
+        return self.which(authorization) is not None
+
+    def which(self, authorization: str | None) -> int | None:
+        """Which token (its line among the tokens, from 1) an ``authorization`` header value presents, or
+        None when it is not ``Bearer <one of the tokens>``."""
         if not authorization:
-            return False
+            return None
         scheme, _, presented = authorization.partition(" ")
         if scheme.lower() != "bearer":
-            return False
+            return None
         given = presented.strip().encode()
         # Compare with every token (no early exit) so timing does not tell which one nearly matched.
-        return sum(hmac.compare_digest(given, t) for t in self.tokens) > 0
+        matches = [hmac.compare_digest(given, t) for t in self.tokens]
+        return matches.index(True) + 1 if any(matches) else None
 
 
 def authorization_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:

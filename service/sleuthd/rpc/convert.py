@@ -333,4 +333,5 @@ def registry_info_to_pb(registry: VoiceRegistry) -> pb.VoiceRegistryInfo:
         max_clip_seconds=c.registry_max_clip_seconds,
         max_metadata_entries=c.registry_max_metadata_entries,
         max_metadata_bytes=c.registry_max_metadata_bytes,
+        max_total_bytes=c.max_total_bytes,
     )

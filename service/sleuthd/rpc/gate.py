@@ -5,18 +5,24 @@ In order, for each call:
                   and put on every log line of the call
   -> access       the bearer token (UNAUTHENTICATED; health stays open), draining (after SIGTERM new work
                   gets UNAVAILABLE)
+  -> client       who the call's audio counts against: its connection (peer) and, with tokens, its token
+                  (sleuthd.engine.admission.current_client; a stream's session reads it)
   -> admission    before a byte of the request is read: a StreamDialogue when every stream slot is taken,
-                  a unary call whose usual size the audio budget would refuse with this deadline:
-                  RESOURCE_EXHAUSTED at once (under overload, reading requests that are then refused is
-                  most of the cost of refusing them)
-  -> shape        each message's bytes checked (size, field counts: sleuthd.rpc.limits) and parsed as
-                  gRPC reads them (in the deserializer: parsed later, the raw bytes of every request
-                  stayed alive longer and the server's memory after a burst grew by half); bytes over a
-                  limit or not the method's protobuf type are INVALID_ARGUMENT, never half-parsed
-  -> hold         a unary request's bytes held in the audio budget while it runs; a stream holds a slot
-  -> the handler  (sleuthd.rpc.servicer)
+                  a unary call whose usual size the audio budget (or this client's share of it) would
+                  refuse, or whose usual cost the engine's work queue could not finish before this call's
+                  deadline: RESOURCE_EXHAUSTED at once (under overload, reading requests that are then
+                  refused is most of the cost of refusing them)
+  -> shape        each message's bytes checked (size, field counts, at most a bounded number of fields
+                  walked per message and per second: sleuthd.rpc.limits) and parsed as gRPC reads them (in
+                  the deserializer: parsed later, the raw bytes of every request stayed alive longer and the
+                  server's memory after a burst grew by half); bytes over a limit or not the method's
+                  protobuf type are INVALID_ARGUMENT, never half-parsed
+  -> hold         a unary request's bytes held in the audio budget (under its client's share) while it
+                  runs; a stream holds a slot
+  -> the handler  (sleuthd.rpc.servicer; the engine admits the work itself by its estimated cost)
   -> outcome      labelled truthfully (a passed deadline is DEADLINE_EXCEEDED, a client that went away
-                  CANCELLED) -> ``sleuthd_rpc_total`` and one access-log line; refused calls included.
+                  CANCELLED) -> ``sleuthd_rpc_total`` and one access-log line; refused calls included;
+                  then ``after_work`` (the heap trimmer).
 
 The servicer trusts all of this: it converts, calls the engine and maps errors to status codes.
 """
@@ -37,12 +43,12 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError
 
-from sleuthd.engine.admission import AudioBudget, Slots
+from sleuthd.engine.admission import AudioBudget, Client, Slots, WorkQueue, current_client
 from sleuthd.errors import InvalidRequest, Overloaded
 from sleuthd.ops.logs import clip, printable, request_id
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc.auth import TokenSet, authorization_of
-from sleuthd.rpc.limits import RequestLimits
+from sleuthd.rpc.limits import RequestLimits, WalkPace
 from sleuthd.rpc.status import status_of
 
 logger = logging.getLogger(__name__)
@@ -72,6 +78,8 @@ class EdgeLimits:
     request: RequestLimits  # size and field counts of every message
     budget: AudioBudget  # request audio bytes held across all RPCs
     streams: Slots  # concurrent StreamDialogue calls
+    walk_pace: WalkPace | None = None  # fields the wire checks of our methods may walk per second, all together
+    work: WorkQueue | None = None  # the engine's admission by cost and deadline, asked before a request is read
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,7 @@ class _Refusal:
     """Stands in for a message that failed its checks or did not parse, so the gate (or, inside a
     stream, the servicer) answers it instead of gRPC."""
 
-    error: InvalidRequest
+    error: InvalidRequest | Overloaded
 
 
 @dataclass
@@ -90,6 +98,8 @@ class _Call:
     peer: str
     work: bool
     refusal: tuple[grpc.StatusCode, str] | None
+    token: int | None = None  # which bearer token the call presented (its line), when tokens are on
+    client: Client = ()  # the shares of the audio budget this call's audio counts against
     started: float = 0.0
     dialogue_id: str = ""
     requests_ended: bool = False
@@ -147,6 +157,19 @@ def _code_after(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.S
     return context.code() or grpc.StatusCode.UNKNOWN
 
 
+def _unwound(exc: BaseException) -> None:
+    """Cut an abort's traceback and context before it goes back to gRPC. gRPC's handler keeps the exception
+    it catches in a reference cycle, and through its traceback (and the refusal it was raised while handling)
+    every frame below the gate stayed alive with the request in it, parsed and converted, its audio included,
+    until a full collection: 179 refused requests, each held, after 8 s of overload. The status is already
+    set on the context; the traceback says nothing gRPC uses (unexpected errors are logged with theirs by
+    the servicer before it aborts)."""
+    if isinstance(exc, grpc.aio.AbortError):
+        exc.__traceback__ = None
+        exc.__context__ = None
+        exc.__cause__ = None
+
+
 async def _abort(context: Any, error: BaseException) -> NoReturn:
     known = status_of(error)
     code, details = known if known is not None else (grpc.StatusCode.INTERNAL, "internal error")
@@ -155,10 +178,19 @@ async def _abort(context: Any, error: BaseException) -> NoReturn:
 
 
 class RpcGate(grpc.aio.ServerInterceptor):
-    def __init__(self, metrics: ServiceMetrics, limits: EdgeLimits, tokens: TokenSet | None = None) -> None:
+    def __init__(
+        self,
+        metrics: ServiceMetrics,
+        limits: EdgeLimits,
+        tokens: TokenSet | None = None,
+        after_work: Callable[[bool], None] | None = None,
+    ) -> None:
+        """``after_work(idle)``: called when a work RPC ends (refused ones included), ``idle`` when it was
+        the last in flight; it must not block."""
         self.metrics = metrics
         self.limits = limits
         self.tokens = tokens
+        self.after_work = after_work
         self.draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -207,12 +239,13 @@ class RpcGate(grpc.aio.ServerInterceptor):
             work=work,
             refusal=self._refusal(method, metadata, work),
             attempt=_attempt(metadata),
+            token=self.tokens.which(authorization_of(metadata)) if self.tokens is not None else None,
         )
         message_class = getattr(getattr(handler, "request_deserializer", None), "__self__", None)
         if getattr(message_class, "DESCRIPTOR", None) is None:
             return handler  # not a generated protobuf deserializer: nothing to check (not one of ours)
         out = handler.response_serializer
-        parse = self._parser(message_class)
+        parse = self._parser(message_class, method.startswith(SERVICE_PREFIX))
         if method.startswith(SERVICE_PREFIX) and handler.unary_unary:
             # Served as stream-unary: a streaming handler gets the call before asking for its message
             # (the wire format is the same), so it can refuse without reading it.
@@ -238,13 +271,14 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
     # ------------------------------------------------------------------ shape: size, counts, parse
 
-    def _check_and_parse(self, data: bytes, message_class: Any) -> Any:
-        """The parsed message, or a :class:`_Refusal` (never raises)."""
+    def _check_and_parse(self, data: bytes, message_class: Any, paced: bool) -> Any:
+        """The parsed message, or a :class:`_Refusal` (never raises). ``paced``: the walk counts against
+        the process's walking pace (our methods; not health or reflection, which must always answer)."""
         descriptor = message_class.DESCRIPTOR
         try:
-            self.limits.request.check_wire(data, descriptor)
+            self.limits.request.check_wire(data, descriptor, self.limits.walk_pace if paced else None)
             return message_class.FromString(data)
-        except InvalidRequest as exc:
+        except (InvalidRequest, Overloaded) as exc:
             return _Refusal(exc)
         except DecodeError as exc:
             # Raised from a deserializer, gRPC would log a traceback per request and answer UNKNOWN.
@@ -257,10 +291,10 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
     def _sized(self, message_class: Any) -> Callable[[bytes], tuple[Any, int]]:
         """The parsed message (or refusal) with its size on the wire, which the audio budget counts."""
-        return lambda data: (self._check_and_parse(data, message_class), len(data))
+        return lambda data: (self._check_and_parse(data, message_class, True), len(data))
 
-    def _parser(self, message_class: Any) -> Callable[[bytes], Any]:
-        return lambda data: self._check_and_parse(data, message_class)
+    def _parser(self, message_class: Any, paced: bool) -> Callable[[bytes], Any]:
+        return lambda data: self._check_and_parse(data, message_class, paced)
 
     # ------------------------------------------------------------------ per-call books
 
@@ -269,6 +303,9 @@ class RpcGate(grpc.aio.ServerInterceptor):
         ``header``: send the request id now (streams); unary calls of ours send it with their answer."""
         call.started = time.perf_counter()
         call.peer = printable(context.peer() or "", 64)
+        # One connection (its peer address and port) and one token each have a share of the audio budget.
+        call.client = (("peer", call.peer),) + ((("token", f"#{call.token}"),) if call.token is not None else ())
+        current_client.set(call.client)
         request_id.set(call.request_id)
         if call.work:
             self._in_flight += 1
@@ -298,6 +335,8 @@ class RpcGate(grpc.aio.ServerInterceptor):
             self.metrics.rpcs_in_flight.set(self._in_flight)
             if self._in_flight == 0:
                 self._idle.set()
+            if self.after_work is not None:
+                self.after_work(self._in_flight == 0)
         level = logging.DEBUG if not call.work and code == grpc.StatusCode.OK else logging.INFO
         dialogue = printable(call.dialogue_id, 128)
         fields = {"method": call.label, "code": code.name, "ms": round(seconds * 1000, 1), "dialogue_id": dialogue,
@@ -321,6 +360,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
         held in the audio budget while the method runs."""
         recent = self._recent[call.label]
         budget = self.limits.budget
+        work = self.limits.work
 
         async def behaviour(requests: AsyncIterator[tuple[Any, int]], raw: grpc.aio.ServicerContext) -> Any:
             context: Any = _AnswerHeader(raw, call.request_id)  # the request id goes out with the answer
@@ -328,9 +368,10 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 await self._begin(call, context, header=False)
                 # The smallest recent request of this method: refusing on it wrongs no request of usual size.
                 expected = min(recent) if recent else 0
-                busy = budget.refusal(
-                    expected, f"a {call.label} request (about {expected} bytes, as lately)", context.time_remaining()
-                )
+                busy = budget.refusal(expected, f"a {call.label} request (about {expected} bytes, as lately)",
+                                      call.client)  # fmt: skip
+                if busy is None and work is not None:
+                    busy = work.usual_refusal(call.label, context.time_remaining())
                 if busy is not None:
                     await _abort(context, busy)
                 got = await anext(aiter(requests), None)  # a unary call carries exactly one message
@@ -342,18 +383,18 @@ class RpcGate(grpc.aio.ServerInterceptor):
                     await _abort(context, request.error)
                 call.dialogue_id = _dialogue_of(request)
                 try:
-                    budget.acquire(size, "this request", context.time_remaining())
+                    budget.acquire(size, "this request", call.client)
                 except Overloaded as refused:
                     await _abort(context, refused)
-                done = False
                 try:
                     response = await inner(request, context)
-                    done = True
                 finally:
-                    budget.release(size, done)
+                    budget.release(size, call.client)
                 await context.send_header()
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
+                got = request = None  # see _unwound: nothing the exception keeps may hold the request
+                _unwound(exc)
                 raise
             self._succeeded(call, context)
             return response
@@ -377,6 +418,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                         yield response
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
+                _unwound(exc)
                 raise
             self._succeeded(call, context)
 
@@ -415,10 +457,11 @@ class RpcGate(grpc.aio.ServerInterceptor):
                     try:
                         async for response in inner(request, context):
                             yield response
-                    except InvalidRequest as exc:  # a message of the request stream was refused
+                    except (InvalidRequest, Overloaded) as exc:  # a message of the request stream was refused
                         await _abort(context, exc)
                 except BaseException as exc:
                     self._finish(call, self._settle(call, exc, context))
+                    _unwound(exc)
                     raise
                 self._succeeded(call, context)
 
@@ -429,10 +472,11 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 request = await refused_or(request, context)
                 try:
                     response = await inner(request, context)
-                except InvalidRequest as exc:  # a message of the request stream was refused
+                except (InvalidRequest, Overloaded) as exc:  # a message of the request stream was refused
                     await _abort(context, exc)
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
+                _unwound(exc)
                 raise
             self._succeeded(call, context)
             return response
@@ -445,4 +489,3 @@ class RpcGate(grpc.aio.ServerInterceptor):
             if isinstance(message, _Refusal):
                 raise message.error
             yield message
-

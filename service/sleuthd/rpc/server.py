@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -20,7 +20,7 @@ from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc.auth import TokenSet, server_credentials, warn_if_exposed
 from sleuthd.rpc.encoder_health import EncoderHealthPublisher
 from sleuthd.rpc.gate import EdgeLimits, RpcGate
-from sleuthd.rpc.limits import RequestLimits
+from sleuthd.rpc.limits import RequestLimits, WalkPace
 from sleuthd.rpc.ops_http import OpsHttpServer
 from sleuthd.rpc.servicer import SleuthServicer
 from sleuthd.v1 import sleuthd_pb2 as pb
@@ -40,6 +40,7 @@ class RunningServer:
     health: health.aio.HealthServicer
     metrics: ServiceMetrics
     gate: RpcGate
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)  # streams end (verdicts sent) when set
     metrics_port: int | None = None
     http: OpsHttpServer | None = None
     serving: bool = False  # what gRPC health says, mirrored for /readyz
@@ -52,15 +53,33 @@ class RunningServer:
 
     async def drain(self, grace: float, hurry: asyncio.Event | None = None) -> bool:
         """Health says NOT_SERVING (and keeps answering), new work RPCs get UNAVAILABLE, and running ones get
-        up to ``grace`` seconds (or until ``hurry`` is set) to finish. Returns whether they all finished."""
+        up to ``grace`` seconds (or until ``hurry`` is set) to finish. Returns whether they all finished.
+
+        The grace is sized from the work queue: queued requests that would not be done within it are
+        refused now (UNAVAILABLE: retry elsewhere) instead of being cut at its end; open streams keep going
+        until the time one streamed turn takes (at the recent pace) is left, then stop reading and end
+        (UNAVAILABLE) once the turns they are finishing have their verdicts."""
         self.serving = False
         await self.health.enter_graceful_shutdown()
         self.gate.start_draining()
+        work = self.gate.limits.work
+        if work is not None:
+            shed = work.shed(grace)
+            left = work.seconds_left()
+            logger.info(
+                "draining: %d RPCs in flight, about %s s of admitted work left; %d queued requests refused (they "
+                "could not finish within the %.0f s grace)",
+                self.gate.in_flight, "?" if left is None else f"{left:.1f}", shed, grace,
+            )  # fmt: skip
+        turn = (work.usual_seconds("StreamTurn") if work is not None else None) or 0.0
+        margin = min(grace / 2, max(1.0, 2 * turn))
+        tell_streams = asyncio.get_running_loop().call_later(max(0.0, grace - margin), self.stopping.set)
         idle = asyncio.ensure_future(self.gate.wait_idle(grace))
         waiters: set[asyncio.Future[Any]] = {idle}
         if hurry is not None:
             waiters.add(asyncio.ensure_future(hurry.wait()))
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        tell_streams.cancel()
         for w in waiters:
             w.cancel()
         return idle.done() and not idle.cancelled() and bool(idle.result())
@@ -155,12 +174,23 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     warn_if_exposed(config)
     # One set of limits, enforced by the gate before any handler runs (sleuthd.rpc.gate).
     bounds = engine.config.admission
+    request_limits = RequestLimits.from_config(engine.config, config.max_message_bytes)
     limits = EdgeLimits(
-        request=RequestLimits.from_config(engine.config, config.max_message_bytes),
-        budget=AudioBudget(bounds.max_audio_in_flight_bytes, on_idle=HeapTrimmer()),
+        request=request_limits,
+        budget=AudioBudget(
+            bounds.max_audio_in_flight_bytes,
+            shares=bounds.audio_shares,
+            buffer_limit=bounds.max_stream_buffers_bytes,
+        ),
         streams=Slots(bounds.max_streams, "streams"),
+        # The burst holds two requests of the most fields allowed, so valid requests never wait on it.
+        walk_pace=WalkPace(bounds.wire_fields_per_second, 2 * request_limits.largest_max_fields()),
+        work=engine.work,
     )
-    gate = RpcGate(metrics, limits, tokens)
+    # Freed heap pages go back to the system after work (at most every 10 s, on a thread): after refused
+    # requests too (a burst of 60 MiB requests refused unparsed left 450 MB behind), and while a stream
+    # that never ends keeps the audio budget from ever being empty.
+    gate = RpcGate(metrics, limits, tokens, after_work=HeapTrimmer(when_idle=[engine.models.shrink_arenas]))
     pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run
 
     def on_engine_failure() -> None:
@@ -169,12 +199,15 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         pending.add(task)
         task.add_done_callback(pending.discard)
 
-    servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics, limits.budget)
+    stopping = asyncio.Event()
+    servicer = SleuthServicer(engine, config.max_message_bytes, on_engine_failure, metrics, limits.budget, stopping)
     # A request a little over the size limit is read and answered with advice (INVALID_ARGUMENT); one far
     # over it (the transport limit) is refused by gRPC itself, unread.
     server = grpc.aio.server(interceptors=[gate], options=server_options(config))
     health_servicer = health.aio.HealthServicer()
-    running = RunningServer(server=server, port=0, health=health_servicer, metrics=metrics, gate=gate)
+    running = RunningServer(
+        server=server, port=0, health=health_servicer, metrics=metrics, gate=gate, stopping=stopping
+    )
     await running.set_serving(False)
     pb_grpc.add_SleuthServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

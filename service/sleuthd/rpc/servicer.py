@@ -39,12 +39,16 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         on_engine_failure: Callable[[], None],
         metrics: ServiceMetrics,
         budget: AudioBudget,
+        stopping: asyncio.Event | None = None,
     ) -> None:
-        """``budget``: the audio budget the gate holds unary requests in; a stream's chunks count in it too."""
+        """``budget``: the audio budget the gate holds unary requests in; a stream's chunks count in it too.
+        ``stopping``: set near the end of the shutdown grace period; open streams then end once the turns
+        they are finishing have their verdicts (UNAVAILABLE: reopen elsewhere)."""
         self.engine = engine
         self.max_message_bytes = max_message_bytes
         self.metrics = metrics
         self.audio_budget = budget
+        self.stopping = stopping
         self._on_engine_failure = on_engine_failure
 
     # ------------------------------------------------------------------ errors to status codes
@@ -180,7 +184,8 @@ class SleuthServicer(pb_grpc.SleuthServicer):
         session = StreamSession(self.engine, self.audio_budget)
         self.metrics.streams_active.inc()
         try:
-            async for message in paced(request_iterator, self.engine.config.admission):
+            messages = paced(request_iterator, self.engine.config.admission, session.turn_deadline, self.stopping)
+            async for message in messages:
                 for response in await self._stream_step(session, message, context):
                     yield response
             # Its turns' verdicts were counted as each turn completed.

@@ -16,6 +16,8 @@ from sleuthd.errors import (
     LimitExceeded,
     OutOfSequence,
     Overloaded,
+    RegistryFull,
+    ShuttingDown,
     UnknownName,
     Unsupported,
 )
@@ -27,10 +29,12 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (Duplicate, grpc.StatusCode.ALREADY_EXISTS),
     (OutOfSequence, grpc.StatusCode.FAILED_PRECONDITION),
     (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
+    (RegistryFull, grpc.StatusCode.FAILED_PRECONDITION),
     (LimitExceeded, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
     # The registry's database is unreachable or locked: retry later, but this server is healthy.
     (DependencyUnavailable, grpc.StatusCode.UNAVAILABLE),
 )

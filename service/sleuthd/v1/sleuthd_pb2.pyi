@@ -599,7 +599,7 @@ class DeleteVoiceResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class VoiceRegistryInfo(_message.Message):
-    __slots__ = ("backend", "keep_audio", "max_voices", "max_clips_per_voice", "max_clip_bytes", "max_voice_bytes", "max_clip_seconds", "max_metadata_entries", "max_metadata_bytes")
+    __slots__ = ("backend", "keep_audio", "max_voices", "max_clips_per_voice", "max_clip_bytes", "max_voice_bytes", "max_clip_seconds", "max_metadata_entries", "max_metadata_bytes", "max_total_bytes")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     KEEP_AUDIO_FIELD_NUMBER: _ClassVar[int]
     MAX_VOICES_FIELD_NUMBER: _ClassVar[int]
@@ -609,6 +609,7 @@ class VoiceRegistryInfo(_message.Message):
     MAX_CLIP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_METADATA_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     MAX_METADATA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     backend: str
     keep_audio: bool
     max_voices: int
@@ -618,4 +619,5 @@ class VoiceRegistryInfo(_message.Message):
     max_clip_seconds: float
     max_metadata_entries: int
     max_metadata_bytes: int
-    def __init__(self, backend: _Optional[str] = ..., keep_audio: _Optional[bool] = ..., max_voices: _Optional[int] = ..., max_clips_per_voice: _Optional[int] = ..., max_clip_bytes: _Optional[int] = ..., max_voice_bytes: _Optional[int] = ..., max_clip_seconds: _Optional[float] = ..., max_metadata_entries: _Optional[int] = ..., max_metadata_bytes: _Optional[int] = ...) -> None: ...
+    max_total_bytes: int
+    def __init__(self, backend: _Optional[str] = ..., keep_audio: _Optional[bool] = ..., max_voices: _Optional[int] = ..., max_clips_per_voice: _Optional[int] = ..., max_clip_bytes: _Optional[int] = ..., max_voice_bytes: _Optional[int] = ..., max_clip_seconds: _Optional[float] = ..., max_metadata_entries: _Optional[int] = ..., max_metadata_bytes: _Optional[int] = ..., max_total_bytes: _Optional[int] = ...) -> None: ...

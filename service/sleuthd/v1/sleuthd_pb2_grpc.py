@@ -173,9 +173,10 @@ class SleuthServicer:
         four: NOT_FOUND (no voice with that id), INVALID_ARGUMENT (malformed id, metadata or page token,
         unusable audio: the message names the clip), UNAVAILABLE (the registry's database cannot be reached).
 
-        RegisterVoice: ALREADY_EXISTS when the id is taken and replace is false; RESOURCE_EXHAUSTED when a
-        bound of VoiceRegistryInfo is exceeded (the message names it). A retried call whose first attempt
-        landed answers ALREADY_EXISTS with the voice in place.
+        RegisterVoice: ALREADY_EXISTS when the id is taken and replace is false; FAILED_PRECONDITION when the
+        registry is full (max_voices, or max_total_bytes of audio kept: delete voices first); INVALID_ARGUMENT
+        when the registration breaks another bound of VoiceRegistryInfo (the message names it). A retried call
+        whose first attempt landed answers ALREADY_EXISTS with the voice in place.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
