@@ -445,4 +445,3 @@ class RpcGate(grpc.aio.ServerInterceptor):
             if isinstance(message, _Refusal):
                 raise message.error
             yield message
-
