@@ -121,10 +121,12 @@ def test_inside_the_gate_the_blend_is_todays_probability_and_outside_it_is_monot
         x = rng.normal(size=(6, dim)) * 0.08 + 1.0  # one tight voice: levels far above the gate
         x /= np.linalg.norm(x, axis=1, keepdims=True)
         grams[e] = x @ x.T
-    today = np.array([-3.0, -0.2, 0.1, 2.5, 45.0])
-    v = calibration.judge(grams, True, np.full(5, 3.0), auto_logit=today, threshold=0.5)
+    today = np.array([-3.0, -0.04, 0.1, 2.5, 45.0])  # P 0.047, 0.490, 0.525, 0.924, 1.0
+    v = calibration.judge(grams, True, np.full(5, 3.0), auto_logit=today)
     assert v is not None and v.inside and all(v.levels[e] >= g for e, g in blend.gate.items())
     np.testing.assert_array_equal(v.probability, 1.0 / (1.0 + np.exp(-np.clip(today, -40, 40))))
+    # Decided at today's threshold (0.5), not at the evidence model's own (0.48): 0.490 is not flagged.
+    assert blend.decision_threshold == 0.5 > 0.49 > calibration.decision_threshold
     assert v.flagged.tolist() == [False, False, True, True, True] and not v.uncertain.any()
     # The stack never falls as either logit rises, and stays bounded whatever today's logit does.
     level = np.linspace(0.5, 1.0, 11)

@@ -290,6 +290,7 @@ class Blend:
     bias: np.ndarray  # (L + 1,)
     auto_logit_clip: float  # today's logit is clipped to +- this (it is unbounded outside its support)
     auto_calibration_sha256: str  # calibration_identity() of today's calibration it was fitted on
+    decision_threshold: float  # on P, inside the gate and out: today's calibration's (0.5)
 
     def inside(self, levels: Mapping[str, float]) -> bool:
         """Whether today's `auto` judges this speaker: every encoder's level at or above its gate. A pool of
@@ -316,6 +317,7 @@ class Blend:
             "bias": np.round(self.bias, 6).tolist(),
             "auto_logit_clip": float(self.auto_logit_clip),
             "auto_calibration_sha256": self.auto_calibration_sha256,
+            "decision_threshold": float(self.decision_threshold),
         }
 
     @classmethod
@@ -339,6 +341,7 @@ class Blend:
             bias,
             float(d["auto_logit_clip"]),
             str(d["auto_calibration_sha256"]),
+            float(d["decision_threshold"]),
         )
 
 
@@ -431,7 +434,7 @@ class EvidenceCalibration:
 
         ``auto_logit``: (n,) today's `auto` log-odds of the same turns; with it and a blend, the blend judges
         (today's `auto` inside the gate, the stack outside), else the evidence model alone. ``threshold``: the
-        decision threshold on P (default: the calibration's)."""
+        decision threshold on P (default: the blend's when it judges, else the evidence model's)."""
         n = len(speech_seconds)
         cohort = rivals is not None and all(np.asarray(rivals[e]).size for e in self.encoders)
         variant = variant_of(n, has_reference, cohort)
@@ -439,12 +442,18 @@ class EvidenceCalibration:
             return None
         if variant not in self.models:
             variant = variant.removesuffix("_cohort")
-        tau = self.decision_threshold if threshold is None else threshold
+        blended = self.blend is not None and auto_logit is not None
+        if threshold is not None:
+            tau = threshold
+        elif blended:
+            assert self.blend is not None
+            tau = self.blend.decision_threshold  # today's: the blend answers on today's scale, inside and out
+        else:
+            tau = self.decision_threshold
         evidence = {
             e: encoder_evidence(grams[e], has_reference, None if rivals is None else rivals[e]) for e in self.encoders
         }
         levels = speaker_levels(evidence)
-        blended = self.blend is not None and auto_logit is not None
         if blended:
             assert self.blend is not None and auto_logit is not None
             if self.blend.inside(levels):

@@ -487,7 +487,17 @@ def fit_blend(
     knots, wa, we, bias = fit_stack(
         np.concatenate(rows_a), np.concatenate(rows_e), np.concatenate(rows_l), np.concatenate(rows_y)
     )
-    blend = Blend(gate, BLEND_LEVEL_ENCODER, knots, wa, we, bias, AUTO_LOGIT_CLIP, calibration_identity(auto_block))
+    blend = Blend(
+        gate,
+        BLEND_LEVEL_ENCODER,
+        knots,
+        wa,
+        we,
+        bias,
+        AUTO_LOGIT_CLIP,
+        calibration_identity(auto_block),
+        auto.decision_threshold,
+    )
     stats = {
         "gate_quantile": GATE_QUANTILE,
         "support_dialogues": len({i.dialogue_id for i in support}),

@@ -87,6 +87,7 @@ def evidence_flags(
     logits = None
     if auto is not None and calibration.blend is not None and len(seconds) and (len(seconds) > 1 or has_ref):
         logits = auto_logits(inst.views["fused"], auto)
+    # With the blend, the decision threshold is its own (today's calibration's 0.5), as on the server.
     verdicts = calibration.judge(grams, has_ref, seconds, auto_logit=logits)
     if verdicts is None:
         return frozenset(), frozenset(), np.zeros(0)
