@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sleuthd.api import SpeakerEncoder
+from sleuthd.encoders.manifest import read_card
 from sleuthd.judgment.evidence import (
     SIGNS,
     EvidenceCalibration,
@@ -93,6 +94,49 @@ def test_a_calibration_for_other_weights_or_of_another_kind_is_refused(block: di
     wrong["models"]["context"]["features"][0] = "ge2e.pitch"  # a feature this code does not compute
     with pytest.raises(EvidenceError, match="other features"):
         EvidenceCalibration.from_json(wrong)
+
+
+def test_the_blend_is_refused_on_another_auto_calibration(block: dict) -> None:
+    """The stack reads today's `auto` logit: fitted on one calibration, it means nothing on another."""
+    today = read_card("fused")["calibration"]
+    EvidenceCalibration.from_json(block, None, today)  # the calibration it was fitted on
+    other = copy.deepcopy(today)
+    other["models"]["context"]["bias"] += 0.5
+    with pytest.raises(EvidenceError, match=r"blend was fitted on today.s `auto` calibration .* refit it with"):
+        EvidenceCalibration.from_json(block, None, other)
+    negative = copy.deepcopy(block)
+    negative["blend"]["evidence_weights"][0] = -0.1  # a stack that could fall as the evidence rises
+    with pytest.raises(EvidenceError, match="wrong shape or sign"):
+        EvidenceCalibration.from_json(negative)
+
+
+def test_inside_the_gate_the_blend_is_todays_probability_and_outside_it_is_monotone(
+    calibration: EvidenceCalibration,
+) -> None:
+    blend = calibration.blend
+    assert blend is not None
+    rng = np.random.default_rng(4)
+    grams = {}
+    for e, dim in (("ge2e", 256), ("campplus", 192)):
+        x = rng.normal(size=(6, dim)) * 0.08 + 1.0  # one tight voice: levels far above the gate
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        grams[e] = x @ x.T
+    today = np.array([-3.0, -0.04, 0.1, 2.5, 45.0])  # P 0.047, 0.490, 0.525, 0.924, 1.0
+    v = calibration.judge(grams, True, np.full(5, 3.0), auto_logit=today)
+    assert v is not None and v.inside and all(v.levels[e] >= g for e, g in blend.gate.items())
+    np.testing.assert_array_equal(v.probability, 1.0 / (1.0 + np.exp(-np.clip(today, -40, 40))))
+    # Decided at today's threshold (0.5), not at the evidence model's own (0.48): 0.490 is not flagged.
+    assert blend.decision_threshold == 0.5 > 0.49 > calibration.decision_threshold
+    assert v.flagged.tolist() == [False, False, True, True, True] and not v.uncertain.any()
+    # The stack never falls as either logit rises, and stays bounded whatever today's logit does.
+    level = np.linspace(0.5, 1.0, 11)
+    for z in (-5.0, 0.0, 5.0):
+        a = blend.logit(np.full(11, -100.0), np.full(11, z), level)
+        b = blend.logit(np.full(11, 100.0), np.full(11, z), level)
+        assert np.all(b >= a) and np.all(np.abs(b - a) <= 2 * blend.auto_logit_clip * blend.auto_weights.max() + 1e-9)
+        assert np.all(
+            blend.logit(np.zeros(11), np.full(11, z + 1), level) >= blend.logit(np.zeros(11), np.full(11, z), level)
+        )
 
 
 def test_variants_follow_the_evidence_available() -> None:

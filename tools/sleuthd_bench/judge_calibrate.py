@@ -229,8 +229,7 @@ def fit(
         "other_speaker_turns": int(y.sum()),
         "detection": {
             "chosen": chosen,
-            "why": f"lower {cv['folds']}-fold cross-validated log-loss by dialogue "
-            f"({cv['folds_fitted']} folds fitted)",
+            "why": f"lower {cv['folds']}-fold cross-validated log-loss by dialogue ({cv['folds_fitted']} folds fitted)",
             "cv_log_loss": {m: round(v, 4) for m, v in cv["log_loss"].items()},
             "a": round(detection.a, 4),
             "b": round(detection.b, 4),

@@ -49,8 +49,7 @@ def find_install() -> TritonInstall:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         raise TritonUnavailable(
-            "the nvidia-pytriton wheel is not installed: pip install --no-deps nvidia-pytriton==0.7.0 "
-            "(make setup does)"
+            "the nvidia-pytriton wheel is not installed: pip install --no-deps nvidia-pytriton==0.7.0 (make setup does)"
         )
     root = Path(next(iter(spec.submodule_search_locations))).resolve() / "tritonserver"
     env = Path(os.environ.get("SLEUTHD_TRITON_PYTHON", Path(sys.prefix) / "triton-python"))

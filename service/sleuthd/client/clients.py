@@ -218,8 +218,8 @@ class SleuthClient(_Base):
 class AsyncSleuthClient(_Base):
     """The asyncio client: the same methods as :class:`SleuthClient`, awaited::
 
-        async with AsyncSleuthClient("127.0.0.1:50051") as sleuth:
-            verdict = await sleuth.check([("Maya", "t1.wav"), ("Maya", "t2.wav")], voices={"Maya": "maya-v2"})
+    async with AsyncSleuthClient("127.0.0.1:50051") as sleuth:
+        verdict = await sleuth.check([("Maya", "t1.wav"), ("Maya", "t2.wav")], voices={"Maya": "maya-v2"})
     """
 
     def __init__(
@@ -347,9 +347,7 @@ class AsyncSleuthClient(_Base):
         msg = await self.stub.GetVoice(pb.GetVoiceRequest(voice_id=voice_id), **self._call(timeout))
         return VoiceInfo.from_pb(msg)
 
-    async def list_voices(
-        self, *, page_size: int = 0, page_token: str = "", timeout: float | None = None
-    ) -> VoicePage:
+    async def list_voices(self, *, page_size: int = 0, page_token: str = "", timeout: float | None = None) -> VoicePage:
         req = pb.ListVoicesRequest(page_size=page_size, page_token=page_token)
         return VoicePage.from_pb(await self.stub.ListVoices(req, **self._call(timeout)))
 

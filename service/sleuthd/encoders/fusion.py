@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from sleuthd.encoders.clips import ClipEmbedding
-from sleuthd.encoders.manifest import EncoderManifest, ManifestError, read_card
+from sleuthd.encoders.manifest import EncoderManifest, ManifestError, card_names, read_card
 from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.errors import EngineFailure
 
@@ -93,8 +93,11 @@ class FusedEncoder:
         return np.concatenate([np.asarray(v, np.float32) * scale for v in vectors]).astype(np.float32)
 
 
-def load_fusion(encoders: Mapping[str, WindowEncoder], card: dict[str, Any] | None = None) -> FusedEncoder | None:
-    """The fusion its card describes, when every component is loaded (None otherwise)."""
+def load_fusion(
+    encoders: Mapping[str, WindowEncoder], card: dict[str, Any] | None = None, evidence: dict[str, Any] | None = None
+) -> FusedEncoder | None:
+    """The fusion its card describes, when every component is loaded (None otherwise). ``evidence``: the blend's
+    calibration (default: the package's ``cards/evidence.json``)."""
     card = card if card is not None else read_card(FUSED)
     names = list(card["components"])
     if not all(n in encoders for n in names):
@@ -108,6 +111,10 @@ def load_fusion(encoders: Mapping[str, WindowEncoder], card: dict[str, Any] | No
     }
     if "drift" in manifests[0].raw:  # drift is found in the first component's windows, with its settings
         raw["drift"] = copy.deepcopy(manifests[0].raw["drift"])
+    if evidence is None and "evidence" in card_names():
+        evidence = read_card("evidence")
+    if evidence is not None:  # the fused `auto`'s blend (sleuthd.judgment.evidence), checked where it is loaded
+        raw["evidence"] = evidence
     raw["sha256"] = hashlib.sha256("|".join(m.sha256 for m in manifests).encode()).hexdigest()  # the graphs'
     try:
         thresholds = {k: float(v["value"]) for k, v in card["thresholds"].items()}

@@ -301,4 +301,3 @@ def _fit(
         cal,
     )
     return {r.candidate_id: r.fit_probability for r in ranked if r.fit_probability is not None}
-

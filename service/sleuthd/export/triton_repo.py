@@ -219,13 +219,25 @@ def add_parser(models: Any, default_models_dir: Path) -> None:
     p.add_argument("--pad-batch", type=int, default=None,
                    help="pad every model call to this many windows (default: --max-batch-windows on GPUs, where "
                    "ONNX Runtime's CUDA convolutions need one shape; 0 = off, the CPU default)")  # fmt: skip
-    p.add_argument("--max-queue-delay-us", type=int, default=5000,
-                   help="the dynamic batcher's longest wait for a fuller batch, microseconds (default: 5000)")
-    p.add_argument("--max-queue-requests", type=int, default=4096,
-                   help="requests queued per model before Triton refuses more (default: 4096)")
+    p.add_argument(
+        "--max-queue-delay-us",
+        type=int,
+        default=5000,
+        help="the dynamic batcher's longest wait for a fuller batch, microseconds (default: 5000)",
+    )
+    p.add_argument(
+        "--max-queue-requests",
+        type=int,
+        default=4096,
+        help="requests queued per model before Triton refuses more (default: 4096)",
+    )
     p.add_argument("--instances", type=int, default=1, help="model instances (per GPU on GPUs; default: 1)")
-    p.add_argument("--intra-op-threads", type=int, default=0,
-                   help="--python-backend: ONNX Runtime threads per instance (default: 0 = the CPU count)")
+    p.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=0,
+        help="--python-backend: ONNX Runtime threads per instance (default: 0 = the CPU count)",
+    )
     p.set_defaults(func=run)
 
 

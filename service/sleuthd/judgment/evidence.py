@@ -31,17 +31,29 @@ Uncertain. A turn that is not flagged is UNCERTAIN instead of CONSISTENT when th
 what the model was fitted on: a feature outside the range of the fitting turns (by more than a margin),
 or the speaker's own other evidence is mutually dissimilar (some encoder's ``level`` below the floor seen
 on consistent speakers in fitting). Counted as not flagged by the benchmark.
+
+The blend (what the fused encoder's `auto` serves, version 2). Where a speaker's own turns are as alike as
+in the corpus today's fused `auto` (sleuthd.judgment.calibration) was fitted on, today's `auto` judges, bit
+for bit: the *gate* is each encoder's speaker level (the median over the speaker's turns of ``level``) at or
+above the 0.5 % quantile of that statistic over the dialogues of today's calibration's fitting corpus.
+Below it (another language, expressive speech, short turns, a noisy or drifting channel, real speech under
+prosody...) a *stack* judges: P = sigmoid(sum_l hat_l(GE2E level of the turn) * (a_l * clip(today's logit)
++ b_l * evidence logit + c_l)), a_l, b_l >= 0 (monotone in both), fitted on the robustness matrix's train
+split with out-of-fold evidence logits (so the stack does not learn to trust an evidence model on the
+speakers it was fitted on). Only stacked turns can be UNCERTAIN (the rule above).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-EVIDENCE_VERSION = 1
+EVIDENCE_VERSION = 2
 MIN_SPREAD = 0.02  # cosine: floor of the rest's spread, so z stays finite for near-identical turns
 MIN_SECONDS = 0.5  # speech seconds are clipped to this before the log
 ENCODER_FEATURES = ("own", "gap", "z", "excess", "ref", "ref_gap", "rival_margin")
@@ -58,8 +70,30 @@ VARIANT_FEATURES: dict[str, tuple[str, ...]] = {
 VARIANT_FEATURES.update({v + "_cohort": (*f, "rival_margin") for v, f in list(VARIANT_FEATURES.items())})
 
 
+REFIT = "refit it with `sleuthd-bench calibrate fit-evidence`"
+# Why a turn the model does not flag is UNCERTAIN (the values of sleuthd.domain.UncertainReason).
+OWN_TURNS_DISSIMILAR = "own_turns_dissimilar"
+OUT_OF_SUPPORT = "out_of_support"
+
+
 class EvidenceError(RuntimeError):
     """The evidence calibration cannot be used (malformed, or fitted for other encoder weights)."""
+
+
+def calibration_identity(calibration_block: Mapping[str, Any]) -> str:
+    """The identity of today's `auto` calibration the blend stacks on: a hash of its fitted models."""
+    models = calibration_block.get("models", {})
+    return hashlib.sha256(json.dumps(models, sort_keys=True).encode()).hexdigest()
+
+
+def speaker_levels(evidence: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, float]:
+    """Encoder -> the speaker's level (median over the turns of ``level``): the gate's statistic; NaN when
+    the pool has fewer than three pieces."""
+    out = {}
+    for e, ev in evidence.items():
+        level = np.asarray(ev["level"], np.float64)
+        out[e] = float(np.median(level)) if len(level) and not np.isnan(level).any() else float("nan")
+    return out
 
 
 # ------------------------------------------------------------------------------------------ features
@@ -244,6 +278,74 @@ class RampModel:
 
 
 @dataclass(frozen=True)
+class Blend:
+    """Today's `auto` where the speaker lies inside its calibration's support (the gate), else the stack of
+    today's logit and the evidence logit (module docstring)."""
+
+    gate: dict[str, float]  # encoder -> the lowest speaker level that is inside today's support
+    level_encoder: str  # the encoder whose turn level chooses the stack's weights
+    knots: np.ndarray  # (L + 1,) increasing knots of that level (hat functions)
+    auto_weights: np.ndarray  # (L + 1,) >= 0: weight of clip(today's logit) at each knot
+    evidence_weights: np.ndarray  # (L + 1,) >= 0: weight of the evidence logit at each knot
+    bias: np.ndarray  # (L + 1,)
+    auto_logit_clip: float  # today's logit is clipped to +- this (it is unbounded outside its support)
+    auto_calibration_sha256: str  # calibration_identity() of today's calibration it was fitted on
+    decision_threshold: float  # on P, inside the gate and out: today's calibration's (0.5)
+
+    def inside(self, levels: Mapping[str, float]) -> bool:
+        """Whether today's `auto` judges this speaker: every encoder's level at or above its gate. A pool of
+        fewer than three pieces has no level (NaN) and stays with today's `auto` too."""
+        if any(np.isnan(levels[e]) for e in self.gate):
+            return True
+        return all(levels[e] >= g for e, g in self.gate.items())
+
+    def logit(self, auto_logit: np.ndarray, evidence_logit: np.ndarray, level: np.ndarray) -> np.ndarray:
+        """(n,) stacked log-odds from today's (n,) logits, the evidence model's and the level encoder's turn levels."""
+        h = RampModel.hats(np.asarray(level, np.float64)[:, None], self.knots[None, :])[:, 0, :]
+        a = np.clip(np.asarray(auto_logit, np.float64), -self.auto_logit_clip, self.auto_logit_clip)
+        return np.asarray(
+            h @ self.bias + a * (h @ self.auto_weights) + np.asarray(evidence_logit) * (h @ self.evidence_weights)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gate": {e: round(float(v), 6) for e, v in self.gate.items()},
+            "level_encoder": self.level_encoder,
+            "knots": np.round(self.knots, 6).tolist(),
+            "auto_weights": np.round(self.auto_weights, 6).tolist(),
+            "evidence_weights": np.round(self.evidence_weights, 6).tolist(),
+            "bias": np.round(self.bias, 6).tolist(),
+            "auto_logit_clip": float(self.auto_logit_clip),
+            "auto_calibration_sha256": self.auto_calibration_sha256,
+            "decision_threshold": float(self.decision_threshold),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], encoders: Sequence[str]) -> Blend:
+        knots = np.asarray(d["knots"], np.float64)
+        arrays = [np.asarray(d[k], np.float64) for k in ("auto_weights", "evidence_weights", "bias")]
+        if knots.ndim != 1 or len(knots) < 2 or np.any(np.diff(knots) <= 0):
+            raise EvidenceError("the blend's knots must be two or more increasing values: " + REFIT)
+        if any(a.shape != knots.shape for a in arrays) or np.any(arrays[0] < 0) or np.any(arrays[1] < 0):
+            raise EvidenceError("the blend's weights have the wrong shape or sign: " + REFIT)
+        gate = {str(e): float(v) for e, v in d["gate"].items()}
+        if set(gate) != set(encoders) or d["level_encoder"] not in encoders:
+            raise EvidenceError("the blend's gate names other encoders than the calibration's: " + REFIT)
+        auto_weights, evidence_weights, bias = arrays
+        return cls(
+            gate,
+            str(d["level_encoder"]),
+            knots,
+            auto_weights,
+            evidence_weights,
+            bias,
+            float(d["auto_logit_clip"]),
+            str(d["auto_calibration_sha256"]),
+            float(d["decision_threshold"]),
+        )
+
+
+@dataclass(frozen=True)
 class Verdicts:
     """One speaker's turns (dialogue order): probability, flagged, uncertain (not flagged, outside support)."""
 
@@ -251,7 +353,12 @@ class Verdicts:
     probability: np.ndarray
     flagged: np.ndarray
     uncertain: np.ndarray
-    reasons: tuple[str, ...]  # per turn: why uncertain ("" when not)
+    reasons: tuple[str, ...]  # per turn: why uncertain, in words ("" when not)
+    # With the blend: True when today's `auto` judged the speaker (inside its support; ``probability`` is then
+    # today's), False when the stack did. Evidence alone (no blend): False.
+    inside: bool = False
+    kinds: tuple[str, ...] = ()  # per turn: OWN_TURNS_DISSIMILAR, OUT_OF_SUPPORT or ""
+    levels: dict[str, float] = field(default_factory=dict)  # encoder -> the speaker's level (the gate's statistic)
 
 
 @dataclass(frozen=True)
@@ -266,18 +373,20 @@ class EvidenceCalibration:
     support_margin: float  # how far (in units of the support's width) a feature may lie outside
     level_floor: dict[str, float]  # encoder -> lowest ``level`` of consistent speakers seen in fitting
     raw: dict[str, Any]
+    blend: Blend | None = None
 
     @classmethod
     def from_json(
-        cls, block: Mapping[str, Any], weights_sha256: Mapping[str, str] | None = None
+        cls,
+        block: Mapping[str, Any],
+        weights_sha256: Mapping[str, str] | None = None,
+        auto_calibration: Mapping[str, Any] | None = None,
     ) -> EvidenceCalibration:
         """Load a calibration; with ``weights_sha256`` (encoder -> its weights' hash, as in the manifests)
-        refuse one fitted for other weights."""
+        refuse one fitted for other weights, and with ``auto_calibration`` (today's calibration block) refuse a
+        blend fitted on another one."""
         if block.get("kind") != "evidence" or int(block.get("version", 0)) != EVIDENCE_VERSION:
-            raise EvidenceError(
-                f"not an evidence calibration of version {EVIDENCE_VERSION}: refit it with "
-                "`sleuthd-bench calibrate fit-evidence`"
-            )
+            raise EvidenceError(f"not an evidence calibration of version {EVIDENCE_VERSION}: {REFIT}")
         try:
             encoders = tuple(block["encoders"])
             fitted = {str(k): str(v) for k, v in block["encoder_weights_sha256"].items()}
@@ -285,23 +394,30 @@ class EvidenceCalibration:
             support = {name: np.asarray(s, np.float64) for name, s in block["support"].items()}
             floors = {str(k): float(v) for k, v in block["level_floor"].items()}
             threshold, margin = float(block["decision_threshold"]), float(block["support_margin"])
+            blend = Blend.from_json(block["blend"], encoders) if block.get("blend") is not None else None
         except (KeyError, TypeError, ValueError) as exc:
-            raise EvidenceError(f"the evidence calibration is malformed: {exc}") from exc
+            raise EvidenceError(f"the evidence calibration is malformed: {exc}; {REFIT}") from exc
         for e in encoders:
             if weights_sha256 is not None and weights_sha256.get(e) != fitted.get(e):
                 raise EvidenceError(
                     f"the evidence calibration was fitted for {e} weights {fitted.get(e, '?')[:12]}… but the "
-                    f"loaded ones are {str(weights_sha256.get(e))[:12]}…: refit it with "
-                    "`sleuthd-bench calibrate fit-evidence`"
+                    f"loaded ones are {str(weights_sha256.get(e))[:12]}…: {REFIT}"
+                )
+        if blend is not None and auto_calibration is not None:
+            loaded = calibration_identity(auto_calibration)
+            if loaded != blend.auto_calibration_sha256:
+                raise EvidenceError(
+                    f"the evidence calibration's blend was fitted on today's `auto` calibration "
+                    f"{blend.auto_calibration_sha256[:12]}… but the loaded one is {loaded[:12]}…: {REFIT}"
                 )
         for name, model in models.items():
             base = name.removesuffix("_cohort")
             allowed = set(feature_names(name, encoders)) | {f"{e}.level" for e in encoders}
             if base not in ("context_reference", "context", "pair") or not set(model.inputs) <= allowed:
-                raise EvidenceError(f"evidence model {name!r} was fitted on other features: refit it")
+                raise EvidenceError(f"evidence model {name!r} was fitted on other features: {REFIT}")
             if support[name].shape != (len(model.inputs), 2):
-                raise EvidenceError(f"evidence support of {name!r} has the wrong shape")
-        return cls(encoders, fitted, models, threshold, support, margin, floors, dict(block))
+                raise EvidenceError(f"evidence support of {name!r} has the wrong shape: {REFIT}")
+        return cls(encoders, fitted, models, threshold, support, margin, floors, dict(block), blend)
 
     def judge(
         self,
@@ -309,10 +425,16 @@ class EvidenceCalibration:
         has_reference: bool,
         speech_seconds: np.ndarray,
         rivals: Mapping[str, np.ndarray] | None = None,
+        auto_logit: np.ndarray | None = None,
+        threshold: float | None = None,
     ) -> Verdicts | None:
         """One speaker's verdicts. ``grams``: encoder -> pool cosine matrix (reference first when
         ``has_reference``, then the usable turns); ``speech_seconds``: (n,); ``rivals``: encoder -> (n, c)
-        cosines of each turn to the other speakers' centroids, or None. None: nothing to compare with."""
+        cosines of each turn to the other speakers' centroids, or None. None: nothing to compare with.
+
+        ``auto_logit``: (n,) today's `auto` log-odds of the same turns; with it and a blend, the blend judges
+        (today's `auto` inside the gate, the stack outside), else the evidence model alone. ``threshold``: the
+        decision threshold on P (default: the blend's when it judges, else the evidence model's)."""
         n = len(speech_seconds)
         cohort = rivals is not None and all(np.asarray(rivals[e]).size for e in self.encoders)
         variant = variant_of(n, has_reference, cohort)
@@ -320,12 +442,31 @@ class EvidenceCalibration:
             return None
         if variant not in self.models:
             variant = variant.removesuffix("_cohort")
+        blended = self.blend is not None and auto_logit is not None
+        if threshold is not None:
+            tau = threshold
+        elif blended:
+            assert self.blend is not None
+            tau = self.blend.decision_threshold  # today's: the blend answers on today's scale, inside and out
+        else:
+            tau = self.decision_threshold
         evidence = {
             e: encoder_evidence(grams[e], has_reference, None if rivals is None else rivals[e]) for e in self.encoders
         }
+        levels = speaker_levels(evidence)
+        if blended:
+            assert self.blend is not None and auto_logit is not None
+            if self.blend.inside(levels):
+                p = _probability(np.asarray(auto_logit, np.float64))
+                flagged = p > tau
+                return Verdicts(variant, p, flagged, np.zeros(n, bool), ("",) * n, True, ("",) * n, levels)
         x = feature_matrix(self.models[variant].inputs, evidence, speech_seconds)
-        p = self.models[variant].probability(x)
-        flagged = p > self.decision_threshold
+        z = self.models[variant].logit(x)
+        if blended:
+            assert self.blend is not None and auto_logit is not None
+            z = self.blend.logit(np.asarray(auto_logit), z, evidence[self.blend.level_encoder]["level"])
+        p = _probability(z)
+        flagged = p > tau
         lo, hi = self.support[variant][:, 0], self.support[variant][:, 1]
         slack = self.support_margin * (hi - lo)
         outside = (x < lo - slack) | (x > hi + slack)
@@ -334,16 +475,26 @@ class EvidenceCalibration:
             level = evidence[e]["level"]
             low_level |= np.nan_to_num(level, nan=np.inf) < self.level_floor.get(e, -np.inf)
         names = self.models[variant].inputs
-        reasons = []
+        reasons, kinds = [], []
         for k in range(n):
             if flagged[k]:
                 reasons.append("")
+                kinds.append("")
             elif low_level[k]:
                 reasons.append("the speaker's own turns are less alike than any consistent speaker's in fitting")
+                kinds.append(OWN_TURNS_DISSIMILAR)
             elif outside[k].any():
                 out_of_range = [f for f, o in zip(names, outside[k], strict=True) if o]
                 reasons.append("outside the fitted range: " + ", ".join(out_of_range))
+                kinds.append(OUT_OF_SUPPORT)
             else:
                 reasons.append("")
+                kinds.append("")
         uncertain = np.array([bool(r) for r in reasons])
-        return Verdicts(variant, p, flagged, uncertain, tuple(reasons))
+        return Verdicts(variant, p, flagged, uncertain, tuple(reasons), False, tuple(kinds), levels)
+
+
+def _probability(z: np.ndarray) -> np.ndarray:
+    # The same expression as sleuthd.judgment.calibration.LogisticModel.probability, so that inside the gate
+    # the blend's probability is today's, bit for bit.
+    return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -40, 40))))

@@ -20,6 +20,7 @@ from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.errors import InvalidRequest, UnknownName, Unsupported
 from sleuthd.judgment.calibration import Calibration, CalibrationError
 from sleuthd.judgment.drift import DriftConfig, drift_window
+from sleuthd.judgment.evidence import EvidenceCalibration, EvidenceError
 from sleuthd.judgment.scoring import METHODS, Method
 from sleuthd.judgment.verdicts import Judgment
 
@@ -30,25 +31,38 @@ LALM_THRESHOLD = 0.5  # method lalm flags a turn whose judge probability of a di
 
 @dataclass(frozen=True)
 class EncoderEntry:
-    """A loaded encoder with what its manifest adds: the auto calibration (or why there is none) and
-    the drift settings (None: the manifest has none, so detect_drift is unavailable)."""
+    """A loaded encoder with what its manifest adds: the auto calibration (or why there is none), the fused
+    encoder's blend (None for a single encoder, or a fusion without one), and the drift settings (None: the
+    manifest has none, so detect_drift is unavailable)."""
 
     encoder: WindowEncoder
     calibration: Calibration | CalibrationError
     drift: DriftConfig | None
+    evidence: EvidenceCalibration | None = None
 
     @classmethod
     def from_encoder(cls, encoder: WindowEncoder) -> EncoderEntry:
         raw = encoder.manifest.raw
+        evidence = None
         try:
             calibration: Calibration | CalibrationError = Calibration.from_manifest(raw, encoder.manifest.name)
-        except CalibrationError as exc:
+            if isinstance(encoder, FusedEncoder) and raw.get("evidence") is not None:
+                # The blend is bound to both encoders' weights and to today's calibration: either changed, and
+                # auto is refused with how to refit, never served from a model fitted for other evidence.
+                evidence = EvidenceCalibration.from_json(
+                    raw["evidence"], raw.get("source", {}).get("components", {}), raw["calibration"]
+                )
+        except (CalibrationError, EvidenceError) as exc:
             # The encoder still serves the paper methods; auto then fails with this reason instead of
             # quietly falling back to a fixed threshold.
             logger.warning("%s", exc)
-            calibration = exc
+            calibration = (
+                exc
+                if isinstance(exc, CalibrationError)
+                else CalibrationError(f"encoder {encoder.manifest.name!r} cannot judge with method auto: {exc}")
+            )
         drift = DriftConfig.from_manifest(raw["drift"]) if "drift" in raw else None
-        return cls(encoder, calibration, drift)
+        return cls(encoder, calibration, drift, evidence)
 
 
 @dataclass(frozen=True)
@@ -139,5 +153,6 @@ def resolve(options: CheckOptions, entries: Mapping[str, EncoderEntry], default_
     components: tuple[tuple[str, int, int], ...] = ()
     if isinstance(entry.encoder, FusedEncoder):
         components = entry.encoder.layout
-    judgment = Judgment(method, threshold, usable_calibration, components)
+    evidence = entry.evidence if usable_calibration is not None and components else None
+    judgment = Judgment(method, threshold, usable_calibration, components, evidence)
     return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift, options.similarity_matrix)

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sleuthd.domain import EncoderScores, FlagReason, SpeakerResult, TurnResult, TurnStatus
+from sleuthd.domain import EncoderScores, FlagReason, SpeakerResult, TurnResult, TurnStatus, UncertainReason
 from sleuthd.judgment import scoring
 from sleuthd.judgment.calibration import Calibration, features
+from sleuthd.judgment.evidence import OUT_OF_SUPPORT, OWN_TURNS_DISSIMILAR, EvidenceCalibration, Verdicts
 from sleuthd.judgment.gram import products
 from sleuthd.judgment.pool import SpeakerPool
 from sleuthd.judgment.scoring import METHODS, Method
@@ -32,16 +33,22 @@ class Judgment:
     # A fused encoder's parts: (name, first, stop) column ranges of its embedding. Each turn verdict then
     # also reports every part's paper scores (TurnResult.encoder_scores).
     components: tuple[tuple[str, int, int], ...] = ()
+    # The fused encoder's blend (sleuthd.judgment.evidence): with it, auto's probability is today's inside the
+    # calibration's support and the stack of today's and the per-encoder evidence outside it, where a turn
+    # the stack does not flag may be UNCERTAIN. Needs ``components``.
+    evidence: EvidenceCalibration | None = None
 
 
 # Verdict codes, one per turn, so that a whole dialogue's statuses compare as arrays.
-CONSISTENT, OVER_THRESHOLD, CONFUSED, NO_CONTEXT, NO_AUDIO = range(5)
+CONSISTENT, OVER_THRESHOLD, CONFUSED, NO_CONTEXT, NO_AUDIO, UNSURE_SUPPORT, UNSURE_DISSIMILAR = range(7)
 STATUS_OF_CODE = (
     TurnStatus.CONSISTENT,
     TurnStatus.INCONSISTENT,
     TurnStatus.INCONSISTENT,
     TurnStatus.INSUFFICIENT_CONTEXT,
     TurnStatus.INSUFFICIENT_AUDIO,
+    TurnStatus.UNCERTAIN,
+    TurnStatus.UNCERTAIN,
 )
 REASON_OF_CODE = (
     FlagReason.NONE,
@@ -49,7 +56,15 @@ REASON_OF_CODE = (
     FlagReason.SPEAKER_CONFUSION,
     FlagReason.NONE,
     FlagReason.NONE,
+    FlagReason.NONE,
+    FlagReason.NONE,
 )
+UNCERTAIN_REASON_OF_CODE = (
+    *(UncertainReason.NONE,) * 5,
+    UncertainReason.OUT_OF_SUPPORT,
+    UncertainReason.OWN_TURNS_DISSIMILAR,
+)
+_UNSURE_CODE = {OUT_OF_SUPPORT: UNSURE_SUPPORT, OWN_TURNS_DISSIMILAR: UNSURE_DISSIMILAR}
 SCORED = (TurnStatus.CONSISTENT, TurnStatus.INCONSISTENT, TurnStatus.UNCERTAIN)
 
 
@@ -61,7 +76,7 @@ class SpeakerScores:
     centroid: np.ndarray | None  # (n,) cosine distance
     reference: np.ndarray | None  # (n,) cosine similarity; None without a reference
     probability: np.ndarray | None  # (n,) P(inconsistent); None without a calibration or evidence
-    model: str  # auto's fitted model (variant) that gave ``probability``
+    model: str  # auto's fitted model (variant) that gave ``probability``; with the blend's stack, both models
     scores: np.ndarray | None  # (n,) the scores the method judges with (one of the above); None: unscored
     codes: np.ndarray  # (n,) int: CONSISTENT, OVER_THRESHOLD, CONFUSED or NO_CONTEXT
     rivals: list[str]  # the other speakers with usable turns
@@ -71,6 +86,7 @@ class SpeakerScores:
     components: Mapping[str, tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]] = field(
         default_factory=dict
     )
+    uncertain: tuple[str, ...] = ()  # per turn: why the blend's stack cannot vouch for it, in words ("": it can)
 
 
 def score_speakers(pools: Mapping[str, SpeakerPool], judgment: Judgment) -> dict[str, SpeakerScores]:
@@ -86,16 +102,28 @@ def score_speakers(pools: Mapping[str, SpeakerPool], judgment: Judgment) -> dict
         cohort = np.stack([centroids[u] for u in others]) if others else None
         pw, cd, rc = pool.paper_scores()
         prob, model = None, ""
+        unsure: tuple[str, ...] = ()
+        kinds: tuple[str, ...] = ()
         calibration = judgment.calibration
         if calibration is not None and (pool.n >= 2 or pool.reference is not None):
             near = pool.nearest_other(cohort) if cohort is not None and pool.n >= 2 else None
             model, x = features(pool.own_evidence(), near)
-            prob = calibration.models[model].probability(x)
+            logit = calibration.models[model].logit(x)
+            prob = _probability(logit)
+            if judgment.evidence is not None and pool.components:
+                blended = _blend(pools, s, others, judgment, logit)
+                if blended is not None and not blended.inside:
+                    prob, model = blended.probability, f"{model} + evidence {blended.variant}"
+                    unsure, kinds = blended.reasons, blended.kinds
         chosen = {Method.PAIRWISE: pw, Method.CENTROID: cd, Method.REFERENCE: rc, Method.AUTO: prob}[judgment.method]
         if chosen is None:
             codes = np.full(pool.n, NO_CONTEXT)
         else:
             codes = np.where(scoring.flagged(judgment.method, chosen, judgment.threshold), OVER_THRESHOLD, CONSISTENT)
+        if judgment.method is Method.AUTO and any(kinds):
+            # Not flagged, but outside what the blend's stack was fitted on: neither flagged nor cleared.
+            unsure_codes = np.array([_UNSURE_CODE.get(k, CONSISTENT) for k in kinds])
+            codes = np.where(codes == CONSISTENT, unsure_codes, codes)
         best = margin = None
         if cohort is not None:
             rivals = products(pool.emb, cohort)  # (n, c) float32: cosine to each other speaker's centroid
@@ -104,8 +132,31 @@ def score_speakers(pools: Mapping[str, SpeakerPool], judgment: Judgment) -> dict
             if judgment.method is Method.AUTO:
                 codes = np.where(margin < 0, CONFUSED, codes)  # NaN (unattributed) compares False
         parts = {name: part.paper_scores() for name, part in pool.components.items()}
-        out[s] = SpeakerScores(pw, cd, rc, prob, model, chosen, codes, others, best, margin, parts)
+        out[s] = SpeakerScores(pw, cd, rc, prob, model, chosen, codes, others, best, margin, parts, unsure)
     return out
+
+
+def _probability(logit: np.ndarray) -> np.ndarray:
+    # calibration.LogisticModel.probability's expression (and evidence's): the same bits from the same logit.
+    return np.asarray(1.0 / (1.0 + np.exp(-np.clip(logit, -40, 40))))
+
+
+def _blend(
+    pools: Mapping[str, SpeakerPool], speaker: str, others: list[str], judgment: Judgment, auto_logit: np.ndarray
+) -> Verdicts | None:
+    """The blend's verdicts of one speaker of a fused encoder, from each encoder's own pool (reference first) and
+    each turn's cosines to the other speakers' centroids in that encoder."""
+    assert judgment.evidence is not None
+    pool = pools[speaker]
+    grams, rivals = {}, {}
+    for name, part in pool.components.items():
+        grams[name] = part.gram()
+        if others:
+            cents = np.stack([pools[u].components[name].centroid() for u in others])
+            rivals[name] = np.asarray(products(part.emb, cents), np.float64)
+    return judgment.evidence.judge(
+        grams, pool.reference is not None, pool.seconds, rivals or None, auto_logit, judgment.threshold
+    )
 
 
 def turn_result(
@@ -147,6 +198,8 @@ def turn_result(
             closest, margin = (speaker if d >= 0 else scores.rivals[int(scores.closest[k])]), d
     if code == CONFUSED:
         detail = f"sounds closer to speaker {closest!r} than to {speaker!r} (cosine margin {margin:.3f}); {detail}"
+    elif code in (UNSURE_SUPPORT, UNSURE_DISSIMILAR):
+        detail = f"uncertain, listen to it: {scores.uncertain[k]}; {detail}"
     return TurnResult(
         turn_id=turn_id,
         speaker=speaker,
@@ -162,6 +215,7 @@ def turn_result(
         detail=detail,
         inconsistency_probability=None if scores.probability is None else float(scores.probability[k]),
         reason=REASON_OF_CODE[code],
+        uncertain_reason=UNCERTAIN_REASON_OF_CODE[code],
         closest_speaker=closest,
         closest_speaker_margin=margin,
         encoder_scores=tuple(

@@ -117,8 +117,10 @@ def from_micros(us: int) -> datetime:
 def check_voice_id(voice_id: str) -> str:
     if not isinstance(voice_id, str) or not _VOICE_ID.fullmatch(voice_id):
         # Echo a bounded prefix: a huge id in the error would overflow gRPC's metadata limit.
-        shown = repr(voice_id) if not isinstance(voice_id, str) or len(voice_id) <= 80 else (
-            f"{voice_id[:64]!r}… ({len(voice_id)} characters)"
+        shown = (
+            repr(voice_id)
+            if not isinstance(voice_id, str) or len(voice_id) <= 80
+            else (f"{voice_id[:64]!r}… ({len(voice_id)} characters)")
         )
         raise InvalidRequest(
             f"voice id {shown} is not valid: use 1–{VOICE_ID_MAX} characters of letters, digits and _ . : @ -, "

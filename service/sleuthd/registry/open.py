@@ -41,8 +41,7 @@ def open_store(config: RegistryConfig) -> VoiceStore | None:
     if "://" in location:
         scheme = location.split("://", 1)[0]
         raise ConfigError(
-            f"registry {location!r}: scheme {scheme!r} is not supported; give a SQLite file path or a "
-            "postgresql:// URL"
+            f"registry {location!r}: scheme {scheme!r} is not supported; give a SQLite file path or a postgresql:// URL"
         )
     from sleuthd.registry.sqlite import SqliteStore
 

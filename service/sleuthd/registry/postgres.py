@@ -56,9 +56,7 @@ class PostgresStore(SqlStore):
         try:
             import psycopg
         except ImportError:
-            raise ConfigError(
-                "--registry postgresql://... needs psycopg: pip install 'sleuthd[postgres]'"
-            ) from None
+            raise ConfigError("--registry postgresql://... needs psycopg: pip install 'sleuthd[postgres]'") from None
         super().__init__(config)
         self._psycopg = psycopg
         self._url = url

@@ -151,13 +151,48 @@ def cmd_fit_evidence(args: argparse.Namespace) -> int:
     if not names:
         print("error: no train manifests for those conditions: run `sleuthd-bench robustness build`", file=sys.stderr)
         return 2
+    support = None
+    if not args.no_blend:
+        split, _, cond = args.support.name.removesuffix(".jsonl").partition("-")
+        if not args.support.is_file() or not cond:
+            print(
+                f"error: no support manifest {args.support} (SPLIT-CONDITION.jsonl of today's calibration's fitting "
+                "dialogues, embedded with `sleuthd-bench robustness embed --out` its folder; "
+                "docs/research/robustness.md), or pass --no-blend",
+                file=sys.stderr,
+            )
+            return 2
+        _, support = _load_all(args.support.parent, split, [cond])
     embs, instances = _load_all(args.data, "train", names)
     models, extra = fit.fit(instances, seed=args.seed)
     label = f"{args.data} train split" + (f", groups {args.exclude_groups} left out" if args.exclude_groups else "")
-    block = fit.calibration_block(models, extra, {e: embs[e].weights_sha256 for e in embs}, label, args.seed)
+    blend, how = None, ""
+    if support is not None:
+        from sleuthd.api import SpeakerEncoder
+        from sleuthd.judgment.calibration import Calibration
+
+        encoder = SpeakerEncoder.load(args.models_dir, encoder="fused")
+        raw = encoder.manifest.raw
+        encoder.close()
+        auto = Calibration.from_manifest(raw, "fused")
+        blend, stats = fit.fit_blend(instances, auto, raw["calibration"], support, args.seed, _progress("blend"))
+        extra["fit_stats"]["blend"] = stats
+        how = (
+            f"gate: per encoder, the {fit.GATE_QUANTILE} quantile of the speaker level (median of the turns' level) "
+            f"over {stats['support_dialogues']} dialogues (S1/S2/S3) of today's calibration's fitting corpus "
+            f"({args.support}); stack: {stats['stack_turns']} benchmark-like turns of the same train split, evidence "
+            f"logits out of fold ({fit.BLEND_FOLDS} folds by target speaker), today's fused `auto` logit clipped to "
+            f"+-{fit.AUTO_LOGIT_CLIP:g}, hat functions of the turn's {fit.BLEND_LEVEL_ENCODER} level, L2 "
+            f"{fit.BLEND_L2:g} per row, weights of both logits >= 0."
+        )
+    block = fit.calibration_block(
+        models, extra, {e: embs[e].weights_sha256 for e in embs}, label, args.seed, blend, how
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(block, indent=1) + "\n")
     print(json.dumps(extra["fit_stats"], indent=1))
+    if blend is not None:
+        print(json.dumps(blend.to_json(), indent=1))
     print(f"wrote {args.out}")
     return 0
 
@@ -208,6 +243,15 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
     f.add_argument("--conditions", help="comma-separated conditions to fit on (default: all with a train split)")
     f.add_argument("--exclude-groups", default="", help="leave out conditions of these groups, e.g. a or b")
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument(
+        "--support",
+        type=Path,
+        default=Path("data/devlarge/eval-dev-fit.jsonl"),
+        help="manifest of the dialogues today's fused auto calibration was fitted on (the dev benchmark's fit split, "
+        "embedded in its folder): the blend's gate is its support (default: data/devlarge/eval-dev-fit.jsonl)",
+    )
+    f.add_argument("--no-blend", action="store_true", help="the evidence model alone, without the blend")
+    f.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
     f.set_defaults(func=cmd_fit_evidence)
 
 

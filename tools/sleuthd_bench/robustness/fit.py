@@ -8,6 +8,17 @@ speakers of the same condition as the dialogue's cohort (half of the dialogues; 
 altered ones the intruder's own voice is among them). One model per variant, each feature through
 monotone ramps between quantile knots of the training rows (both classes' ranges), fitted by L-BFGS-B
 with the ramp weights' signs bounded (a monotone, bounded effect) and an L2 penalty per training row.
+
+The blend (what the fused encoder's `auto` serves; sleuthd.judgment.evidence.Blend):
+
+- the gate: per encoder, the GATE_QUANTILE quantile of the speaker level (median of the turns' ``level``)
+  over the dialogues of today's calibration's fitting corpus (the dev benchmark's fit split, S1/S2/S3): where
+  a speaker lies inside it, today's `auto` judges, unchanged;
+- the stack, fitted on the train split's benchmark-like turns (5 turns and the reference): today's fused
+  `auto` logit (clipped) and the evidence logit, weighted by hat functions of the turn's GE2E level. The
+  evidence logits it is fitted on are out of fold (BLEND_FOLDS folds by target speaker, each judged by an
+  evidence model fitted without it): fitted on in-sample logits, the stack learns to trust the evidence model
+  more than it deserves on voices it has not seen.
 """
 
 from __future__ import annotations
@@ -20,19 +31,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+from sleuthd.judgment.calibration import Calibration
 from sleuthd.judgment.evidence import (
     EVIDENCE_VERSION,
     SIGNS,
     VARIANT_FEATURES,
+    Blend,
     RampModel,
+    calibration_identity,
     encoder_evidence,
     feature_matrix,
     feature_names,
+    speaker_levels,
     variant_of,
 )
 
 from sleuthd_bench.robustness.instances import ENCODERS, Instance
-from sleuthd_bench.robustness.judges import evidence_inputs
+from sleuthd_bench.robustness.judges import auto_logits, evidence_inputs
 
 L2_PENALTY = 1e-3  # per training row, on ramp weights (each ramp is 0-1)
 NEGATIVE_QUANTILES = (0.005, 0.1, 0.5, 0.9, 0.995)
@@ -41,6 +56,13 @@ SUPPORT_QUANTILES = (0.001, 0.999)
 SUPPORT_MARGIN = 0.1  # a feature may lie 10 % of the support's width outside it before a turn is uncertain
 LEVEL_FLOOR_QUANTILE = 0.005
 DECISION_THRESHOLD = 0.5
+# The blend.
+GATE_QUANTILE = 0.005  # of the speaker level over today's calibration's fitting dialogues
+BLEND_FOLDS = 5
+BLEND_LEVEL_ENCODER = "ge2e"
+BLEND_KNOT_QUANTILES = (0.02, 0.25, 0.5, 0.75, 0.98)  # of the training turns' level
+BLEND_L2 = 1e-3  # per training row, on the weights of the two logits
+AUTO_LOGIT_CLIP = 8.0
 
 
 @dataclass
@@ -318,7 +340,13 @@ def fit(
 
 
 def calibration_block(
-    models: Mapping[str, RampModel], extra: Mapping[str, Any], weights_sha256: Mapping[str, str], corpus: str, seed: int
+    models: Mapping[str, RampModel],
+    extra: Mapping[str, Any],
+    weights_sha256: Mapping[str, str],
+    corpus: str,
+    seed: int,
+    blend: Blend | None = None,
+    blend_how: str = "",
 ) -> dict[str, Any]:
     return {
         "kind": "evidence",
@@ -343,4 +371,137 @@ def calibration_block(
         "support": extra["support"],
         "level_floor": extra["level_floor"],
         "fit_stats": extra["fit_stats"],
+        "blend": None if blend is None else blend.to_json(),
+        "blend_how": blend_how,
     }
+
+
+# ------------------------------------------------------------------------------------------ the blend
+
+
+def speaker_of(inst: Instance) -> str:
+    """The target's voice: a voice variant is one speaker in every language (``espeak-alex@de``)."""
+    return inst.target.partition("@")[0]
+
+
+def evidence_logits(instance: Instance, models: Mapping[str, RampModel]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The evidence model's (n,) logits of a benchmark-like judgment of the instance (reference, no cohort) and
+    each encoder's (n,) turn levels; empty when there is nothing to compare."""
+    grams, has_ref, seconds, _ = evidence_inputs(instance)
+    variant = variant_of(len(seconds), has_ref, False)
+    if variant is None:
+        return np.zeros(0), {}
+    evidence = {e: encoder_evidence(grams[e], has_ref) for e in ENCODERS}
+    model = models[variant]
+    z = model.logit(feature_matrix(model.inputs, evidence, seconds))
+    return z, {e: np.asarray(evidence[e]["level"]) for e in ENCODERS}
+
+
+def out_of_fold_logits(
+    instances: Sequence[Instance], folds: int = BLEND_FOLDS, seed: int = 0, progress: Any = None
+) -> dict[int, np.ndarray]:
+    """Instance number -> its evidence logits from a model fitted without its target speaker's fold."""
+    speakers = sorted({speaker_of(i) for i in instances})
+    fold = {s: k % folds for k, s in enumerate(speakers)}
+    out: dict[int, np.ndarray] = {}
+    for k in range(folds):
+        train = [i for i in instances if fold[speaker_of(i)] != k]
+        models, _ = fit(train, seed=seed, tune_threshold=False)
+        for number, inst in enumerate(instances):
+            if fold[speaker_of(inst)] == k:
+                out[number] = evidence_logits(inst, models)[0]
+        if progress is not None:
+            progress("fold", k + 1, folds)
+    return out
+
+
+def support_gate(instances: Sequence[Instance], quantile: float = GATE_QUANTILE) -> dict[str, float]:
+    """Per encoder, the ``quantile`` quantile of the speaker level over ``instances`` (today's calibration's
+    fitting corpus): the gate below which the blend no longer trusts today's `auto`."""
+    levels: dict[str, list[float]] = {e: [] for e in ENCODERS}
+    for inst in instances:
+        grams, has_ref, _, _ = evidence_inputs(inst)
+        if len(grams[ENCODERS[0]]) < 3:
+            continue
+        for e, v in speaker_levels({e: encoder_evidence(grams[e], has_ref) for e in ENCODERS}).items():
+            levels[e].append(v)
+    if not all(levels.values()):
+        raise ValueError("the support corpus has no speaker with three or more pieces of evidence")
+    return {e: round(float(np.quantile(v, quantile)), 6) for e, v in levels.items()}
+
+
+def fit_stack(
+    auto: np.ndarray, evidence: np.ndarray, level: np.ndarray, y: np.ndarray, l2: float = BLEND_L2
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(knots, auto weights, evidence weights, bias) of the stack: logistic loss with the two logits' weights
+    bounded at 0 (the stacked probability never falls as either model's rises)."""
+    from scipy.optimize import minimize
+
+    knots = np.unique(np.round(np.quantile(level, BLEND_KNOT_QUANTILES), 6))
+    h = RampModel.hats(level[:, None], knots[None, :])[:, 0, :]
+    a = np.clip(auto, -AUTO_LOGIT_CLIP, AUTO_LOGIT_CLIP)
+    design = np.hstack([a[:, None] * h, evidence[:, None] * h, h])
+    n = len(design)
+    q = len(knots)
+    lam = l2 * n
+
+    def loss(w: np.ndarray) -> tuple[float, np.ndarray]:
+        z = design @ w
+        p = 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+        ll = np.sum(np.logaddexp(0.0, z) - y * z) + 0.5 * lam * float(w[: 2 * q] @ w[: 2 * q])
+        g = design.T @ (p - y)
+        g[: 2 * q] += lam * w[: 2 * q]
+        return float(ll), g
+
+    w0 = np.concatenate([np.full(2 * q, 0.5), np.zeros(q)])
+    bounds = [(0.0, None)] * (2 * q) + [(None, None)] * q
+    res = minimize(loss, w0, jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 5000})
+    return knots, res.x[:q], res.x[q : 2 * q], res.x[2 * q :]
+
+
+def fit_blend(
+    instances: Sequence[Instance],
+    auto: Calibration,
+    auto_block: Mapping[str, Any],
+    support: Sequence[Instance],
+    seed: int = 0,
+    progress: Any = None,
+) -> tuple[Blend, dict[str, Any]]:
+    """The gate (from ``support``: today's calibration's fitting corpus) and the stack (from ``instances``,
+    out-of-fold evidence logits and ``auto``'s logits)."""
+    gate = support_gate(support)
+    oof = out_of_fold_logits(instances, seed=seed, progress=progress)
+    rows_a, rows_e, rows_l, rows_y = [], [], [], []
+    for number, inst in enumerate(instances):
+        z = oof.get(number)
+        if z is None or not len(z):
+            continue
+        grams, has_ref, _, index = evidence_inputs(inst)
+        level = encoder_evidence(grams[BLEND_LEVEL_ENCODER], has_ref)["level"]
+        if np.isnan(level).any():
+            continue
+        rows_a.append(auto_logits(inst.views["fused"], auto))
+        rows_e.append(z)
+        rows_l.append(level)
+        rows_y.append(np.array([1.0 if int(i) in inst.gold else 0.0 for i in index]))
+    knots, wa, we, bias = fit_stack(
+        np.concatenate(rows_a), np.concatenate(rows_e), np.concatenate(rows_l), np.concatenate(rows_y)
+    )
+    blend = Blend(
+        gate,
+        BLEND_LEVEL_ENCODER,
+        knots,
+        wa,
+        we,
+        bias,
+        AUTO_LOGIT_CLIP,
+        calibration_identity(auto_block),
+        auto.decision_threshold,
+    )
+    stats = {
+        "gate_quantile": GATE_QUANTILE,
+        "support_dialogues": len({i.dialogue_id for i in support}),
+        "stack_turns": int(sum(len(y) for y in rows_y)),
+        "folds": BLEND_FOLDS,
+    }
+    return blend, stats

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sleuthd.judgment.calibration import Calibration, inconsistency_probability
+from sleuthd.judgment.calibration import Calibration, inconsistency_probability, turn_features
 from sleuthd.judgment.evidence import EvidenceCalibration
 
 from sleuthd_bench.metrics import DetectionRecord, detection_metrics, localization_metrics
@@ -53,6 +53,12 @@ def auto_flags(v: Turns, calibration: Calibration) -> frozenset[int]:
     return frozenset(int(i) for i in v.index[p > calibration.decision_threshold])
 
 
+def auto_logits(v: Turns, calibration: Calibration) -> np.ndarray:
+    """(n,) today's `auto` log-odds of the usable turns (no cohort: the matrix's dialogues have one voice)."""
+    variant, x = turn_features(v.emb, v.reference, v.seconds, None)
+    return calibration.models[variant].logit(x)
+
+
 def evidence_inputs(
     inst: Instance, use_reference: bool = True
 ) -> tuple[dict[str, np.ndarray], bool, np.ndarray, np.ndarray]:
@@ -72,11 +78,17 @@ def evidence_inputs(
 
 
 def evidence_flags(
-    inst: Instance, calibration: EvidenceCalibration
+    inst: Instance, calibration: EvidenceCalibration, auto: Calibration | None = None
 ) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
-    """(flagged positions, uncertain positions, per-turn probabilities over the usable turns)."""
+    """(flagged positions, uncertain positions, per-turn probabilities over the usable turns). With ``auto``
+    (today's fused calibration) and a calibration that has a blend, the blend judges, as the server's fused
+    `auto` does; else the evidence model alone."""
     grams, has_ref, seconds, index = evidence_inputs(inst)
-    verdicts = calibration.judge(grams, has_ref, seconds)
+    logits = None
+    if auto is not None and calibration.blend is not None and len(seconds) and (len(seconds) > 1 or has_ref):
+        logits = auto_logits(inst.views["fused"], auto)
+    # With the blend, the decision threshold is its own (today's calibration's 0.5), as on the server.
+    verdicts = calibration.judge(grams, has_ref, seconds, auto_logit=logits)
     if verdicts is None:
         return frozenset(), frozenset(), np.zeros(0)
     flagged = frozenset(int(i) for i in index[verdicts.flagged])
@@ -159,7 +171,7 @@ def judge_all(
             if enc in calibrations:
                 runs.setdefault(f"{enc}:auto", []).append(record(inst, auto_flags(v, calibrations[enc])))
         for name, cal in (evidence or {}).items():
-            flagged, unsure, _ = evidence_flags(inst, cal)
+            flagged, unsure, _ = evidence_flags(inst, cal, calibrations.get("fused"))
             runs.setdefault(name, []).append(record(inst, flagged))
             uncertain.setdefault(name, []).append(int(not flagged and bool(unsure)))
     return runs, uncertain
