@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 from sleuthd.audio import decode as audio
 from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig, ServerConfig
 from sleuthd.encoders import clips
-from sleuthd.engine.admission import AudioBudget, BoundedThreadPool, WorkQueue, current_client
+from sleuthd.engine.admission import AudioBudget, BoundedThreadPool, HeapTrimmer, WorkQueue, current_client
 from sleuthd.engine.facade import Engine
 from sleuthd.errors import InvalidRequest, LimitExceeded, Overloaded
 from sleuthd.ops.metrics import ServiceMetrics
@@ -534,3 +534,23 @@ async def test_a_request_whose_clips_would_decode_too_large_is_refused_from_thei
             assert len(verdict.turns) == 2
     finally:
         await running.stop(grace=1.0)
+
+
+def test_closing_the_heap_trimmer_waits_for_a_running_hand_back_and_stops_later_ones() -> None:
+    # A trim still inside an ONNX Runtime call when the process exits aborts it (exit status -6): the server
+    # closes the trimmer before its engine, and close() must wait for the hand-back that is running.
+    started, runs = threading.Event(), []
+
+    def hand_back() -> None:
+        started.set()
+        time.sleep(0.3)
+        runs.append(time.monotonic())
+
+    trimmer = HeapTrimmer(min_interval_s=0.0, when_idle=[hand_back])
+    trimmer(idle=True)
+    assert started.wait(5)
+    trimmer.close()
+    assert len(runs) == 1  # close() returned only once the running hand-back had finished
+    trimmer(idle=True)  # closed: nothing more is scheduled
+    time.sleep(0.2)
+    assert len(runs) == 1

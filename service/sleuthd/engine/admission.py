@@ -535,6 +535,8 @@ class HeapTrimmer:
         self._last = -min_interval_s
         self._pending = False
         self._collect = False
+        self._closed = False
+        self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self._trim: Callable[[int], int] | None = None
         try:
@@ -547,17 +549,32 @@ class HeapTrimmer:
         call from the event loop)."""
         with self._lock:
             self._collect = self._collect or idle
-            if self._pending:
+            if self._pending or self._closed:
                 return
             self._pending = True
             delay = max(0.0, self._last + self.min_interval_s - time.monotonic())
-        timer = threading.Timer(delay, self._run)
-        timer.daemon = True
-        timer.start()
+            self._timer = threading.Timer(delay, self._run)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """No more trims; waits (up to ``timeout``) for one that is running. Called before the engine and the
+        interpreter go: a trimmer thread still inside an ONNX Runtime call (shrinking an arena) when the
+        process exits aborts it ("terminate called without an active exception", exit status -6)."""
+        with self._lock:
+            self._closed = True
+            timer = self._timer
+        if timer is not None:
+            timer.cancel()  # a timer still waiting never runs
+            if timer is not threading.current_thread():
+                timer.join(timeout)
 
     def _run(self) -> None:
         while True:
             with self._lock:
+                if self._closed:
+                    self._pending = False
+                    return
                 collect, self._collect = self._collect, False
             try:
                 if collect:

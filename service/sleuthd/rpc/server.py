@@ -45,6 +45,7 @@ class RunningServer:
     http: OpsHttpServer | None = None
     serving: bool = False  # what gRPC health says, mirrored for /readyz
     engine_failed: bool = False  # for /healthz: the process should be restarted
+    trimmer: HeapTrimmer | None = None  # hands memory back after work (closed before the engine is)
 
     async def set_serving(self, serving: bool) -> None:
         self.serving = serving
@@ -89,6 +90,8 @@ class RunningServer:
         await self.server.stop(0)
         if self.http is not None:
             self.http.close()
+        if self.trimmer is not None:  # before the engine closes: no trim may be inside a model call then
+            await asyncio.to_thread(self.trimmer.close)
 
     async def stop(self, grace: float) -> None:
         """Drain for up to ``grace`` seconds, then close."""
@@ -190,7 +193,8 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     # Freed heap pages go back to the system after work (at most every 10 s, on a thread): after refused
     # requests too (a burst of 60 MiB requests refused unparsed left 450 MB behind), and while a stream
     # that never ends keeps the audio budget from ever being empty.
-    gate = RpcGate(metrics, limits, tokens, after_work=HeapTrimmer(when_idle=[engine.models.shrink_arenas]))
+    trimmer = HeapTrimmer(when_idle=[engine.models.shrink_arenas])
+    gate = RpcGate(metrics, limits, tokens, after_work=trimmer)
     pending: set[asyncio.Task[None]] = set()  # keeps the health update alive until it has run
 
     def on_engine_failure() -> None:
@@ -206,7 +210,7 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
     server = grpc.aio.server(interceptors=[gate], options=server_options(config))
     health_servicer = health.aio.HealthServicer()
     running = RunningServer(
-        server=server, port=0, health=health_servicer, metrics=metrics, gate=gate, stopping=stopping
+        server=server, port=0, health=health_servicer, metrics=metrics, gate=gate, stopping=stopping, trimmer=trimmer
     )
     await running.set_serving(False)
     pb_grpc.add_SleuthServicer_to_server(servicer, server)
