@@ -24,7 +24,7 @@ from sleuthd.encoders.clips import ClipEmbedding
 from sleuthd.encoders.fusion import load_fusion
 from sleuthd.encoders.manifest import read_card
 from sleuthd.engine.facade import Engine
-from sleuthd.engine.loading import LoadedModels, load_models
+from sleuthd.engine.loading import load_models
 from sleuthd.judgment.dialogue import EncoderDialogue
 from sleuthd.judgment.scoring import Method
 from sleuthd.ops.metrics import ServiceMetrics
@@ -170,7 +170,7 @@ async def refitted_stub(models_dir: Path) -> AsyncIterator[pb_grpc.SleuthStub]:
     assert fused is not None
     encoders = {**models.encoders, "fused": fused}
     engine = Engine(
-        LoadedModels(encoders, models.vad, models.prep_pool, models.model_pool, models.default_encoder),
+        dataclasses.replace(models, encoders=encoders),
         EngineConfig(models_dir=models_dir, device="cpu", default_encoder="ge2e"),
     )
     metrics = ServiceMetrics()

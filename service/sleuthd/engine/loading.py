@@ -134,7 +134,8 @@ def load_models(config: EngineConfig, observer: EngineObserver | None = None) ->
         fused = load_fusion(encoders)
         if fused is not None:
             encoders[FUSED] = fused
-            audio_cost[FUSED] = sum(audio_cost[name] for name in fused.component_names)
+            if all(name in audio_cost for name in fused.component_names):  # Triton's model time is not ours
+                audio_cost[FUSED] = sum(audio_cost[name] for name in fused.component_names)
             logger.info("encoder fused = %s", " + ".join(fused.component_names))
         if not encoders:
             raise ManifestError(
