@@ -414,7 +414,10 @@ class WorkQueue:
             return True
         rate = self.rate
         if rate is None:
-            return len(self.running) < 2
+            # No pace learnt yet: the estimates' own scale (core-seconds timed at load) is the prior, and two
+            # units may always run (with one, nothing overlaps its decoding). Two at most, whatever their
+            # size, kept 16 small concurrent requests from ever sharing a model call on a fresh server.
+            return len(self.running) < 2 or self.running_left() < self.overlap_s
         return self.running_left() / rate < self.overlap_s
 
     def _start(self, unit: _Unit) -> None:
