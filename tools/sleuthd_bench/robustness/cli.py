@@ -260,6 +260,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from sleuthd.api import SpeakerEncoder
     from sleuthd.encoders.manifest import PAPER_THRESHOLDS
     from sleuthd.judgment.calibration import Calibration
+    from sleuthd.judgment.evidence import EvidenceCalibration
 
     from sleuthd_bench import paired
     from sleuthd_bench.robustness import judges
@@ -272,7 +273,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     encoder.close()
     thresholds = {args.encoder: {"paper": dict(PAPER_THRESHOLDS), "default": dict(manifest.default_thresholds)}}
     calibrations = {args.encoder: Calibration.from_manifest(manifest.raw, args.encoder)}
-    offline, _ = judges.judge_all(instances, thresholds, calibrations)
+    # The server's fused `auto` judges with the blend when the fusion carries one (sleuthd.judgment.evidence):
+    # the offline `auto` compared with it is then the blend too, not today's calibration alone.
+    blend = {}
+    if manifest.raw.get("evidence") is not None:
+        blend["blend"] = EvidenceCalibration.from_json(
+            manifest.raw["evidence"], manifest.raw.get("source", {}).get("components", {}), manifest.raw["calibration"]
+        )
+    offline, _ = judges.judge_all(instances, thresholds, calibrations, blend)
+    if blend:
+        offline[f"{args.encoder}:auto"] = offline["blend"]
     worst = 0
     for run, recs in served.items():
         mine = {(r.dialogue_id, r.scenario): r for r in offline[f"{args.encoder}:{run}"]}
