@@ -91,9 +91,11 @@ def replicas(models_dir: Path, registry_url: str, tmp_path: Path) -> Iterator[li
             proc = subprocess.Popen(
                 [sys.executable, "-m", "sleuthd.cli", "serve", "--port", "0", "--metrics-port", "0",
                  "--models-dir", str(models_dir), "--registry", registry_url, "--log-format", "json",
-                 "--workers", "1", "--shutdown-grace-seconds", "2"],
+                 "--workers", "1", "--shutdown-grace-seconds", "2", "--embedding-cache-entries", "0"],
                 stdout=subprocess.PIPE, stderr=err, text=True,
             )  # fmt: skip
+            # No embedding cache: the clients reuse seven clips per voice, and with cache hits a request took a
+            # few milliseconds, so the kill could land after the answer it was aimed at (no retry to see).
         started.append((proc, log))
     out = []
     try:
