@@ -117,8 +117,6 @@ def test_importing_the_api_loads_no_grpc() -> None:
     assert out.stdout.strip() == "False"
 
 
-
-
 def test_the_readme_judge_example_runs_as_written(speech: Speech, tmp_path: Path) -> None:
     import re
     import shutil
@@ -137,3 +135,22 @@ def test_the_readme_judge_example_runs_as_written(speech: Speech, tmp_path: Path
                          timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False ('t3',)"
+
+
+def test_a_judge_never_closed_releases_its_models_quietly_at_exit(speech: Speech, tmp_path: Path) -> None:
+    # A script that forgets close() used to end with asyncio's "Task was destroyed but it is pending!" for
+    # each encoder's micro-batcher; the Judge now releases its models on its own loop at exit.
+    import subprocess
+    import sys
+
+    for name, path in {"a": speech.clips[VOICE_A][0], "b": speech.clips[VOICE_A][1]}.items():
+        (tmp_path / f"{name}.wav").write_bytes(path.read_bytes())
+    script = (
+        "from sleuthd.api import Judge\n"
+        "judge = Judge.load()\n"
+        "print(judge.check([('A', 'a.wav'), ('A', 'b.wav')]).consistent)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+    assert "Task was destroyed" not in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -31,6 +31,7 @@ A clip with too little speech comes back unusable (``embedding`` None) with the 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -82,6 +83,15 @@ class _SyncLoop:
             self._loop = None
 
 
+def _release_at_exit(sync: _SyncLoop, engine: Engine) -> None:
+    """A Judge used from synchronous code and never closed: release its models on its own loop when it is
+    collected or the interpreter exits, so a script that forgets ``close()`` does not end with asyncio's
+    "Task was destroyed but it is pending!" for every micro-batcher. A Judge used only through its asyncio
+    methods has no private loop; its batchers belong to the caller's loop, which ``aclose()`` must use."""
+    if sync._loop is not None and not sync._loop.is_closed():
+        sync.close(engine.aclose())
+
+
 class Judge:
     """Dialogues judged and candidates ranked in-process, through the server's exact path: the request the
     client library builds, the server's conversions and engine, the client library's result types. A verdict
@@ -95,6 +105,7 @@ class Judge:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sync = _SyncLoop()
+        self._release = weakref.finalize(self, _release_at_exit, self._sync, engine)
 
     @classmethod
     def load(
@@ -249,6 +260,7 @@ class Judge:
         )  # fmt: skip
 
     async def aclose(self) -> None:
+        self._release.detach()
         await self.engine.aclose()
 
     async def __aenter__(self) -> Judge:
@@ -259,6 +271,7 @@ class Judge:
 
     def close(self) -> None:
         """Release the models from synchronous code (outside any running event loop)."""
+        self._release.detach()
         self._sync.close(self.aclose())
 
     def __enter__(self) -> Judge:
@@ -363,4 +376,5 @@ class SpeakerEncoder:
 
     def close(self) -> None:
         """Release the models from synchronous code (outside any running event loop)."""
+        self._release.detach()
         self._sync.close(self.aclose())
