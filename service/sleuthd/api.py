@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -83,13 +83,14 @@ class _SyncLoop:
             self._loop = None
 
 
-def _release_at_exit(sync: _SyncLoop, engine: Engine) -> None:
-    """A Judge used from synchronous code and never closed: release its models on its own loop when it is
-    collected or the interpreter exits, so a script that forgets ``close()`` does not end with asyncio's
-    "Task was destroyed but it is pending!" for every micro-batcher. A Judge used only through its asyncio
-    methods has no private loop; its batchers belong to the caller's loop, which ``aclose()`` must use."""
+def _release_at_exit(sync: _SyncLoop, release: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """A Judge or SpeakerEncoder used from synchronous code and never closed: release its models on its own
+    loop when it is collected or the interpreter exits, so a script that forgets ``close()`` does not end
+    with asyncio's "Task was destroyed but it is pending!" for every micro-batcher. One used only through
+    its asyncio methods has no private loop; its batchers belong to the caller's loop, which ``aclose()``
+    must use."""
     if sync._loop is not None and not sync._loop.is_closed():
-        sync.close(engine.aclose())
+        sync.close(release())
 
 
 class Judge:
@@ -105,7 +106,7 @@ class Judge:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sync = _SyncLoop()
-        self._release = weakref.finalize(self, _release_at_exit, self._sync, engine)
+        self._release = weakref.finalize(self, _release_at_exit, self._sync, engine.aclose)
 
     @classmethod
     def load(
@@ -297,6 +298,7 @@ class SpeakerEncoder:
             models.vad, models.prep_pool, NullObserver(), config.max_clip_seconds, config.embedding_cache_entries
         )
         self._sync = _SyncLoop()
+        self._release = weakref.finalize(self, _release_at_exit, self._sync, models.aclose)
 
     @classmethod
     def load(
@@ -366,6 +368,7 @@ class SpeakerEncoder:
         return self._sync.run(self.embed(list(audios)))
 
     async def aclose(self) -> None:
+        self._release.detach()
         await self._models.aclose()
 
     async def __aenter__(self) -> SpeakerEncoder:
