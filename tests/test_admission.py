@@ -19,8 +19,9 @@ from google.protobuf.message import Message
 from sleuthd.audio import decode as audio
 from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig, ServerConfig
 from sleuthd.encoders import clips
-from sleuthd.engine.admission import AudioBudget, BoundedThreadPool, HeapTrimmer, WorkQueue, current_client
+from sleuthd.engine.admission import AudioBudget, BoundedThreadPool, WorkQueue, current_client
 from sleuthd.engine.facade import Engine
+from sleuthd.engine.memory import HeapTrimmer
 from sleuthd.errors import InvalidRequest, LimitExceeded, Overloaded
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc import status

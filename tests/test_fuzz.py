@@ -36,7 +36,7 @@ CALL_TIMEOUT_S = 30.0
 # cycle gRPC's handler keeps with the abort exception, until a full collection that came late or never;
 # and ONNX Runtime's arena and the allocator's thread arenas kept their peak. Now the gate cuts the abort's
 # traceback, and when the server goes idle the heap trimmer collects cycles, shrinks the ONNX Runtime
-# arenas and trims the heap (sleuthd.engine.admission.HeapTrimmer), with one malloc arena per core.
+# arenas and trims the heap (sleuthd.engine.memory.HeapTrimmer), with one malloc arena per core.
 # Decompression bombs are refused from their headers (tests/test_audio_limits.py); before that, the fuzz
 # cases drove this process 1,744 MiB up.
 MAX_PEAK_GROWTH_MIB = 500

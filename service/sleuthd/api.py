@@ -82,15 +82,14 @@ class _SyncLoop:
             loop.close()
             self._loop = None
 
-
-def _release_at_exit(sync: _SyncLoop, release: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """A Judge or SpeakerEncoder used from synchronous code and never closed: release its models on its own
-    loop when it is collected or the interpreter exits, so a script that forgets ``close()`` does not end
-    with asyncio's "Task was destroyed but it is pending!" for every micro-batcher. One used only through
-    its asyncio methods has no private loop; its batchers belong to the caller's loop, which ``aclose()``
-    must use."""
-    if sync._loop is not None and not sync._loop.is_closed():
-        sync.close(release())
+    def release_if_used(self, release: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """For a Judge or SpeakerEncoder used from synchronous code and never closed, called when it is
+        collected or the interpreter exits: release its models on this loop, so a script that forgets
+        ``close()`` does not end with asyncio's "Task was destroyed but it is pending!" for every micro-batcher.
+        One used only through its asyncio methods has no loop here; its batchers belong to the caller's loop,
+        which ``aclose()`` must use."""
+        if self._loop is not None:
+            self.close(release())
 
 
 class Judge:
@@ -106,7 +105,7 @@ class Judge:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sync = _SyncLoop()
-        self._release = weakref.finalize(self, _release_at_exit, self._sync, engine.aclose)
+        self._release = weakref.finalize(self, self._sync.release_if_used, engine.aclose)
 
     @classmethod
     def load(
@@ -298,7 +297,7 @@ class SpeakerEncoder:
             models.vad, models.prep_pool, NullObserver(), config.max_clip_seconds, config.embedding_cache_entries
         )
         self._sync = _SyncLoop()
-        self._release = weakref.finalize(self, _release_at_exit, self._sync, models.aclose)
+        self._release = weakref.finalize(self, self._sync.release_if_used, models.aclose)
 
     @classmethod
     def load(

@@ -44,8 +44,8 @@ def _error(message: str) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from sleuthd.encoders import runtime
     from sleuthd.encoders.manifest import ManifestError
-    from sleuthd.engine.admission import limit_malloc_arenas
     from sleuthd.engine.facade import Engine
+    from sleuthd.engine.memory import limit_malloc_arenas
     from sleuthd.errors import DependencyUnavailable, EngineFailure, InvalidRequest
     from sleuthd.ops import logs
     from sleuthd.ops.metrics import ServiceMetrics
@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine_config = from_cli_args(EngineConfig, args)
     except ConfigError as exc:
         return _error(str(exc))
-    # One malloc arena per core, set before any thread starts (sleuthd.engine.admission).
+    # One malloc arena per core, set before any thread starts (sleuthd.engine.memory).
     limit_malloc_arenas(os.cpu_count() or 2)
     # From here until the server has stopped, nothing the process writes can block it (sleuthd.ops.logs).
     logs.configure(args.log_level, server_config.log_format, capture=True)

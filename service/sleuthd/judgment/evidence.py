@@ -419,6 +419,14 @@ class EvidenceCalibration:
                 raise EvidenceError(f"evidence support of {name!r} has the wrong shape: {REFIT}")
         return cls(encoders, fitted, models, threshold, support, margin, floors, dict(block), blend)
 
+    @classmethod
+    def from_manifest(cls, raw: Mapping[str, Any]) -> EvidenceCalibration | None:
+        """The blend a fused encoder's manifest carries (None: it carries none), checked against the manifest's
+        component weights and its `auto` calibration, as the server loads it."""
+        if raw.get("evidence") is None:
+            return None
+        return cls.from_json(raw["evidence"], raw.get("source", {}).get("components", {}), raw["calibration"])
+
     def judge(
         self,
         grams: Mapping[str, np.ndarray],

@@ -46,12 +46,10 @@ class EncoderEntry:
         evidence = None
         try:
             calibration: Calibration | CalibrationError = Calibration.from_manifest(raw, encoder.manifest.name)
-            if isinstance(encoder, FusedEncoder) and raw.get("evidence") is not None:
+            if isinstance(encoder, FusedEncoder):
                 # The blend is bound to both encoders' weights and to today's calibration: either changed, and
                 # auto is refused with how to refit, never served from a model fitted for other evidence.
-                evidence = EvidenceCalibration.from_json(
-                    raw["evidence"], raw.get("source", {}).get("components", {}), raw["calibration"]
-                )
+                evidence = EvidenceCalibration.from_manifest(raw)
         except (CalibrationError, EvidenceError) as exc:
             # The encoder still serves the paper methods; auto then fails with this reason instead of
             # quietly falling back to a fixed threshold.

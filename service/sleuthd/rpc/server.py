@@ -14,8 +14,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sleuthd.config import ServerConfig
-from sleuthd.engine.admission import AudioBudget, HeapTrimmer, Slots
+from sleuthd.engine.admission import AudioBudget, Slots
 from sleuthd.engine.facade import Engine
+from sleuthd.engine.memory import HeapTrimmer
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc.auth import TokenSet, server_credentials, warn_if_exposed
 from sleuthd.rpc.encoder_health import EncoderHealthPublisher

@@ -275,11 +275,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     calibrations = {args.encoder: Calibration.from_manifest(manifest.raw, args.encoder)}
     # The server's fused `auto` judges with the blend when the fusion carries one (sleuthd.judgment.evidence):
     # the offline `auto` compared with it is then the blend too, not today's calibration alone.
-    blend = {}
-    if manifest.raw.get("evidence") is not None:
-        blend["blend"] = EvidenceCalibration.from_json(
-            manifest.raw["evidence"], manifest.raw.get("source", {}).get("components", {}), manifest.raw["calibration"]
-        )
+    served_blend = EvidenceCalibration.from_manifest(manifest.raw)
+    blend = {"blend": served_blend} if served_blend is not None else {}
     offline, _ = judges.judge_all(instances, thresholds, calibrations, blend)
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]
