@@ -49,7 +49,18 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / ".gpu"
 LIMIT_MIB = 64  # what one run brings along, the working tree included
 ORT_GPU = "onnxruntime-gpu==1.31.1"  # CUDA 13 and cuDNN 9, as the GPU image's torch
-WHEELS = ("soundfile==0.14.0", "soxr==1.1.0", "grpcio-health-checking==1.85.1", "grpcio-reflection==1.85.1")
+WHEELS = (
+    "soundfile==0.14.0",
+    "soxr==1.1.0",
+    "grpcio-health-checking==1.85.1",
+    "grpcio-reflection==1.85.1",
+    "tqdm==4.70.1",
+    "cffi==2.1.1",
+    "pycparser==3.12",
+)  # tqdm: the bench tools' progress bars; cffi: soundfile's
+# The runtimes our generated code was made for (sleuthd/v1/*_pb2*.py refuse an older one; the GPU machine has
+# grpcio 1.84.0): they travel in part 1, which has room, and shadow the machine's on PYTHONPATH.
+RUNTIME_WHEELS = ("grpcio==1.85.3", "protobuf==7.36.2")
 PROVIDER = "onnxruntime/capi/libonnxruntime_providers_cuda.so"
 # Not needed to serve: the TensorRT provider, the model tools, the optimizers for transformers, quantization.
 SKIP = ("libonnxruntime_providers_tensorrt.so", "onnxruntime/tools/", "onnxruntime/transformers/",
@@ -176,6 +187,9 @@ def main() -> int:
                     if n.startswith("onnxruntime/") and n != PROVIDER and not any(s in n for s in SKIP)}  # fmt: skip
         for spec in WHEELS:
             shutil.copy(download(spec, args.python_version, Path(tmp)), OUT / "part2" / "wheels")
+        (OUT / "part1" / "wheels").mkdir()
+        for spec in RUNTIME_WHEELS:
+            shutil.copy(download(spec, args.python_version, Path(tmp)), OUT / "part1" / "wheels")
     sizes = {
         "part1/ort-cuda-provider.tar.xz": xz_tar(
             OUT / "part1" / "ort-cuda-provider.tar.xz", {f"py/{PROVIDER}": provider}
@@ -190,8 +204,9 @@ def main() -> int:
             models[f"models/{name}/{f}"] = (folder / f).read_bytes()
     sizes["part2/models.tar.xz"] = xz_tar(OUT / "part2" / "models.tar.xz", models)
     sizes["part2/speech.tar.xz"] = xz_tar(OUT / "part2" / "speech.tar.xz", speech(args.dialogues))
-    for w in (OUT / "part2" / "wheels").iterdir():
-        sizes[f"part2/wheels/{w.name}"] = w.stat().st_size
+    for part in ("part1", "part2"):
+        for w in (OUT / part / "wheels").iterdir():
+            sizes[f"{part}/wheels/{w.name}"] = w.stat().st_size
     tree = tree_bytes()
     report = {"keep_arch": args.keep_arch, "zeroed_mib": round(zeroed / 2**20, 1), "tree_mib": round(tree / 2**20, 1),
               "files_mib": {k: round(v / 2**20, 1) for k, v in sizes.items()}}  # fmt: skip

@@ -345,6 +345,44 @@ def test_audio_budget_shares_keep_one_client_from_taking_it_all() -> None:
         pass
 
 
+def test_unary_requests_borrow_beyond_the_share_only_while_the_budget_is_not_contended() -> None:
+    # One gRPC channel carries all of a client's concurrent calls on one connection: with the strict share,
+    # a lone client with 32 CheckDialogues of ~0.5 MB in flight was refused thousands of times a second while
+    # three quarters of the budget sat unused (the GPU run of issue 30).
+    now = [0.0]
+    budget = AudioBudget(100, shares={"peer": 25}, contention_s=1.0, clock=lambda: now[0])
+    lone = (("peer", "a"),)
+    for _ in range(8):
+        budget.acquire(10, client=lone, borrow=True)  # 80 of 100: alone, it may use the budget
+    with pytest.raises(Overloaded, match="over the limit of 100"):
+        budget.acquire(30, client=lone, borrow=True)
+    with pytest.raises(Overloaded, match="over the 25 one peer may hold"):  # a stream's audio never borrows
+        budget.acquire(1, client=lone)
+    other = (("peer", "b"),)
+    with pytest.raises(Overloaded, match="over the limit of 100"):  # no room: b waits, and is counted
+        budget.acquire(30, client=other, borrow=True)
+    with pytest.raises(Overloaded, match="over the 50 one peer may hold"):  # two active: half each
+        budget.acquire(5, client=lone, borrow=True)
+    for _ in range(4):
+        budget.release(10, client=lone)
+    budget.acquire(30, client=other, borrow=True)  # 40 + 30
+    with pytest.raises(Overloaded, match="over the 50 one peer may hold"):
+        budget.acquire(15, client=lone, borrow=True)
+    budget.acquire(10, client=lone, borrow=True)  # 50: its half
+    budget.release(30, client=other)
+    now[0] = 5.0  # b is gone, and was refused long ago: a has the budget again
+    budget.acquire(40, client=lone, borrow=True)
+    assert budget.held == 90 and budget.held_by(lone[0]) == 90
+    many = [(("peer", f"c{k}"),) for k in range(8)]
+    for c in many:  # eight more clients arrive and are refused: the share falls to its floor, 25
+        with pytest.raises(Overloaded):
+            budget.acquire(20, client=c, borrow=True)
+    with pytest.raises(Overloaded, match="over the 25 one peer may hold"):
+        budget.acquire(1, client=lone, borrow=True)
+    budget.release(90, client=lone)
+    assert budget.held == 0 and budget.held_by(lone[0]) == 0
+
+
 async def test_work_queue_refuses_what_cannot_finish_in_time_and_serves_the_newest_first_when_congested() -> None:
     # Issue 33, finding 3: work admitted although it could not finish before its deadline (and sharing the
     # CPU with everything else admitted) finished nothing; goodput was zero under overload.

@@ -87,6 +87,7 @@ class LevelResult:
     server_rss_peak_mib: float | None = None
     triton_cores: float | None = None  # the triton mode: Triton and its model processes
     triton_rss_peak_mib: float | None = None
+    error_codes: dict[str, int] | None = None  # our server's errors by gRPC status (a count alone hid why)
 
     @property
     def turns_per_second(self) -> float:
@@ -182,6 +183,9 @@ def run_resemblyzer(dialogues: Sequence[Dialogue], concurrency: int, seconds: fl
 # ------------------------------------------------------------------------------------------ our server
 
 
+CALLS_PER_CONNECTION = 64  # closed-loop workers per client connection (below the server's 100 per connection)
+
+
 def request_for(d: Dialogue, k: int) -> pb.CheckDialogueRequest:
     req = pb.CheckDialogueRequest(dialogue_id=f"bench-{k}", options=pb.CheckOptions(method=pb.METHOD_PAIRWISE))
     for t, wav in enumerate(d.turns):
@@ -200,14 +204,24 @@ async def drive_server(
     latencies: list[float] = []
     audio = 0.0
     errors = 0
-    async with grpc.aio.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
-        stub = pb_grpc.SleuthStub(ch)
-        await stub.CheckDialogue(requests[0], timeout=120)  # warm-up
+    codes: dict[str, int] = {}
+    # One connection per CALLS_PER_CONNECTION workers: the server lets one connection have 100 calls open
+    # (--max-streams-per-connection), and 128 workers on one channel met RST_STREAM (REFUSED_STREAM, reported
+    # as UNAVAILABLE) on a GPU. Each channel its own connection (channels of one process share one by default).
+    options = [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
+    channels = [
+        grpc.aio.insecure_channel(target, options=options) for _ in range(-(-concurrency // CALLS_PER_CONNECTION))
+    ]
+    try:
+        stubs = [pb_grpc.SleuthStub(ch) for ch in channels]
+        for stub in stubs:
+            await stub.CheckDialogue(requests[0], timeout=120)  # warm-up
         stop_at = time.perf_counter() + seconds
 
         async def worker(offset: int) -> None:
             nonlocal audio, errors
             k = offset
+            stub = stubs[offset % len(stubs)]
             while time.perf_counter() < stop_at:
                 i = k % len(requests)
                 t0 = time.perf_counter()
@@ -215,6 +229,7 @@ async def drive_server(
                     v = await stub.CheckDialogue(requests[i], timeout=300)
                 except grpc.aio.AioRpcError as exc:
                     errors += 1
+                    codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
                     logger.warning("request failed: %s %s", exc.code().name, exc.details())
                 else:
                     latencies.append(time.perf_counter() - t0)
@@ -225,7 +240,10 @@ async def drive_server(
         start = time.perf_counter()
         await asyncio.gather(*(worker(o) for o in range(concurrency)))
         wall = time.perf_counter() - start
-    return _level(audio, latencies, errors, wall), scores
+    finally:
+        for ch in channels:
+            await ch.close()
+    return replace(_level(audio, latencies, errors, wall), error_codes=codes), scores
 
 
 class ServerProcess:
@@ -445,11 +463,15 @@ def table(report: dict[str, Any]) -> str:
     def cell(value: float | None, digits: int) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
+    def errors(r: dict) -> str:
+        codes = r.get("error_codes") or {}
+        return f"{r['errors']}" + (f" ({', '.join(f'{k} {v}' for k, v in sorted(codes.items()))})" if codes else "")
+
     for mode in MODES:
         for c, r in modes.get(mode, {}).items():
             lines.append(
                 f"| {mode} | {c} | {r['audio_seconds_per_second']:.1f} | {r.get('turns_per_second', 0):.1f} "
-                f"| {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['errors']} | {r['dialogues']} "
+                f"| {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {errors(r)} | {r['dialogues']} "
                 f"| {cell(r.get('server_cores'), 2)} | {cell(r.get('server_rss_peak_mib'), 0)} "
                 f"| {cell(r.get('triton_cores'), 2)} | {cell(r.get('triton_rss_peak_mib'), 0)} |"
             )

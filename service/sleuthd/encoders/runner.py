@@ -41,9 +41,19 @@ class OnnxEncoder:
     """One ONNX Runtime session for an encoder manifest."""
 
     def __init__(
-        self, manifest: EncoderManifest, device: str = "auto", intra_op_threads: int = 0, gpu_batch: int = 64
+        self,
+        manifest: EncoderManifest,
+        device: str = "auto",
+        intra_op_threads: int = 0,
+        gpu_batch: int = 64,
+        tf32: bool = False,
     ) -> None:
-        """``gpu_batch``: on the CUDA provider, every call of fewer windows is padded to this many.
+        """``tf32``: let the CUDA provider's convolutions and matrix products round to TensorFloat-32 (ONNX
+        Runtime's default). Off here: with it, CAM++'s embeddings through the server's padded 64-window calls
+        on an H200 were at least 0.988 cosine to the CPU's (docs/research/gpu/), a drift that moves verdicts
+        near a threshold; the embeddings must not depend on which machine answered.
+
+        ``gpu_batch``: on the CUDA provider, every call of fewer windows is padded to this many.
 
         Why: ONNX Runtime's CUDA convolutions redo their algorithm search whenever the input shape differs
         from the previous call's, cached or not. Measured on an H200 (docs/research/gpu/README.md): each
@@ -59,7 +69,9 @@ class OnnxEncoder:
         # VAD on the other threads need between model calls.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.manifest = manifest
-        self._session = ort.InferenceSession(str(manifest.path), so, providers=choose_providers(device))
+        providers: list[str | tuple[str, dict[str, str]]] = list(choose_providers(device))
+        providers = [(p, {"use_tf32": "1" if tf32 else "0"}) if p == "CUDAExecutionProvider" else p for p in providers]
+        self._session = ort.InferenceSession(str(manifest.path), so, providers=providers)
         self.provider = self._session.get_providers()[0]
         self.fixed_batch = gpu_batch if self.provider == "CUDAExecutionProvider" else 0
         logger.info("encoder %s runs on %s", manifest.name, self.provider)

@@ -369,7 +369,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 # The smallest recent request of this method: refusing on it wrongs no request of usual size.
                 expected = min(recent) if recent else 0
                 busy = budget.refusal(expected, f"a {call.label} request (about {expected} bytes, as lately)",
-                                      call.client)  # fmt: skip
+                                      call.client, borrow=True)  # fmt: skip
                 if busy is None and work is not None:
                     busy = work.usual_refusal(call.label, context.time_remaining())
                 if busy is not None:
@@ -383,7 +383,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                     await _abort(context, request.error)
                 call.dialogue_id = _dialogue_of(request)
                 try:
-                    budget.acquire(size, "this request", call.client)
+                    budget.acquire(size, "this request", call.client, borrow=True)  # held until its verdict
                 except Overloaded as refused:
                     await _abort(context, refused)
                 try:
