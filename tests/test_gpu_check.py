@@ -88,3 +88,15 @@ def test_the_bundle_keeps_only_the_gpus_cubins() -> None:
         assert "no cubin for sm_89" in str(exc)
     else:
         raise AssertionError("a library without the GPU's architecture must be refused")
+
+
+def test_cuda_sessions_run_without_tf32_unless_asked(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # With ONNX Runtime's default (TF32 on), CAM++'s embeddings on an H200 were 0.988 cosine to the CPU's
+    # (docs/research/gpu/README.md): the server's CUDA sessions must ask for full float32.
+    import onnxruntime as ort
+    from sleuthd.encoders.runner import session_providers
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert session_providers("cuda") == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    assert session_providers("auto", tf32=True)[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
+    assert session_providers("cpu") == ["CPUExecutionProvider"]

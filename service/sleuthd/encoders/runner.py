@@ -37,6 +37,13 @@ def choose_providers(device: str) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+def session_providers(device: str, tf32: bool = False) -> list[str | tuple[str, dict[str, str]]]:
+    """:func:`choose_providers` with their options: on CUDA, TF32 as asked (see :class:`OnnxEncoder`)."""
+    return [
+        (p, {"use_tf32": "1" if tf32 else "0"}) if p == "CUDAExecutionProvider" else p for p in choose_providers(device)
+    ]
+
+
 class OnnxEncoder:
     """One ONNX Runtime session for an encoder manifest."""
 
@@ -69,9 +76,7 @@ class OnnxEncoder:
         # VAD on the other threads need between model calls.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.manifest = manifest
-        providers: list[str | tuple[str, dict[str, str]]] = list(choose_providers(device))
-        providers = [(p, {"use_tf32": "1" if tf32 else "0"}) if p == "CUDAExecutionProvider" else p for p in providers]
-        self._session = ort.InferenceSession(str(manifest.path), so, providers=providers)
+        self._session = ort.InferenceSession(str(manifest.path), so, providers=session_providers(device, tf32))
         self.provider = self._session.get_providers()[0]
         self.fixed_batch = gpu_batch if self.provider == "CUDAExecutionProvider" else 0
         logger.info("encoder %s runs on %s", manifest.name, self.provider)
