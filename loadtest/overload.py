@@ -147,6 +147,12 @@ class RssSampler:
                 os.kill(self.pid, 9)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` (all its threads), seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _status_kb(pid: int, key: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -224,6 +230,15 @@ class OverloadResult:
     capacity_clients: int = 0
     capacity_ok_per_s: float | None = None
     goodput_of_capacity: float | None = None  # ok_per_s / capacity_ok_per_s
+    # Cores used on average (CPU seconds / wall seconds) in each phase: the server's, and this load generator's,
+    # which on a small machine takes CPU the server would otherwise have (2 cores here: the server got about
+    # two thirds of what it had unloaded while 48 clients sent ~250 requests of 1.2 MiB a second).
+    capacity_server_cores: float | None = None
+    server_cores: float | None = None
+    client_cores: float | None = None
+    # OK answers per server CPU-second under overload, as a share of the same unloaded: how much of the CPU the
+    # server got went into answered work (what admission decides), whatever the clients took from the machine.
+    goodput_per_cpu_of_capacity: float | None = None
     hoarders: int = 0  # streams buffering a turn they never finish during the overload
     hoarders_ended: dict[str, int] = field(default_factory=dict)  # how each ended: "held to the end" or a code
 
@@ -370,19 +385,27 @@ def run(
         addr = server.target if server else target
         assert addr is not None
         asyncio.run(_warm_up(addr, audio))
+        cpu = (lambda: _cpu_seconds(server.proc.pid)) if server else None
         if capacity_clients:
+            cpu0, wall0 = cpu() if cpu else 0.0, time.perf_counter()
             unloaded = asyncio.run(drive(addr, capacity_clients, capacity_seconds, 600.0, requests))
             result.capacity_ok_per_s = sum(code == "OK" for code, _ in unloaded.results) / capacity_seconds
+            if cpu:
+                result.capacity_server_cores = (cpu() - cpu0) / (time.perf_counter() - wall0)
         if sampler:
             result.rss_before_mb = sampler.rss_mb()
             sampler.reset_peak()
             sampler.start()
         started = time.perf_counter()
+        cpu0, mine0 = cpu() if cpu else 0.0, time.process_time()
         calls, result_hoarders = asyncio.run(
             _with_hoarders(addr, hoarders, hoard_mib, lambda: drive(addr, clients, seconds, deadline_s, requests))
         )
         result.hoarders_ended = dict(Counter(result_hoarders))
         wall = time.perf_counter() - started
+        result.client_cores = (time.process_time() - mine0) / wall
+        if cpu:
+            result.server_cores = (cpu() - cpu0) / wall
         result.server_details = list(calls.details)[:8]
         result.requests = len(calls.results)
         result.codes = dict(Counter(code for code, _ in calls.results).most_common())
@@ -393,6 +416,10 @@ def run(
         result.ok_per_s = len(ok) / wall
         if result.capacity_ok_per_s:
             result.goodput_of_capacity = result.ok_per_s / result.capacity_ok_per_s
+            if result.server_cores and result.capacity_server_cores:
+                result.goodput_per_cpu_of_capacity = (result.ok_per_s / result.server_cores) / (
+                    result.capacity_ok_per_s / result.capacity_server_cores
+                )
         result.audio_s_per_s = len(ok) * turns * turn_seconds / wall
         result.ok_latency_p50_s = _quantile(ok, 0.5)
         result.exhausted_latency_p50_s = _quantile(exhausted, 0.5)
@@ -436,6 +463,8 @@ def table(r: OverloadResult) -> str:
             f"time to RESOURCE_EXHAUSTED p50 {f(r.exhausted_latency_p50_s, '.3f')} s, "
             f"p95 {f(r.exhausted_latency_p95_s, '.3f')} s, max {f(r.exhausted_latency_max_s, '.3f')} s",
             f"health check p50 {f(r.health_p50_s, '.3f')} s, max {f(r.health_max_s, '.3f')} s",
+            f"cores: server {f(r.server_cores)} (unloaded {f(r.capacity_server_cores)}), these clients "
+            f"{f(r.client_cores)}; goodput per server CPU-second {f(r.goodput_per_cpu_of_capacity)} of unloaded",
             f"server RSS before {f(r.rss_before_mb, '.0f')} MB, peak {f(r.rss_peak_mb, '.0f')} MB "
             f"(VmHWM {f(r.rss_hwm_mb, '.0f')}), after {f(r.rss_after_mb, '.0f')} MB"
             + (f" [killed by the watchdog {r.killed_after_s:.1f} s in]" if r.killed_after_s is not None else ""),
