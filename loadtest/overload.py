@@ -43,6 +43,7 @@ import soundfile as sf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+from sleuthd_bench.footprint import cpu_seconds
 
 from loadtest.speech import _TAG_BITS, _data_chunk, dialogues, tag_wav
 
@@ -145,12 +146,6 @@ class RssSampler:
                 self.killed = True
                 self.killed_at = time.perf_counter()
                 os.kill(self.pid, 9)
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process ``pid`` (all its threads), seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _status_kb(pid: int, key: str) -> float:
@@ -385,7 +380,7 @@ def run(
         addr = server.target if server else target
         assert addr is not None
         asyncio.run(_warm_up(addr, audio))
-        cpu = (lambda: _cpu_seconds(server.proc.pid)) if server else None
+        cpu = (lambda: cpu_seconds(server.proc.pid)) if server else None
         if capacity_clients:
             cpu0, wall0 = cpu() if cpu else 0.0, time.perf_counter()
             unloaded = asyncio.run(drive(addr, capacity_clients, capacity_seconds, 600.0, requests))

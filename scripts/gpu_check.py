@@ -49,6 +49,16 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+def _timed(model: Any, windows: np.ndarray, step: int) -> tuple[float, np.ndarray]:
+    """Seconds ``model`` (an OnnxEncoder) takes to embed ``windows`` in calls of ``step``, after a warm-up, and
+    the last call's embeddings."""
+    model.warm_up()
+    t0 = time.perf_counter()
+    for i in range(0, len(windows), step):
+        emb = model.embed(windows[i : i + step])
+    return time.perf_counter() - t0, emb
+
+
 def where_time_goes(models_dir: Path, speech: Path, device: str, batch: int, dialogues: int) -> dict[str, Any]:
     """Host preparation against the model, per audio second, for each component encoder."""
     from sleuthd.audio.vad import EnergyVad
@@ -70,16 +80,12 @@ def where_time_goes(models_dir: Path, speech: Path, device: str, batch: int, dia
         seconds = sum(p.audio_seconds for p in prepared)
         windows = np.concatenate([p.windows for p in prepared if p.windows is not None])
         runner = OnnxEncoder(manifest, device=device, gpu_batch=batch)  # as the server builds it
-        runner.warm_up()
         step = (
             batch
             if runner.fixed_batch
             else min(batch, manifest.raw.get("batching", {}).get("cpu_max_batch_windows", batch))
         )
-        t0 = time.perf_counter()
-        for i in range(0, len(windows), step):
-            emb = runner.embed(windows[i : i + step])
-        model_wall = time.perf_counter() - t0
+        model_wall, emb = _timed(runner, windows, step)
         row = {
             "provider": runner.provider,
             "audio_seconds": round(seconds, 1),
@@ -95,12 +101,9 @@ def where_time_goes(models_dir: Path, speech: Path, device: str, batch: int, dia
             row["parity_min_cosine_vs_cpu"] = float(np.min(np.sum(emb * cpu, axis=1)))
             # ONNX Runtime's default, which the server turns off (OnnxEncoder's tf32): what it would cost and give.
             fast = OnnxEncoder(manifest, device=device, gpu_batch=batch, tf32=True)
-            fast.warm_up()
-            t0 = time.perf_counter()
-            for i in range(0, len(windows), step):
-                emb = fast.embed(windows[i : i + step])
-            row["tf32_model_ms_per_audio_s"] = 1e3 * (time.perf_counter() - t0) / seconds
-            row["tf32_parity_min_cosine_vs_cpu"] = float(np.min(np.sum(emb * cpu, axis=1)))
+            fast_wall, fast_emb = _timed(fast, windows, step)
+            row["tf32_model_ms_per_audio_s"] = 1e3 * fast_wall / seconds
+            row["tf32_parity_min_cosine_vs_cpu"] = float(np.min(np.sum(fast_emb * cpu, axis=1)))
         out[name] = row
     return out
 

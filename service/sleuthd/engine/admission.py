@@ -88,18 +88,19 @@ class AudioBudget:
         self.buffered = 0  # of ``held``: streams' chunks of unfinished turns
         self.refused = 0  # acquisitions refused since the start
         self._by_client: dict[tuple[str, str], int] = {}
-        self._holders: dict[str, int] = {}  # per kind of share: how many clients of that kind hold audio
-        self._refused_at: dict[tuple[str, str], float] = {}  # clients refused lately: they wait, too
+        self._refused_at: dict[tuple[str, str], float] = {}  # when each client was last refused: it waits, too
         self.contention_s = contention_s
         self._clock = clock
 
-    def _active(self, kind: str, share: tuple[str, str]) -> int:
-        """Clients of ``kind`` holding audio or refused lately, ``share`` among them."""
-        now = self._clock()
-        if len(self._refused_at) > 4096 or any(now - t > self.contention_s for t in self._refused_at.values()):
+    def _active(self, share: tuple[str, str]) -> int:
+        """Clients of ``share``'s kind holding audio or refused within ``contention_s``, ``share`` among them."""
+        now, kind = self._clock(), share[0]
+        if len(self._refused_at) > 4096:  # clients refused long ago need no entry
             self._refused_at = {k: t for k, t in self._refused_at.items() if now - t <= self.contention_s}
-        waiting = sum(1 for k in self._refused_at if k[0] == kind and k not in self._by_client)
-        return self._holders.get(kind, 0) + waiting + (share not in self._by_client and share not in self._refused_at)
+        active = {k for k in self._by_client if k[0] == kind}
+        active.update(k for k, t in self._refused_at.items() if k[0] == kind and now - t <= self.contention_s)
+        active.add(share)
+        return len(active)
 
     def share_of(self, share: tuple[str, str], borrow: bool = False) -> int | None:
         """What ``share``'s client may hold now: its fixed share, or when ``borrow``, the budget divided among
@@ -107,7 +108,7 @@ class AudioBudget:
         cap = self.shares.get(share[0])
         if cap is None or not borrow:
             return cap
-        return max(cap, self.limit // max(1, self._active(share[0], share)))
+        return max(cap, self.limit // self._active(share))
 
     def held_by(self, share: tuple[str, str]) -> int:
         return self._by_client.get(share, 0)
@@ -163,10 +164,7 @@ class AudioBudget:
             if buffered:
                 self.buffered += n
             for share in client:
-                if share not in self._by_client:
-                    self._holders[share[0]] = self._holders.get(share[0], 0) + 1
                 self._by_client[share] = self._by_client.get(share, 0) + n
-                self._refused_at.pop(share, None)
 
     def unbuffer(self, n: int) -> None:
         """``n`` buffered bytes of a stream became a finished turn: still held, no longer buffered."""
@@ -183,8 +181,8 @@ class AudioBudget:
             left = self._by_client.get(share, 0) - n
             if left > 0:
                 self._by_client[share] = left
-            elif self._by_client.pop(share, None) is not None:
-                self._holders[share[0]] -= 1
+            else:
+                self._by_client.pop(share, None)
         if self.held < 0:  # a bookkeeping bug must not turn into a server that refuses everything
             logger.error("audio budget released %d bytes more than it held", -self.held)
             self.held = 0
