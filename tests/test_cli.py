@@ -23,7 +23,8 @@ SLEUTHD = [sys.executable, "-m", "sleuthd.cli"]
 
 
 @pytest.fixture(scope="module")
-def served(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, str]]:
+    """The server process's pid and its target."""
     registry = tmp_path_factory.mktemp("registry") / "voices.sqlite3"
     log = registry.with_name("server.log")
     proc = subprocess.Popen(
@@ -49,9 +50,14 @@ def served(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     line = proc.stdout.readline()  # blocks until the server prints where it listens
     assert line.startswith("sleuthd listening on 127.0.0.1:"), line + log.read_text()
     target = line.split()[-1]
-    yield target
+    yield proc.pid, target
     proc.send_signal(signal.SIGTERM)  # graceful shutdown: drain, close, exit 0
     assert proc.wait(timeout=30) == 0
+
+
+@pytest.fixture(scope="module")
+def served(server: tuple[int, str]) -> str:
+    return server[1]
 
 
 def dialogue_doc(speech: Speech, altered_voice: str | None, dialogue_id: str = "cli") -> dict[str, object]:
@@ -372,3 +378,42 @@ def test_a_missing_models_folder_names_the_command_that_builds_it(tmp_path: Path
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"error: models folder {tmp_path / 'models'} does not exist: build the models into it with " in r.stderr
     assert f"`sleuthd models export all --models-dir {tmp_path / 'models'}` (`make models` in a checkout)" in r.stderr
+
+
+def _threads(pid: int) -> dict[int, tuple[int, int]]:
+    """Each thread of process ``pid``: (nice value, CPU clock ticks used), from /proc."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()  # after the command name
+        out[int(task.name)] = (int(fields[16]), int(fields[11]) + int(fields[12]))  # nice; utime + stime
+    return out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread priorities are Linux's")
+def test_the_serving_loop_runs_below_the_threads_that_decode_and_run_the_models(
+    server: tuple[int, str], speech: Speech, tmp_path: Path
+) -> None:
+    """Under overload the loop reading and refusing requests must not take CPU from admitted work
+    (sleuthd.threads): it runs at nice 10 (the default), the workers doing a check's work at the process's 0."""
+    pid, target = server
+    # Audio no earlier test sent (the embedding cache would answer it without the models).
+    rng = np.random.default_rng(7)
+    turns = []
+    for k in range(4):
+        samples, rate = sf.read(speech.clips[VOICE_A][k], dtype="float32")
+        sf.write(tmp_path / f"n{k}.wav", samples + rng.normal(0, 1e-3, samples.shape).astype(np.float32), rate)
+        turns.append({"turn_id": f"t{k}", "speaker": "Ann", "audio": f"n{k}.wav"})
+    doc = tmp_path / "fresh.json"
+    doc.write_text(json.dumps({"dialogue_id": "nice", "turns": turns}))
+    before = _threads(pid)
+    checked = run("check", str(doc), "--target", target)
+    assert checked.returncode == 0, checked.stderr
+    after = _threads(pid)
+    assert after[pid][0] == 10, "the main thread runs the gRPC loop: it should run at nice 10"
+    busy = {tid: ticks - before.get(tid, (0, 0))[1] for tid, (_, ticks) in after.items() if tid != pid}
+    workers = {tid: used for tid, used in busy.items() if used >= 3}  # 30 ms or more of CPU in this check
+    assert workers, busy
+    assert {tid: after[tid][0] for tid in workers} == dict.fromkeys(workers, 0), (
+        "threads that decode or run the models started below the process's priority: start them at load"
+    )
+

@@ -198,6 +198,12 @@ class ServerConfig:
     max_connection_age_grace_seconds: float = option(
         3600.0, help="how long calls on a connection past its age may still run (longer than the longest stream)"
     )
+    intake_niceness: int = option(
+        10,
+        help="`sleuthd serve` runs the thread that reads, admits and refuses requests this much below the "
+        "threads that decode and run the models (nice value, Linux), so that under overload finishing admitted "
+        "work comes first; matters only while threads compete for cores; 0 = the same priority",
+    )
     min_client_ping_seconds: float = option(
         60.0,
         help="clients may ping at most this often while no data flows; a client that pings more often is "
@@ -212,6 +218,8 @@ class ServerConfig:
             _at_least(self, name, 1e-3)
         _at_least(self, "max_connection_age_seconds", 0)
         _at_least(self, "max_connection_age_grace_seconds", 0)
+        if not 0 <= self.intake_niceness <= 19:
+            raise ConfigError(f"intake_niceness must be 0 to 19 (nice values), got {self.intake_niceness}")
         if not -1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be -1 (off), 0 (any) or a port number, got {self.metrics_port}")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -31,6 +31,7 @@ from sleuthd.engine.admission import BoundedThreadPool
 from sleuthd.ops.observe import EngineObserver
 from sleuthd.registry.open import open_store
 from sleuthd.registry.store import VoiceStore
+from sleuthd.threads import start_threads
 
 if TYPE_CHECKING:
     from sleuthd.lalm.judge import LalmJudge
@@ -105,6 +106,10 @@ def load_models(config: EngineConfig, observer: EngineObserver | None = None) ->
     # are read are then refused, and in the decode pool their reads would queue ahead of admitted work.
     probe_pool = BoundedThreadPool(1, config.admission.max_queued_decodes, thread_name_prefix="probe")
     try:
+        # Decoding and model threads start now, at the loading thread's priority, above the serving loop's
+        # (sleuthd.threads); the probe pool reads headers for the intake and starts, lazily, at its priority.
+        for pool in (prep_pool, model_pool):
+            start_threads(pool)
         vad: Vad = SileroVad(vad_model_path(config.models_dir)) if config.vad == "silero" else EnergyVad()
         encoders: dict[str, WindowEncoder] = {}
         audio_cost: dict[str, float] = {}

@@ -16,6 +16,7 @@ from sleuthd.lalm.local import LocalModel, Prepared
 from sleuthd.lalm.prompts import Prompt
 from sleuthd.lalm.types import AnswerScores
 from sleuthd.ops.observe import JudgeObserver
+from sleuthd.threads import start_threads
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +39,13 @@ class LocalScorer:
         self.weights_sha256 = model.weights_sha256
         # One thread owns the model: calls never overlap (one accelerator, an unsynchronised encoder cache).
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="judge-model")
+        # Started at the loading thread's priority, above the serving loop's (sleuthd.threads).
+        start_threads(self._model_thread)
         self._own_prepare = prepare_executor is None
-        self._prepare: Executor = prepare_executor or ThreadPoolExecutor(2, thread_name_prefix="judge-prepare")
+        if prepare_executor is None:
+            prepare_executor = ThreadPoolExecutor(2, thread_name_prefix="judge-prepare")
+            start_threads(prepare_executor)
+        self._prepare: Executor = prepare_executor
         self.batcher: PromptBatcher[Prepared, AnswerScores] = PromptBatcher(
             model.run, lambda p: p.tokens, self._model_thread, batching, observer, name=f"judge {model.name}"
         )

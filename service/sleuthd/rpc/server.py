@@ -24,6 +24,7 @@ from sleuthd.rpc.gate import EdgeLimits, RpcGate
 from sleuthd.rpc.limits import RequestLimits, WalkPace
 from sleuthd.rpc.ops_http import OpsHttpServer
 from sleuthd.rpc.servicer import SleuthServicer
+from sleuthd.threads import lower_own_priority
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
@@ -264,12 +265,21 @@ async def serve_forever(engine: Engine, config: ServerConfig, metrics: ServiceMe
     except BaseException:
         await engine.aclose()
         raise
+    # The workers started at the process's priority while the engine loaded; from here this thread (gRPC,
+    # admission, refusals) and the threads it starts run below them (sleuthd.threads). Here, not in
+    # create_server: a process that embeds the server keeps its own priorities.
+    niceness = lower_own_priority(config.intake_niceness)
     scheme = "TLS" if config.tls else "plaintext"
     # Printed (not logged) so scripts can read the port when --port 0 picked it.
     print(f"sleuthd listening on {config.host}:{running.port}", flush=True)
     if running.metrics_port is not None:
         print(f"sleuthd metrics on http://{config.metrics_host}:{running.metrics_port}/metrics", flush=True)
-    logger.info("serving gRPC (%s, auth %s)", scheme, "on" if config.auth_token_file else "off")
+    logger.info(
+        "serving gRPC (%s, auth %s, intake at nice %s)",
+        scheme,
+        "on" if config.auth_token_file else "off",
+        "unchanged" if niceness is None else niceness,
+    )
     stop, hurry = asyncio.Event(), asyncio.Event()
 
     def on_signal() -> None:
