@@ -416,4 +416,3 @@ def test_the_serving_loop_runs_below_the_threads_that_decode_and_run_the_models(
     assert {tid: after[tid][0] for tid in workers} == dict.fromkeys(workers, 0), (
         "threads that decode or run the models started below the process's priority: start them at load"
     )
-

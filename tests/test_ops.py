@@ -255,12 +255,15 @@ async def test_access_log_has_one_bounded_line_per_rpc_with_its_request_id(
             ok.turns.add(turn_id="t", speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 0)))
             call = s.CheckDialogue(ok, timeout=30, metadata=(("x-request-id", "pipeline-42"),))
             await call
-            assert ("x-request-id", "pipeline-42") in tuple(await call.initial_metadata())
+            # With the answer (trailing), never in a header of its own: a header would commit the call, and a
+            # replica killed before the answer would leave the client nothing to retry (sleuthd.rpc.gate).
+            assert ("x-request-id", "pipeline-42") in tuple(await call.trailing_metadata())
+            assert "x-request-id" not in dict(await call.initial_metadata())
             hostile = pb.CheckDialogueRequest(dialogue_id="evil\nFORGED LINE" + "y" * 100_000)
             bad = s.CheckDialogue(hostile, timeout=30)
             with pytest.raises(grpc.aio.AioRpcError):
                 await bad
-            given = dict(await bad.initial_metadata())["x-request-id"]
+            given = dict(await bad.trailing_metadata())["x-request-id"]
     finally:
         access.removeHandler(handler)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]

@@ -1,8 +1,14 @@
 """The RPC gate: the one server interceptor every RPC passes, health and reflection included.
 
 In order, for each call:
-  request id      the client's ``x-request-id`` if sane, else a fresh one; sent back as initial metadata
-                  and put on every log line of the call
+  request id      the client's ``x-request-id`` if sane, else a fresh one; put on every log line of the call
+                  and sent back: by a call with one answer in its trailing metadata (in the one write that
+                  carries the answer and the status), by a streaming call in its initial metadata at once.
+                  Why not a header first on every call: a client's channel retries a call (UNAVAILABLE: a
+                  replica killed or restarted under it) only while it has received nothing from the server,
+                  and a header sent in a write of its own commits the call; a replica killed between that
+                  write and the answer's left the client with UNAVAILABLE instead of an answer from another
+                  replica (a batch of answers finishing together made that window real: tests/test_replicas.py)
   -> access       the bearer token (UNAUTHENTICATED; health stays open), draining (after SIGTERM new work
                   gets UNAVAILABLE)
   -> client       who the call's audio counts against: its connection (peer) and, with tokens, its token
@@ -124,30 +130,6 @@ def _attempt(metadata: Any) -> int:
     """1 for a first attempt; n + 1 when the client's channel retried (grpc-previous-rpc-attempts: n)."""
     given = next((v for k, v in metadata or () if k == "grpc-previous-rpc-attempts"), "0")
     return 1 + int(given) if isinstance(given, str) and given.isdigit() and len(given) < 4 else 1
-
-
-class _AnswerHeader:
-    """A unary call's context that sends the ``x-request-id`` header with the answer (or the error), not when
-    the call starts. Why: a client's channel retries a call (UNAVAILABLE: a replica killed or restarted
-    under it) only while it has received no header from the server; a header sent at once would commit the
-    call to the dead replica, and the caller would see UNAVAILABLE instead of the answer from another one."""
-
-    def __init__(self, context: grpc.aio.ServicerContext, request_id: str) -> None:
-        self._context = context
-        self._header = ((REQUEST_ID_KEY, request_id),)
-        self._sent = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-    async def send_header(self) -> None:
-        if not self._sent:
-            self._sent = True
-            await self._context.send_initial_metadata(self._header)
-
-    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
-        await self.send_header()
-        await self._context.abort(code, details, trailing_metadata)
 
 
 def _code_after(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
@@ -298,9 +280,10 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
     # ------------------------------------------------------------------ per-call books
 
-    async def _begin(self, call: _Call, context: Any, header: bool = True) -> None:
+    async def _begin(self, call: _Call, context: Any, one_answer: bool) -> None:
         """Start the books for a call and refuse it when access says no (before its request is read).
-        ``header``: send the request id now (streams); unary calls of ours send it with their answer."""
+        ``one_answer``: the request id goes out with the answer and status (trailing metadata), else as
+        initial metadata now (module docstring, "request id")."""
         call.started = time.perf_counter()
         call.peer = printable(context.peer() or "", 64)
         # One connection (its peer address and port) and one token each have a share of the audio budget.
@@ -311,7 +294,9 @@ class RpcGate(grpc.aio.ServerInterceptor):
             self._in_flight += 1
             self._idle.clear()
             self.metrics.rpcs_in_flight.set(self._in_flight)
-        if header:
+        if one_answer:  # every way the call ends sends it: an answer, context.abort, an exception
+            context.set_trailing_metadata(((REQUEST_ID_KEY, call.request_id),))
+        else:
             await context.send_initial_metadata(((REQUEST_ID_KEY, call.request_id),))
         if call.refusal is not None:
             await context.abort(*call.refusal)
@@ -362,10 +347,9 @@ class RpcGate(grpc.aio.ServerInterceptor):
         budget = self.limits.budget
         work = self.limits.work
 
-        async def behaviour(requests: AsyncIterator[tuple[Any, int]], raw: grpc.aio.ServicerContext) -> Any:
-            context: Any = _AnswerHeader(raw, call.request_id)  # the request id goes out with the answer
+        async def behaviour(requests: AsyncIterator[tuple[Any, int]], context: grpc.aio.ServicerContext) -> Any:
             try:
-                await self._begin(call, context, header=False)
+                await self._begin(call, context, one_answer=True)
                 # The smallest recent request of this method: refusing on it wrongs no request of usual size.
                 expected = min(recent) if recent else 0
                 busy = budget.refusal(expected, f"a {call.label} request (about {expected} bytes, as lately)",
@@ -390,7 +374,6 @@ class RpcGate(grpc.aio.ServerInterceptor):
                     response = await inner(request, context)
                 finally:
                     budget.release(size, call.client)
-                await context.send_header()
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
                 got = request = None  # see _unwound: nothing the exception keeps may hold the request
@@ -410,7 +393,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
         async def generator(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
-                await self._begin(call, context)
+                await self._begin(call, context, one_answer=False)
                 if slots.full:
                     await _abort(context, slots.busy())
                 with slots.take():
@@ -443,8 +426,8 @@ class RpcGate(grpc.aio.ServerInterceptor):
     def _other(self, inner: Any, call: _Call, streamed: bool) -> Callable[..., Any]:
         """Infrastructure methods: access, books and outcome; messages parsed by :meth:`_parser`."""
 
-        async def refused_or(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await self._begin(call, context)
+        async def refused_or(request: Any, context: grpc.aio.ServicerContext, one_answer: bool) -> Any:
+            await self._begin(call, context, one_answer)
             if isinstance(request, _Refusal):
                 await _abort(context, request.error)
             return self._checked(request) if streamed else request
@@ -453,7 +436,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
             async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 try:
-                    request = await refused_or(request, context)
+                    request = await refused_or(request, context, one_answer=False)
                     try:
                         async for response in inner(request, context):
                             yield response
@@ -469,7 +452,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
 
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                request = await refused_or(request, context)
+                request = await refused_or(request, context, one_answer=True)
                 try:
                     response = await inner(request, context)
                 except (InvalidRequest, Overloaded) as exc:  # a message of the request stream was refused
