@@ -81,7 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"trial {t + 1}/{args.trials}: {got['OK']} OK, {lost} failed {dict(got - Counter(OK=got['OK']))}",
                   flush=True)  # fmt: skip
     calls = args.trials * args.calls
+    unavailable = sum(n for k, n in total.items() if k.startswith("UNAVAILABLE"))
     print(f"{calls} calls in {args.trials} trials: {total['OK']} OK; trials with a failed call: {trials_losing}")
+    # UNAVAILABLE after the channel's retries: lost to the kill. RESOURCE_EXHAUSTED: the survivor, with all of
+    # the dead replica's calls moved onto it, could not finish them before their deadlines (a busy answer).
+    print(f"lost to the kill (UNAVAILABLE): {unavailable}")
     for outcome, n in total.most_common():
         if outcome != "OK":
             print(f"  {n:4d}  {outcome}")

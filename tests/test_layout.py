@@ -112,7 +112,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("audio",),  # decoding, VAD, windows
     ("client",),  # the client library (grpc and the stubs only)
     ("ops",),  # metrics, logs, observers
-    ("aio", "config", "domain", "errors", "v1", "__init__"),  # leaves
+    ("aio", "config", "domain", "errors", "threads", "v1", "__init__"),  # leaves
 )
 
 
