@@ -17,6 +17,7 @@ from sleuthd.judgment.evidence import (
     SIGNS,
     EvidenceCalibration,
     EvidenceError,
+    _median_rows,
     encoder_evidence,
     variant_of,
 )
@@ -196,3 +197,18 @@ def test_low_similarity_dialogue_with_an_opposite_gender_intruder_is_flagged_at_
     v = calibration.judge(grams, True, seconds)
     assert v is not None
     assert np.flatnonzero(v.flagged).tolist() == [fixture["altered_turn"]], v.probability
+
+
+def test_row_medians_equal_numpys_nanmedian_bit_for_bit() -> None:
+    """The leave-one-out row medians (partitioned, not np.nanmedian: issue 30's streamed-turn latency) are
+    exactly np.nanmedian's, for the one-out masks the evidence uses and for uneven masks."""
+    rng = np.random.default_rng(3)
+    for n, m in [(1, 2), (2, 3), (5, 6), (6, 6), (50, 51), (200, 201)]:
+        x = rng.normal(size=(n, m))
+        for cut in (np.arange(n), np.arange(m - n, m)):
+            mask = np.ones((n, m), bool)
+            mask[np.arange(n), cut] = False
+            assert np.array_equal(_median_rows(x, mask), np.nanmedian(np.where(mask, x, np.nan), axis=1))
+        uneven = rng.random((n, m)) > 0.4
+        uneven[:, 0] = True
+        assert np.array_equal(_median_rows(x, uneven), np.nanmedian(np.where(uneven, x, np.nan), axis=1))

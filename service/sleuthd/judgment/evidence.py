@@ -100,9 +100,18 @@ def speaker_levels(evidence: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str
 
 
 def _median_rows(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Row medians of x over the True entries of mask (each row has at least one)."""
+    """Row medians of x over the True entries of mask (each row has at least one): what np.nanmedian of
+    the masked-out entries set to NaN gives, bit for bit. Not np.nanmedian itself: on rows it goes through
+    masked arrays, about half the judging time of a streamed turn at 1,000 turns (55-65 ms a turn)."""
     y = np.where(mask, x, np.nan)
-    return np.asarray(np.nanmedian(y, axis=1))
+    counts = mask.sum(axis=1)
+    lo, hi = (counts - 1) // 2, counts // 2
+    if counts.min() == counts.max():  # one count for all rows (leave-one-out): partition around two ranks
+        y = np.partition(y, sorted({int(lo[0]), int(hi[0])}), axis=1)  # NaN ranks after every number
+    else:
+        y = np.sort(y, axis=1)
+    rows = np.arange(len(y))
+    return (y[rows, lo] + y[rows, hi]) / 2
 
 
 def encoder_evidence(g: np.ndarray, has_reference: bool, rivals: np.ndarray | None = None) -> dict[str, np.ndarray]:
