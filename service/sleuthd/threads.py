@@ -9,7 +9,7 @@ Linux lets a thread lower its own priority (raise its nice value) without privil
 a thread starts with the nice value of the thread that starts it. So the workers are started first, at the
 process's priority (:func:`start_threads`), and the intake lowers its own afterwards
 (:func:`lower_own_priority`). The nice value only matters while threads compete for a core: an idle or
-uncontended intake runs as fast as before. Measured in docs/serving.md, "Overload".
+uncontended intake runs as fast as before. Measured in docs/serving.md, "Who gets the CPU".
 """
 
 from __future__ import annotations
@@ -50,8 +50,3 @@ def lower_own_priority(by: int) -> int | None:
         return os.getpriority(os.PRIO_PROCESS, me)
     except OSError:  # a sandbox that forbids setpriority: serve at the priority we have
         return None
-
-
-def nice_of(native_id: int) -> int:
-    """The nice value of one thread of this process (Linux), for logs and tests."""
-    return os.getpriority(os.PRIO_PROCESS, native_id)
