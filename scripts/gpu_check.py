@@ -147,21 +147,21 @@ def summary(report: dict[str, Any]) -> str:
     tp = report.get("throughput") or {}
     if tp:
         lines += ["", "## Throughput (closed-loop CheckDialogue of 5 turns x 2-6 s)", "",
-                  "| encoder | clients | batched audio-s/s | p50 ms | p99 ms | unbatched audio-s/s "
+                  "| encoder | server processes | clients | batched audio-s/s | p50 ms | p99 ms | unbatched audio-s/s "
                   "| batched / unbatched | batched / raw model | server cores |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
-        for encoder, r in tp.items():
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+        for replicas, encoder, r in [(n, e, r) for n, by in tp.items() for e, r in by.items()]:
             for c, b in r["modes"]["batched"].items():
                 u = r["modes"].get("unbatched", {}).get(c)
                 ratio, cores = r["ratios"][c], b.get("server_cores")
-                cells = [encoder, c, f"{b['audio_seconds_per_second']:.1f}", f"{b['p50_ms']:.0f}", f"{b['p99_ms']:.0f}",
+                cells = [encoder, replicas, c, f"{b['audio_seconds_per_second']:.1f}", f"{b['p50_ms']:.0f}", f"{b['p99_ms']:.0f}",
                          f"{u['audio_seconds_per_second']:.1f}" if u else "-",
                          f"{ratio['batched_over_unbatched']:.2f}x" if u else "-",
                          f"{ratio['batched_over_raw_model']:.2f}",
                          "-" if cores is None else f"{cores:.2f}"]  # fmt: skip
                 lines.append("| " + " | ".join(cells) + " |")
             raw = r["raw_model"]
-            lines.append(f"| {encoder} raw model | | {raw['audio_seconds_per_second']:.1f} | | | | | | |")
+            lines.append(f"| {encoder} raw model | | | {raw['audio_seconds_per_second']:.1f} | | | | | | |")
     lat = report.get("latency") or {}
     if lat.get("stream"):
         med = lat["stream"]["median_ms_of_last_10"]
@@ -190,6 +190,8 @@ def main() -> int:
     ap.add_argument("--stream-turns", default="10,100")
     ap.add_argument("--check-turns", default="10,100")
     ap.add_argument("--batch", type=int, default=64, help="the server's --max-batch-windows")
+    ap.add_argument("--replicas", default="1", help="server processes, one throughput run per count, e.g. 1,4 "
+                    "(default: 1; counts above 1 run the batched mode only, calls round robin over the processes)")  # fmt: skip
     ap.add_argument("--budget-seconds", type=float, default=450.0, help="the whole run (default: 450)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "runs/gpu_check"))
     args = ap.parse_args()
@@ -202,17 +204,21 @@ def main() -> int:
         print("this onnxruntime has no CUDA provider: see scripts/gpu_bundle.py", file=sys.stderr)
         return 2
     server = ["--server-arg=--max-batch-windows", f"--server-arg={args.batch}"]
-    ok, _ = bench(
-        ["throughput", "--encoders", args.encoders, "--modes", args.modes, "--concurrency", args.concurrency,
-         "--seconds", str(args.seconds), "--dialogues", str(args.dialogues), "--cache", str(args.speech / "throughput"),
-         "--device", args.device, "--json", str(args.out / "throughput.json"), "--quiet", *server],
-        left() - 60, args.out / "throughput.txt",
-    )  # fmt: skip
-    if ok:
-        data = json.loads((args.out / "throughput.json").read_text())
-        report["throughput"] = data if "modes" not in data else {args.encoders: data}
-    else:
-        report["unfinished"].append("throughput")
+    report["throughput"] = {}
+    for replicas in [int(r) for r in args.replicas.split(",") if r.strip()]:
+        name = "throughput" if replicas == 1 else f"throughput_r{replicas}"
+        ok, _ = bench(
+            ["throughput", "--encoders", args.encoders, "--modes", args.modes if replicas == 1 else "batched",
+             "--concurrency", args.concurrency, "--seconds", str(args.seconds), "--dialogues", str(args.dialogues),
+             "--cache", str(args.speech / "throughput"), "--device", args.device, "--replicas", str(replicas),
+             "--json", str(args.out / f"{name}.json"), "--quiet", *server],
+            left() - 60, args.out / f"{name}.txt",
+        )  # fmt: skip
+        if ok:
+            data = json.loads((args.out / f"{name}.json").read_text())
+            report["throughput"][str(replicas)] = data if "modes" not in data else {args.encoders: data}
+        else:
+            report["unfinished"].append(name)
     ok, _ = bench(
         ["latency", "--stream-turns", args.stream_turns, "--check-turns", args.check_turns, "--repeats", "3",
          "--cache", str(args.speech / "latency"), "--server-arg=--device", f"--server-arg={args.device}", *server,

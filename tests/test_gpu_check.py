@@ -27,7 +27,7 @@ def test_the_gpu_check_runs_the_real_server_on_the_cpu(tmp_path: Path, models_di
     out = tmp_path / "out"
     env = dict(os.environ, PYTHON=sys.executable, SLEUTHD_MODELS_DIR=str(models_dir))
     cmd = [str(REPO / "scripts" / "gpu_check.sh"), "--device", "cpu", "--encoders", "fused", "--modes", "batched",
-           "--concurrency", "1", "--seconds", "0.3", "--dialogues", "2", "--stream-turns", "2", "--check-turns", "2",
+           "--concurrency", "2", "--seconds", "0.5", "--replicas", "1,2", "--dialogues", "2", "--stream-turns", "2", "--check-turns", "2",
            "--speech", str(tmp_path / "speech"), "--out", str(out)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -37,15 +37,25 @@ def test_the_gpu_check_runs_the_real_server_on_the_cpu(tmp_path: Path, models_di
         where = report["where_time_goes"][name]
         assert where["provider"] == "CPUExecutionProvider" and where["windows"] > 0
         assert where["host_ms_per_audio_s"] > 0 and where["model_ms_per_audio_s"] > 0 and 0 < where["host_share"] < 1
-    run = report["throughput"]["fused"]  # the real server, the raw models' rate measured in the same run
-    level = run["modes"]["batched"]["1"]
+    run = report["throughput"]["1"]["fused"]  # the real server, the raw models' rate measured in the same run
+    level = run["modes"]["batched"]["2"]
     assert level["errors"] == 0 and level["audio_seconds_per_second"] > 0 and level["p99_ms"] >= level["p50_ms"]
     assert set(run["raw_model"]["components"]) == {"ge2e", "campplus"}
-    assert run["raw_model"]["audio_seconds_per_second"] > 0 and run["ratios"]["1"]["batched_over_raw_model"] > 0
+    assert run["raw_model"]["audio_seconds_per_second"] > 0 and run["ratios"]["2"]["batched_over_raw_model"] > 0
+    # Two server processes behind round robin: each served its share of the calls.
+    pair = report["throughput"]["2"]["fused"]
+    assert pair["replicas"] == 2 and pair["modes"]["batched"]["2"]["errors"] == 0
+    assert all(cores > 0.05 for cores in pair["modes"]["batched"]["2"]["replica_cores"]), pair["modes"]["batched"]
     assert set(report["latency"]["stream"]["median_ms_of_last_10"]) == {"2"}
     assert report["latency"]["check"]["2"]["rpc_p50_ms"] > 0
     summary = (out / "summary.md").read_text()
-    for heading in ("Where the time goes", "Throughput", "Streamed 3 s turns", "| fused | 1 |"):
+    for heading in (
+        "Where the time goes",
+        "Throughput",
+        "Streamed 3 s turns",
+        "| fused | 1 | 2 |",
+        "| fused | 2 | 2 |",
+    ):
         assert heading in summary, summary
 
 

@@ -250,7 +250,7 @@ def cmd_bench_throughput(args: argparse.Namespace) -> int:
         for encoder in encoders:
             reports[encoder] = throughput.run(
                 levels, args.seconds, args.dialogues, args.cache, args.device, args.server_arg or [], progress, modes,
-                encoder,
+                encoder, args.replicas,
             )  # fmt: skip
             print(throughput.table(reports[encoder]) + "\n", flush=True)
     except (ValueError, RuntimeError) as exc:
@@ -727,6 +727,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="ge2e",
         help="encoders measured one after the other, each against its raw model rate, e.g. ge2e,campplus,fused "
         "(default: ge2e; the resemblyzer baseline runs for ge2e only)",
+    )
+    t.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="server processes per mode, calls spread over them round robin; cores and memory summed (default: 1)",
     )
     t.add_argument("--json", type=Path, help="write the results as JSON (keyed by encoder when several)")
     t.add_argument("--quiet", action="store_true")

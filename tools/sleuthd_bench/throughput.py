@@ -88,6 +88,7 @@ class LevelResult:
     triton_cores: float | None = None  # the triton mode: Triton and its model processes
     triton_rss_peak_mib: float | None = None
     error_codes: dict[str, int] | None = None  # our server's errors by gRPC status (a count alone hid why)
+    replica_cores: list[float] | None = None  # with --replicas: each server process's cores (is the load spread?)
 
     @property
     def turns_per_second(self) -> float:
@@ -209,6 +210,8 @@ async def drive_server(
     # (--max-streams-per-connection), and 128 workers on one channel met RST_STREAM (REFUSED_STREAM, reported
     # as UNAVAILABLE) on a GPU. Each channel its own connection (channels of one process share one by default).
     options = [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
+    if target.startswith("ipv4:"):  # several replicas: each channel sends its calls to the next one, round robin
+        options.append(("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})))
     channels = [
         grpc.aio.insecure_channel(target, options=options) for _ in range(-(-concurrency // CALLS_PER_CONNECTION))
     ]
@@ -270,6 +273,19 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+
+
+def start_servers(extra_args: Sequence[str], replicas: int) -> list[ServerProcess]:
+    """``replicas`` servers started side by side (a GPU server loads and warms up for seconds); all or none."""
+    with ThreadPoolExecutor(replicas) as pool:
+        futures = [pool.submit(ServerProcess, extra_args) for _ in range(replicas)]
+    started = [f.result() for f in futures if f.exception() is None]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        for server in started:
+            server.stop()
+        raise failed[0]  # type: ignore[misc]
+    return started
 
 
 class TritonForBench:
@@ -344,8 +360,15 @@ def run(
     progress: Callable[[str], None],
     modes: Sequence[str] = MODES,
     encoder: str = "ge2e",
+    replicas: int = 1,
 ) -> dict[str, Any]:
-    """One encoder's throughput in every mode, and its raw model rate measured in the same run."""
+    """One encoder's throughput in every mode, and its raw model rate measured in the same run.
+
+    ``replicas``: server processes per mode, the clients' calls spread over them round robin (the way to use a
+    machine whose one server process is bound by its own host threads, docs/deploy.md); their cores and peak
+    memory are reported summed."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be at least 1; got {replicas}")
     unknown = [m for m in modes if m not in MODES]
     if unknown or "batched" not in modes:
         raise ValueError(f"modes must include batched and come from {', '.join(MODES)}; got {', '.join(modes)}")
@@ -372,32 +395,35 @@ def run(
         if triton is not None:
             flags = triton.flags()
         try:
-            server = ServerProcess([*flags, "--device", device, *server_args])
+            servers = start_servers([*flags, "--device", device, *server_args], replicas)
         except BaseException:
             if triton is not None:
                 triton.stop()
             raise
+        target = servers[0].target if replicas == 1 else "ipv4:" + ",".join(s.target for s in servers)
         try:
             merged: dict[int, list[float]] = {}
             for c in concurrency:
-                progress(f"{mode} server, concurrency {c} ...")
-                watched = {"server": server.proc.pid}
+                progress(f"{mode} server{'s' if replicas > 1 else ''}, concurrency {c} ...")
+                watched = {f"server{k}": s.proc.pid for k, s in enumerate(servers)}
                 if triton is not None and triton.server.process is not None:
                     watched["triton"] = triton.server.process.pid
                 with Footprint(watched) as footprint:
-                    level, scores = asyncio.run(drive_server(server.target, dialogues, c, seconds))
+                    level, scores = asyncio.run(drive_server(target, dialogues, c, seconds))
                 used = footprint.fields()
                 results[mode][str(c)] = replace(
                     level,
-                    server_cores=used["server_cores"],
-                    server_rss_peak_mib=used["server_rss_peak_mib"],
+                    server_cores=round(sum(used[f"server{k}_cores"] for k in range(replicas)), 3),
+                    server_rss_peak_mib=round(sum(used[f"server{k}_rss_peak_mib"] for k in range(replicas)), 1),
+                    replica_cores=[used[f"server{k}_cores"] for k in range(replicas)] if replicas > 1 else None,
                     triton_cores=used.get("triton_cores"),
                     triton_rss_peak_mib=used.get("triton_rss_peak_mib"),
                 )
                 merged.update(scores)
             mode_scores[mode] = merged
         finally:
-            server.stop()
+            for server in servers:
+                server.stop()
             if triton is not None:
                 triton.stop()
     for other in ("unbatched", "triton"):
@@ -435,6 +461,7 @@ def run(
             "load_average_end": os.getloadavg(),
         },
         "encoder": encoder,
+        "replicas": replicas,
         "raw_model": raw,
         "dialogues": len(dialogues),
         "turns_per_dialogue": TURNS,
@@ -484,7 +511,12 @@ def table(report: dict[str, Any]) -> str:
             for name, p in raw["components"].items()
         )
         + (f" (together {raw['audio_seconds_per_second']:.1f})" if len(raw["components"]) > 1 else "")
-        + "; the model alone, no decoding, VAD, queueing or gRPC",
+        + "; the model alone, no decoding, VAD, queueing or gRPC"
+        + (
+            f"; {report['replicas']} server processes per mode, cores and RSS summed"
+            if report.get("replicas", 1) > 1
+            else ""
+        ),
         "",
     ]
     lines += [
