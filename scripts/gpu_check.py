@@ -154,7 +154,8 @@ def summary(report: dict[str, Any]) -> str:
             for c, b in r["modes"]["batched"].items():
                 u = r["modes"].get("unbatched", {}).get(c)
                 ratio, cores = r["ratios"][c], b.get("server_cores")
-                cells = [encoder, replicas, c, f"{b['audio_seconds_per_second']:.1f}", f"{b['p50_ms']:.0f}", f"{b['p99_ms']:.0f}",
+                cells = [encoder, replicas, c, f"{b['audio_seconds_per_second']:.1f}", f"{b['p50_ms']:.0f}",
+                         f"{b['p99_ms']:.0f}",
                          f"{u['audio_seconds_per_second']:.1f}" if u else "-",
                          f"{ratio['batched_over_unbatched']:.2f}x" if u else "-",
                          f"{ratio['batched_over_raw_model']:.2f}",
@@ -191,7 +192,7 @@ def main() -> int:
     ap.add_argument("--check-turns", default="10,100")
     ap.add_argument("--batch", type=int, default=64, help="the server's --max-batch-windows")
     ap.add_argument("--replicas", default="1", help="server processes, one throughput run per count, e.g. 1,4 "
-                    "(default: 1; counts above 1 run the batched mode only, calls round robin over the processes)")  # fmt: skip
+                    "(default: 1; counts above 1: the batched mode only, calls round robin over the processes)")
     ap.add_argument("--budget-seconds", type=float, default=450.0, help="the whole run (default: 450)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "runs/gpu_check"))
     args = ap.parse_args()

@@ -27,7 +27,8 @@ def test_the_gpu_check_runs_the_real_server_on_the_cpu(tmp_path: Path, models_di
     out = tmp_path / "out"
     env = dict(os.environ, PYTHON=sys.executable, SLEUTHD_MODELS_DIR=str(models_dir))
     cmd = [str(REPO / "scripts" / "gpu_check.sh"), "--device", "cpu", "--encoders", "fused", "--modes", "batched",
-           "--concurrency", "2", "--seconds", "0.5", "--replicas", "1,2", "--dialogues", "2", "--stream-turns", "2", "--check-turns", "2",
+           "--concurrency", "2", "--seconds", "0.5", "--replicas", "1,2", "--dialogues", "2",
+           "--stream-turns", "2", "--check-turns", "2",
            "--speech", str(tmp_path / "speech"), "--out", str(out)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -209,7 +209,10 @@ async def drive_server(
     # One connection per CALLS_PER_CONNECTION workers: the server lets one connection have 100 calls open
     # (--max-streams-per-connection), and 128 workers on one channel met RST_STREAM (REFUSED_STREAM, reported
     # as UNAVAILABLE) on a GPU. Each channel its own connection (channels of one process share one by default).
-    options = [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
+    options: list[tuple[str, int | str]] = [
+        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
     if target.startswith("ipv4:"):  # several replicas: each channel sends its calls to the next one, round robin
         options.append(("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})))
     channels = [
