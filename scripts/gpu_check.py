@@ -193,6 +193,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64, help="the server's --max-batch-windows")
     ap.add_argument("--replicas", default="1", help="server processes, one throughput run per count, e.g. 1,4 "
                     "(default: 1; counts above 1: the batched mode only, calls round robin over the processes)")
+    ap.add_argument("--server-arg", action="append", help="one more `sleuthd serve` argument (repeat)")
     ap.add_argument("--budget-seconds", type=float, default=450.0, help="the whole run (default: 450)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "runs/gpu_check"))
     args = ap.parse_args()
@@ -204,7 +205,8 @@ def main() -> int:
     if args.device == "cuda" and "CUDAExecutionProvider" not in report["environment"]["providers"]:
         print("this onnxruntime has no CUDA provider: see scripts/gpu_bundle.py", file=sys.stderr)
         return 2
-    server = ["--server-arg=--max-batch-windows", f"--server-arg={args.batch}"]
+    server = ["--server-arg=--max-batch-windows", f"--server-arg={args.batch}",
+              *(f"--server-arg={a}" for a in args.server_arg or [])]  # fmt: skip
     report["throughput"] = {}
     for replicas in [int(r) for r in args.replicas.split(",") if r.strip()]:
         name = "throughput" if replicas == 1 else f"throughput_r{replicas}"
