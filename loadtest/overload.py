@@ -210,6 +210,8 @@ class OverloadResult:
     exhausted_latency_p50_s: float | None = None  # time to RESOURCE_EXHAUSTED
     exhausted_latency_p95_s: float | None = None
     exhausted_latency_max_s: float | None = None
+    exhausted_first_latency_p50_s: float | None = None  # of clients' first refusals (not straight after one)
+    exhausted_first: int = 0  # how many refusals were such first ones
     health_p50_s: float | None = None  # health checks during the run (every 100 ms, own connection)
     health_max_s: float | None = None
     rss_before_mb: float | None = None  # idle, after one warm-up call
@@ -245,6 +247,10 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
 @dataclass
 class _Calls:
     results: list[tuple[str, float]] = field(default_factory=list)  # (status code name, latency seconds)
+    # RESOURCE_EXHAUSTED latencies of calls whose client's previous call was not refused (its first, or after an
+    # answer): the server answers these at once; a client that resends straight after "busy" is held
+    # (--refusal-hold-seconds), and those are the rest of the refusals.
+    first_refusals: list[float] = field(default_factory=list)
     details: dict[str, None] = field(default_factory=dict)  # distinct non-OK details
     health: list[float] = field(default_factory=list)  # health-check latencies, seconds
 
@@ -270,8 +276,10 @@ async def drive(target: str, clients: int, seconds: float, deadline_s: float, re
                 request_serializer=None,
                 response_deserializer=pb.DialogueVerdict.FromString,
             )
+            code = ""
             while time.perf_counter() < stop_at:
                 req = requests.make(next(nonce))
+                after_busy = code == "RESOURCE_EXHAUSTED"
                 t0 = time.perf_counter()
                 try:
                     await check(req, timeout=deadline_s)
@@ -280,6 +288,8 @@ async def drive(target: str, clients: int, seconds: float, deadline_s: float, re
                     code = err.code().name
                     calls.details.setdefault(f"{code}: {err.details()}"[:160])
                 calls.results.append((code, time.perf_counter() - t0))
+                if code == "RESOURCE_EXHAUSTED" and not after_busy:
+                    calls.first_refusals.append(calls.results[-1][1])
                 if code == "UNAVAILABLE":
                     await asyncio.sleep(0.1)  # the server is gone (or going): do not spin
 
@@ -420,6 +430,8 @@ def run(
         result.exhausted_latency_p50_s = _quantile(exhausted, 0.5)
         result.exhausted_latency_p95_s = _quantile(exhausted, 0.95)
         result.exhausted_latency_max_s = max(exhausted) if exhausted else None
+        result.exhausted_first_latency_p50_s = _quantile(calls.first_refusals, 0.5)
+        result.exhausted_first = len(calls.first_refusals)
         if sampler and server:
             time.sleep(settle_s)
             result.killed_by_watchdog = sampler.killed
@@ -456,7 +468,9 @@ def table(r: OverloadResult) -> str:
             )
             + (f"; {r.hoarders} hoarding streams: {r.hoarders_ended}" if r.hoarders else ""),
             f"time to RESOURCE_EXHAUSTED p50 {f(r.exhausted_latency_p50_s, '.3f')} s, "
-            f"p95 {f(r.exhausted_latency_p95_s, '.3f')} s, max {f(r.exhausted_latency_max_s, '.3f')} s",
+            f"p95 {f(r.exhausted_latency_p95_s, '.3f')} s, max {f(r.exhausted_latency_max_s, '.3f')} s; "
+            f"of the {r.exhausted_first} not straight after a refusal, "
+            f"p50 {f(r.exhausted_first_latency_p50_s, '.3f')} s",
             f"health check p50 {f(r.health_p50_s, '.3f')} s, max {f(r.health_max_s, '.3f')} s",
             f"cores: server {f(r.server_cores)} (unloaded {f(r.capacity_server_cores)}), these clients "
             f"{f(r.client_cores)}; goodput per server CPU-second {f(r.goodput_per_cpu_of_capacity)} of unloaded",

@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 from sleuthd.audio import decode as audio
 from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig, ServerConfig
 from sleuthd.encoders import clips
-from sleuthd.engine.admission import AudioBudget, BoundedThreadPool, WorkQueue, current_client
+from sleuthd.engine.admission import AudioBudget, BoundedThreadPool, RefusalPacer, WorkQueue, current_client
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.memory import HeapTrimmer
 from sleuthd.errors import InvalidRequest, LimitExceeded, Overloaded
@@ -593,3 +593,23 @@ def test_closing_the_heap_trimmer_waits_for_a_running_hand_back_and_stops_later_
     trimmer(idle=True)  # closed: nothing more is scheduled
     time.sleep(0.2)
     assert len(runs) == 1
+
+
+def test_refusal_pacer_holds_only_clients_that_come_straight_back() -> None:
+    now = [0.0]
+    pacer = RefusalPacer(hold_s=1.0, window_s=0.25, max_held=1, margin_s=0.25, clock=lambda: now[0])
+    a, b = (("peer", "a"),), (("peer", "b"), ("token", "t"))
+    assert pacer.hold_for(a, None) == 0.0  # a client's first refusal: at once
+    assert pacer.hold_for(a, None) == 1.0  # straight back: held, answered at 1.0
+    now[0] = 1.1  # resent 0.1 s after that answer: held again
+    assert pacer.hold_for(a, 5.0) == 1.0
+    now[0] = 2.5  # backed off 0.4 s: at once
+    assert pacer.hold_for(a, 5.0) == 0.0
+    now[0] = 2.6
+    assert pacer.hold_for(a, 0.6) == pytest.approx(0.35)  # held only until shortly before its deadline
+    now[0] = 3.0
+    assert pacer.hold_for(a, 0.1) == 0.0  # no time left to hold: at once
+    assert pacer.hold_for(b, None) == 0.0 and pacer.hold_for(b, None) == 1.0  # the token is the client
+    pacer.held = 1  # as many waiting as it may hold: the next is answered at once
+    now[0] = 3.05
+    assert pacer.hold_for(b, None) == 0.0

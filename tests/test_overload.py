@@ -239,15 +239,25 @@ def test_overload_is_refused_fast_within_a_memory_bound(overload_run: tuple[over
     # Issue 33, findings 2 and 3: near the unloaded capacity although a stream hoards a turn, and what is
     # admitted finishes (work admitted and then cut by its deadline is CPU taken from the rest).
     assert r.goodput_of_capacity is not None and r.goodput_of_capacity >= MIN_GOODPUT, (
-        r.codes, r.capacity_ok_per_s, r.server_cores, r.capacity_server_cores, r.goodput_per_cpu_of_capacity
+        r.codes,
+        r.capacity_ok_per_s,
+        r.server_cores,
+        r.capacity_server_cores,
+        r.goodput_per_cpu_of_capacity,
     )
     # Some admitted calls still finish late: measured 11-14 late to 46-51 answered at 48 clients here (the
     # pace is learnt from the model's work while the event loop also receives ~300 refused calls a second).
     assert r.codes.get("DEADLINE_EXCEEDED", 0) <= max(2, r.codes["OK"] // 2), r.codes
     assert r.hoarders_ended == {"held to the end": 1}, r.hoarders_ended
-    # "Busy" comes before the work, not after it: a refusal takes a fraction of what scoring one takes.
-    assert r.exhausted_latency_p50_s is not None and r.ok_latency_p50_s is not None
-    assert r.exhausted_latency_p50_s < r.ok_latency_p50_s / 4, (r.exhausted_latency_p50_s, r.ok_latency_p50_s)
+    # "Busy" comes before the work, not after it: a client's first refusal (not straight after another) takes a
+    # fraction of what scoring one takes. These clients resend the moment they are refused: the next refusal is
+    # held --refusal-hold-seconds (1 s by default), so most refusals take that long and they send fewer.
+    assert r.exhausted_first_latency_p50_s is not None and r.ok_latency_p50_s is not None
+    assert r.exhausted_first_latency_p50_s < r.ok_latency_p50_s / 4, (
+        r.exhausted_first_latency_p50_s,
+        r.ok_latency_p50_s,
+    )
+    assert r.exhausted_latency_p50_s is not None and r.exhausted_latency_p50_s >= 0.9, r.exhausted_latency_p50_s
     assert r.after_status == "OK"
     assert "never retrieved" not in log, log[-2000:]
 

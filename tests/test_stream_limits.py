@@ -178,9 +178,12 @@ async def test_streams_hoarding_turns_cannot_starve_other_clients(serve: Serve, 
     one_stream = 7 * (len(piece) + 1024)  # 7 chunks, each counting 1 KiB of overhead
 
     def refused() -> float:
-        return running.metrics.registry.get_sample_value(
-            "sleuthd_rpc_total", {"method": "StreamDialogue", "code": "RESOURCE_EXHAUSTED"}
-        ) or 0.0
+        return (
+            running.metrics.registry.get_sample_value(
+                "sleuthd_rpc_total", {"method": "StreamDialogue", "code": "RESOURCE_EXHAUSTED"}
+            )
+            or 0.0
+        )
 
     async def hoard(ch: grpc.aio.Channel, stop: asyncio.Event) -> None:
         call = pb_grpc.SleuthStub(ch).StreamDialogue(timeout=120)
@@ -364,3 +367,54 @@ def test_stream_limits_are_config_fields_with_flags() -> None:
     ):
         assert flag in flags
     assert AdmissionConfig().max_streams == 64
+
+
+async def test_a_client_that_resends_at_once_after_busy_gets_its_next_refusal_late(
+    serve: Serve, speech: Speech
+) -> None:
+    # Issue 33, finding 3: clients that resend the moment they are refused kept the server reading and refusing
+    # ~150 requests of 3.66 MiB a second, CPU taken from the admitted work. A client that comes straight back
+    # now waits --refusal-hold-seconds for its next "busy"; one that backed off (or its first) is told at once.
+    hold = 1.0
+    running = await serve(max_audio_in_flight_mb=1.0, refusal_hold_seconds=hold)
+    budget = running.gate.limits.budget
+    target = f"127.0.0.1:{running.port}"
+
+    def held() -> float:
+        return running.metrics.registry.get_sample_value("sleuthd_refusals_held_total") or 0.0
+
+    request = pb.CheckDialogueRequest(dialogue_id="probe", options=pb.CheckOptions(method=pb.METHOD_PAIRWISE))
+    for k in range(4):  # about 0.4 MiB of speech: over what a stream leaves of the 1 MiB budget
+        request.turns.add(turn_id=f"t{k}", speaker="A", audio=pb.Audio(encoded=speech.wav_bytes(VOICE_A, k)))
+    options = [("grpc.use_local_subchannel_pool", 1)]  # each channel on a connection of its own
+    async with (
+        grpc.aio.insecure_channel(target, options=options) as hoarder,
+        grpc.aio.insecure_channel(target, options=options) as probe,
+    ):
+        stream = pb_grpc.SleuthStub(hoarder).StreamDialogue(timeout=120)
+        await stream.write(open_msg())
+        await stream.write(start("t"))
+        await stream.write(chunk("t", bytes(900 * 1024)))  # a lone client's first audio is always let in
+        assert await wait_until(lambda: budget.held >= 900 * 1024)
+        stub = pb_grpc.SleuthStub(probe)
+
+        async def refused_after(timeout: float = 30.0) -> float:
+            t0 = asyncio.get_running_loop().time()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.CheckDialogue(request, timeout=timeout)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+            return asyncio.get_running_loop().time() - t0
+
+        first = await refused_after()
+        straight_back = await refused_after()
+        assert held() == 1
+        await asyncio.sleep(1.2)  # backing off (over the pacer's 1 s window) is answered at once again
+        after_backoff = await refused_after()
+        # Straight back with a short deadline: held only until shortly before it, still told "busy".
+        short = await refused_after(timeout=0.6)
+        assert held() == 2
+        stream.cancel()
+    assert first < hold * 0.7 and after_backoff < hold * 0.7, (first, after_backoff)
+    assert straight_back >= hold * 0.95, straight_back
+    assert 0.3 <= short < 0.6, short
+    assert await wait_until(lambda: budget.held == 0)

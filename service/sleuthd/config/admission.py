@@ -57,6 +57,12 @@ class AdmissionConfig:
         help="work admitted and waiting to start, in seconds at the recent pace; a request that would queue more "
         "gets RESOURCE_EXHAUSTED at once (as does one that could not finish before its deadline)",
     )
+    refusal_hold_seconds: float = option(
+        1.0,
+        help="a unary call refused RESOURCE_EXHAUSTED whose client (connection, or token) was refused within the "
+        "last second is answered this much later (at most until shortly before its deadline), so clients that "
+        "resend at once cannot keep the server busy refusing; a first refusal is answered at once; 0: all at once",
+    )
     max_streams: int = option(64, help="StreamDialogue calls open at once; the next gets RESOURCE_EXHAUSTED")
     stream_idle_seconds: float = option(
         60.0, help="a stream that sends no message for this long is ended (with turns open or not), seconds"
@@ -82,7 +88,8 @@ class AdmissionConfig:
             "max_queued_work_seconds",
         ):
             _at_least(self, name, 1e-9)
-        for name in ("max_audio_per_connection_mb", "max_audio_per_token_mb", "max_stream_buffers_mb"):
+        for name in ("max_audio_per_connection_mb", "max_audio_per_token_mb", "max_stream_buffers_mb",
+                     "refusal_hold_seconds"):  # fmt: skip
             _at_least(self, name, 0)
         _at_least(self, "max_queued_decodes", 1)
         _at_least(self, "max_streams", 1)

@@ -12,6 +12,7 @@ is checked before the work starts, and going over it raises :class:`~sleuthd.err
 - :class:`WorkQueue`: every request's work by its estimated cost and its deadline (time): refused at once
   when it cannot finish in time, queued with little run at once, newest first under overload;
 - :class:`Slots`: concurrent calls of one kind (StreamDialogue);
+- :class:`RefusalPacer`: when a refusal is answered: late to a client that came straight back after one;
 - :class:`BoundedThreadPool`: the decode pool's queue of jobs not yet started.
 
 Memory handed back after work (the heap trimmer, the allocator's arenas) is sleuthd.engine.memory.
@@ -541,6 +542,71 @@ class WorkQueue:
                 continue
             self._start(unit)
             waiter.set_result(None)
+
+
+class RefusalPacer:
+    """Clients told "busy, retry with backoff" that come straight back get their next refusal late. Used from
+    the event loop only.
+
+    A refusal costs the server little, but not nothing: under overload clients that resend at once kept the
+    intake reading and refusing about 150 requests of 3.66 MiB a second (64 clients, fused, 5 s deadlines), and
+    the reading, the refusing and the clients' own resending took CPU from the admitted work on a small
+    machine: each admitted request needed 4.4-4.6 s instead of 2.5, against its 5 s deadline. So a refusal for a
+    client whose previous refusal was answered less than ``window_s`` ago is held ``hold_s`` before it is
+    answered, or until ``margin_s`` before its deadline, whichever is sooner; a client that resends at once can
+    then send about one request per ``hold_s``. The first refusal of a client, and one that waited longer than
+    ``window_s``, are answered at once. The window is a second, not the 0.25 s a retry policy's first backoff
+    may be, because under overload the server itself may take a few hundred milliseconds to reach a call: a
+    client's own backoff cannot be told from that, so a client retrying within the second is held too (its
+    deadline still ends the hold). At most ``max_held`` refusals wait at once (beyond that they are answered
+    at once); a held call keeps its gRPC state and whatever of its message gRPC has buffered, never the
+    parsed request or its place in the audio budget (the gate lets go of both first). Measured in
+    docs/research/intake-priority/ ("Refusals held")."""
+
+    def __init__(
+        self,
+        hold_s: float,
+        window_s: float = 1.0,
+        max_held: int = 256,
+        margin_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hold_s = hold_s
+        self.window_s = window_s
+        self.max_held = max_held
+        self.margin_s = margin_s
+        self.held = 0  # refusals waiting now
+        self.held_total = 0  # refusals held since the start
+        self._answered: dict[str, float] = {}  # client -> when its latest refusal was (or will be) answered
+        self._clock = clock
+
+    def hold_for(self, shares: Client, seconds_left: float | None) -> float:
+        """Seconds to hold this refusal of ``shares``'s client (0: answer at once); records when it will be
+        answered."""
+        now = self._clock()
+        if len(self._answered) > 4096:  # clients answered long ago need no entry
+            self._answered = {c: t for c, t in self._answered.items() if now - t <= self.window_s}
+        client = _client_of(shares)
+        last = self._answered.get(client)
+        hold = 0.0
+        if last is not None and now - last < self.window_s and self.held < self.max_held:
+            hold = self.hold_s if seconds_left is None else min(self.hold_s, seconds_left - self.margin_s)
+            hold = max(hold, 0.0)
+        self._answered[client] = now + hold
+        return hold
+
+    async def pace(self, shares: Client, seconds_left: float | None) -> float:
+        """Wait as long as :meth:`hold_for` says before a refusal is answered; returns the seconds held."""
+        hold = self.hold_for(shares, seconds_left)
+        if hold <= 0:
+            return 0.0
+        self.held += 1
+        self.held_total += 1
+        try:
+            await asyncio.sleep(hold)
+        finally:
+            self.held -= 1
+        return hold
 
 
 class Slots:

@@ -146,6 +146,11 @@ class ServiceMetrics:
         r = self.registry
         self.rpc_total = Counter("sleuthd_rpc", "Finished RPCs", ["method", "code"], registry=r)
         self.rpcs_in_flight = Gauge("sleuthd_rpcs_in_flight", "Work RPCs running now", registry=r)
+        self.refusals_held = Counter(
+            "sleuthd_refusals_held",
+            "RESOURCE_EXHAUSTED answers held back: the client came straight back after one (--refusal-hold-seconds)",
+            registry=r,
+        )
         self.rpc_latency = Histogram(
             "sleuthd_rpc_latency_seconds", "RPC wall time (s)", ["method", "code"], buckets=_LATENCY_BUCKETS, registry=r
         )

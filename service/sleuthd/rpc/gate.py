@@ -49,7 +49,7 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError
 
-from sleuthd.engine.admission import AudioBudget, Client, Slots, WorkQueue, current_client
+from sleuthd.engine.admission import AudioBudget, Client, RefusalPacer, Slots, WorkQueue, current_client
 from sleuthd.errors import InvalidRequest, Overloaded
 from sleuthd.ops.logs import clip, printable, request_id
 from sleuthd.ops.metrics import ServiceMetrics
@@ -86,6 +86,7 @@ class EdgeLimits:
     streams: Slots  # concurrent StreamDialogue calls
     walk_pace: WalkPace | None = None  # fields the wire checks of our methods may walk per second, all together
     work: WorkQueue | None = None  # the engine's admission by cost and deadline, asked before a request is read
+    pacer: RefusalPacer | None = None  # holds refusals of clients that do not back off (None: all at once)
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,16 @@ class RpcGate(grpc.aio.ServerInterceptor):
             extra={"fields": fields},
         )
 
+    async def _refuse(self, call: _Call, context: grpc.aio.ServicerContext, busy: Overloaded) -> NoReturn:
+        """Answer a unary call "busy" (RESOURCE_EXHAUSTED), all of them here, the engine's too: first waiting as
+        long as the pacer says when its client came straight back after its last refusal
+        (sleuthd.engine.admission.RefusalPacer). The wait comes before the abort (gRPC sends a status the
+        moment a handler aborts) and after the request's audio has left the budget (the caller drops it)."""
+        pacer = self.limits.pacer
+        if pacer is not None and await pacer.pace(call.client, context.time_remaining()):
+            self.metrics.refusals_held.inc()
+        await _abort(context, busy)
+
     # ------------------------------------------------------------------ our unary methods
 
     def _unary(self, inner: Any, call: _Call) -> Callable[..., Awaitable[Any]]:
@@ -357,23 +368,34 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 if busy is None and work is not None:
                     busy = work.usual_refusal(call.label, context.time_remaining())
                 if busy is not None:
-                    await _abort(context, busy)
+                    await self._refuse(call, context, busy)
                 got = await anext(aiter(requests), None)  # a unary call carries exactly one message
                 if got is None:  # the client went away before sending it, or sent none (not a gRPC client)
                     await _abort(context, InvalidRequest("the call carried no request message"))
                 request, size = got
                 recent.append(size)
                 if isinstance(request, _Refusal):
-                    await _abort(context, request.error)
+                    error = request.error
+                    got = request = None
+                    await (
+                        self._refuse(call, context, error) if isinstance(error, Overloaded) else _abort(context, error)
+                    )
                 call.dialogue_id = _dialogue_of(request)
                 try:
                     budget.acquire(size, "this request", call.client, borrow=True)  # held until its verdict
                 except Overloaded as refused:
-                    await _abort(context, refused)
+                    got = request = None  # a held refusal must not keep the request alive
+                    await self._refuse(call, context, refused)
                 try:
                     response = await inner(request, context)
+                except Overloaded as refused:  # the engine's "busy": the servicer leaves it to the gate
+                    busy = refused
                 finally:
                     budget.release(size, call.client)
+                if busy is not None:
+                    busy.__traceback__ = None  # its frames hold the request
+                    got = request = None
+                    await self._refuse(call, context, busy)
             except BaseException as exc:
                 self._finish(call, self._settle(call, exc, context))
                 got = request = None  # see _unwound: nothing the exception keeps may hold the request

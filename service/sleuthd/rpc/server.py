@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sleuthd.config import ServerConfig
-from sleuthd.engine.admission import AudioBudget, Slots
+from sleuthd.engine.admission import AudioBudget, RefusalPacer, Slots
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.memory import HeapTrimmer
 from sleuthd.ops.metrics import ServiceMetrics
@@ -191,6 +191,7 @@ async def create_server(engine: Engine, config: ServerConfig, metrics: ServiceMe
         # The burst holds two requests of the most fields allowed, so valid requests never wait on it.
         walk_pace=WalkPace(bounds.wire_fields_per_second, 2 * request_limits.largest_max_fields()),
         work=engine.work,
+        pacer=RefusalPacer(bounds.refusal_hold_seconds) if bounds.refusal_hold_seconds > 0 else None,
     )
     # Freed heap pages go back to the system after work (at most every 10 s, on a thread): after refused
     # requests too (a burst of 60 MiB requests refused unparsed left 450 MB behind), and while a stream

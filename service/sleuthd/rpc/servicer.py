@@ -19,7 +19,7 @@ from sleuthd.encoders.manifest import PAPER_THRESHOLDS
 from sleuthd.engine.admission import AudioBudget
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.stream import StreamSession, paced
-from sleuthd.errors import DependencyUnavailable, EngineFailure, InvalidRequest
+from sleuthd.errors import DependencyUnavailable, EngineFailure, InvalidRequest, Overloaded
 from sleuthd.ops.metrics import ServiceMetrics
 from sleuthd.rpc import convert
 from sleuthd.rpc.status import status_of
@@ -81,6 +81,8 @@ class SleuthServicer(pb_grpc.SleuthServicer):
     async def _unary(self, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[T]]) -> T:
         try:
             return await work()
+        except Overloaded:
+            raise  # "busy" is the gate's to answer, once the request's audio has left the budget (sleuthd.rpc.gate)
         except Exception as exc:
             await self._abort(context, exc)
 
