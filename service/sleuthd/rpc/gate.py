@@ -393,7 +393,8 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 finally:
                     budget.release(size, call.client)
                 if busy is not None:
-                    busy.__traceback__ = None  # its frames hold the request
+                    # Its traceback's frames (and those of any error it was raised while handling) hold the request.
+                    busy.__traceback__ = busy.__context__ = busy.__cause__ = None
                     got = request = None
                     await self._refuse(call, context, busy)
             except BaseException as exc:
