@@ -576,7 +576,6 @@ class RefusalPacer:
         self.max_held = max_held
         self.margin_s = margin_s
         self.held = 0  # refusals waiting now
-        self.held_total = 0  # refusals held since the start
         self._answered: dict[str, float] = {}  # client -> when its latest refusal was (or will be) answered
         self._clock = clock
 
@@ -601,7 +600,6 @@ class RefusalPacer:
         if hold <= 0:
             return 0.0
         self.held += 1
-        self.held_total += 1
         try:
             await asyncio.sleep(hold)
         finally:

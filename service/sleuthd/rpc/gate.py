@@ -149,9 +149,12 @@ def _unwound(exc: BaseException) -> None:
     set on the context; the traceback says nothing gRPC uses (unexpected errors are logged with theirs by
     the servicer before it aborts)."""
     if isinstance(exc, grpc.aio.AbortError):
-        exc.__traceback__ = None
-        exc.__context__ = None
-        exc.__cause__ = None
+        _cut(exc)
+
+
+def _cut(exc: BaseException) -> None:
+    """Drop the frames an exception keeps: its traceback's, and those of the errors it was raised from."""
+    exc.__traceback__ = exc.__context__ = exc.__cause__ = None
 
 
 # How long a refused call's request stream is given to show its end (a client sends it with its message).
@@ -408,8 +411,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 finally:
                     budget.release(size, call.client)
                 if busy is not None:
-                    # Its traceback's frames (and those of any error it was raised while handling) hold the request.
-                    busy.__traceback__ = busy.__context__ = busy.__cause__ = None
+                    _cut(busy)  # its frames hold the request
                     got = request = None
                     await self._refuse(call, context, busy, reader)
             except BaseException as exc:
