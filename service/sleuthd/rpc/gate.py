@@ -396,7 +396,7 @@ class RpcGate(grpc.aio.ServerInterceptor):
                     error = request.error
                     got = request = None
                     await (
-                        self._refuse(call, context, error) if isinstance(error, Overloaded) else _abort(context, error)
+                        self._refuse(call, context, error, reader) if isinstance(error, Overloaded) else _abort(context, error)
                     )
                 call.dialogue_id = _dialogue_of(request)
                 try:

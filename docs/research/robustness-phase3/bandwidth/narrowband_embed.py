@@ -1,0 +1,22 @@
+"""Narrowband (0-3.6 kHz, zero-phase 8th-order Butterworth low-pass at the product's 16 kHz) copies of the clips of
+some eval conditions, as 16 kHz WAV, then embedded by both encoders into runs/nb/emb/."""
+import json, sys
+from pathlib import Path
+import numpy as np, soundfile as sf
+from scipy.signal import butter, sosfiltfilt
+from sleuthd.audio.decode import decode_encoded, to_model_rate
+from sleuthd_bench.robustness import embed
+root = Path("data/robustness"); out = Path("runs/nb")
+conds = sys.argv[1].split(",")
+paths = embed.manifest_paths([root / f"eval-{c}.jsonl" for c in conds])
+sos = butter(8, 3600, btype="low", fs=16000, output="sos")
+for p in paths:
+    dst = out / (p + ".wav")
+    if dst.exists():
+        continue
+    x = np.asarray(to_model_rate(decode_encoded((root / p).read_bytes(), 600.0)).samples, np.float64)
+    y = sosfiltfilt(sos, x)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(dst, y.astype(np.float32), 16000, subtype="FLOAT")
+print("written", len(paths))
+embed.embed_all(out, [p + ".wav" for p in paths], progress=lambda n, d, t: print(n, d, t, flush=True) if d % 320 == 0 or d == t else None)
