@@ -212,3 +212,41 @@ def test_row_medians_equal_numpys_nanmedian_bit_for_bit() -> None:
         uneven = rng.random((n, m)) > 0.4
         uneven[:, 0] = True
         assert np.array_equal(_median_rows(x, uneven), np.nanmedian(np.where(uneven, x, np.nan), axis=1))
+
+
+def test_a_pool_keeps_its_evidence_until_its_next_turn_and_it_equals_a_fresh_computation() -> None:
+    """A stream judges every speaker after each turn; a speaker who did not speak reuses the features its pool
+    kept (SpeakerPool.evidence), which must be what computing them anew gives, bit for bit, and a new turn
+    must drop them."""
+    from sleuthd.judgment.evidence import pool_evidence, with_rivals
+    from sleuthd.judgment.pool import SpeakerPool
+
+    rng = np.random.default_rng(3)
+
+    def fused(x: np.ndarray) -> np.ndarray:  # two unit parts, each scaled by 1/sqrt(2), as the fusion joins them
+        a, b = x[:6] / np.linalg.norm(x[:6]), x[6:] / np.linalg.norm(x[6:])
+        return (np.concatenate([a, b]) / np.sqrt(2)).astype(np.float32)
+
+    centre = fused(rng.standard_normal(12))
+    parts = (("a", 0, 6), ("b", 6, 12))
+    for reference in (None, centre):
+        pool = SpeakerPool(reference, parts)
+        for k in range(7):
+            pool.add(k, fused(centre + 0.3 * rng.standard_normal(12)), 2.0 + k)
+            for name, part in pool.components.items():
+                kept = part.evidence()
+                assert part.evidence() is kept  # kept, not recomputed
+                fresh = pool_evidence(part.gram(), reference is not None)
+                assert kept.keys() == fresh.keys()
+                for f in fresh:
+                    np.testing.assert_array_equal(kept[f], fresh[f], err_msg=f"{name} {f} after turn {k}")
+                rivals = rng.standard_normal((k + 1, 2))
+                whole = encoder_evidence(part.gram(), reference is not None, rivals)
+                joined = with_rivals(kept, rivals)
+                assert joined.keys() == whole.keys() and "rival_margin" in joined
+                for f in whole:
+                    np.testing.assert_array_equal(joined[f], whole[f])
+        before = pool.components["a"].evidence()
+        pool.add(pool.n, centre, 3.0)
+        assert pool.components["a"].evidence() is not before
+        assert len(pool.components["a"].evidence()["own"]) == pool.n

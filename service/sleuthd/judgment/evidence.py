@@ -119,6 +119,21 @@ def encoder_evidence(g: np.ndarray, has_reference: bool, rivals: np.ndarray | No
     ``has_reference``). ``rivals``: (n, c) cosines of each turn to the other speakers' centroids, or None.
     Returns feature name -> (n,) float64, plus ``level`` (the yardstick, for the uncertain rule). Needs
     m >= 2; with m == 2 only ``own`` (the one cosine there is) and ``level`` (NaN) are meaningful."""
+    return with_rivals(pool_evidence(g, has_reference), rivals)
+
+
+def with_rivals(evidence: Mapping[str, np.ndarray], rivals: np.ndarray | None) -> dict[str, np.ndarray]:
+    """``evidence`` (of :func:`pool_evidence`) with ``rival_margin`` added when there are other speakers: the
+    one feature that changes when another speaker's turns do."""
+    out = dict(evidence)
+    if rivals is not None and rivals.size:
+        out["rival_margin"] = out["own"] - np.asarray(rivals, np.float64).max(axis=1)
+    return out
+
+
+def pool_evidence(g: np.ndarray, has_reference: bool) -> dict[str, np.ndarray]:
+    """:func:`encoder_evidence` without ``rival_margin``: everything that depends on the speaker's own pool
+    alone, so a pool can keep it until its next turn (sleuthd.judgment.pool.SpeakerPool.evidence)."""
     g = np.asarray(g, np.float64)
     m = len(g)
     r0 = 1 if has_reference else 0
@@ -159,8 +174,6 @@ def encoder_evidence(g: np.ndarray, has_reference: bool, rivals: np.ndarray | No
             out["ref_gap"] = _median_rows(others, ~np.eye(n, dtype=bool)) - to_ref
         else:
             out["ref_gap"] = np.zeros(n)
-    if rivals is not None and rivals.size:
-        out["rival_margin"] = own - np.asarray(rivals, np.float64).max(axis=1)
     return out
 
 
@@ -444,6 +457,7 @@ class EvidenceCalibration:
         rivals: Mapping[str, np.ndarray] | None = None,
         auto_logit: np.ndarray | None = None,
         threshold: float | None = None,
+        pools: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     ) -> Verdicts | None:
         """One speaker's verdicts. ``grams``: encoder -> pool cosine matrix (reference first when
         ``has_reference``, then the usable turns); ``speech_seconds``: (n,); ``rivals``: encoder -> (n, c)
@@ -451,7 +465,8 @@ class EvidenceCalibration:
 
         ``auto_logit``: (n,) today's `auto` log-odds of the same turns; with it and a blend, the blend judges
         (today's `auto` inside the gate, the stack outside), else the evidence model alone. ``threshold``: the
-        decision threshold on P (default: the blend's when it judges, else the evidence model's)."""
+        decision threshold on P (default: the blend's when it judges, else the evidence model's). ``pools``:
+        encoder -> :func:`pool_evidence` of ``grams[encoder]`` when the caller keeps it (else computed here)."""
         n = len(speech_seconds)
         cohort = rivals is not None and all(np.asarray(rivals[e]).size for e in self.encoders)
         variant = variant_of(n, has_reference, cohort)
@@ -468,7 +483,11 @@ class EvidenceCalibration:
         else:
             tau = self.decision_threshold
         evidence = {
-            e: encoder_evidence(grams[e], has_reference, None if rivals is None else rivals[e]) for e in self.encoders
+            e: with_rivals(
+                pools[e] if pools is not None else pool_evidence(grams[e], has_reference),
+                None if rivals is None else rivals[e],
+            )
+            for e in self.encoders
         }
         levels = speaker_levels(evidence)
         if blended:

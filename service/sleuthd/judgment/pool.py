@@ -14,6 +14,7 @@ import numpy as np
 
 from sleuthd.encoders.clips import ClipEmbedding
 from sleuthd.judgment.calibration import OwnEvidence, own_evidence
+from sleuthd.judgment.evidence import pool_evidence
 from sleuthd.judgment.gram import SortedPairs, cosines, gram, products, quantize
 from sleuthd.judgment.scoring import unit
 
@@ -48,6 +49,7 @@ class SpeakerPool:
         self._last = 0  # the turn index of the last one added
         # Derived from the turns; emptied by add().
         self._own: OwnEvidence | None = None
+        self._evidence: dict[str, np.ndarray] | None = None  # the blend's per-encoder features (evidence.py)
         self._centroid: np.ndarray | None = None
         self._paper: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] | None = None
         self._own_cosine: np.ndarray | None = None
@@ -79,6 +81,7 @@ class SpeakerPool:
         self._pending += 1
         self._last = k
         self._own = self._centroid = self._paper = self._own_cosine = None
+        self._evidence = None
         for name, part in self.components.items():
             part.add(k, _part(embedding, *self._slices[name]), speech_seconds)
 
@@ -112,6 +115,13 @@ class SpeakerPool:
             pairs = self.pairs() if self.n >= 2 and len(g) >= 3 else None
             self._own = own_evidence(g, pairs, self.seconds, self.reference is not None)
         return self._own
+
+    def evidence(self) -> dict[str, np.ndarray]:
+        """The blend's features of every turn from this pool alone (sleuthd.judgment.evidence.pool_evidence), kept
+        until the next add(): in a stream only the speaker who spoke is judged anew, the others' are reused."""
+        if self._evidence is None:
+            self._evidence = pool_evidence(self.gram(), self.reference is not None)
+        return self._evidence
 
     def centroid(self) -> np.ndarray:
         """Unit centroid of the turns (float32: the voice other speakers are compared with)."""

@@ -154,8 +154,9 @@ def _blend(
         if others:
             cents = np.stack([pools[u].components[name].centroid() for u in others])
             rivals[name] = np.asarray(products(part.emb, cents), np.float64)
+    kept = {name: part.evidence() for name, part in pool.components.items()}
     return judgment.evidence.judge(
-        grams, pool.reference is not None, pool.seconds, rivals or None, auto_logit, judgment.threshold
+        grams, pool.reference is not None, pool.seconds, rivals or None, auto_logit, judgment.threshold, kept
     )
 
 
