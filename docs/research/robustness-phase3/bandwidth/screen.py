@@ -27,14 +27,17 @@ ev = EvidenceCalibration.from_json(json.loads(Path("service/sleuthd/cards/eviden
                                    {e: embs[e].weights_sha256 for e in embed.ENCODERS})
 conds = sys.argv[1].split(",")
 spreads = [float(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else [0.3, 0.5]
+split = sys.argv[3] if len(sys.argv) > 3 else "eval"
+cap = float(sys.argv[4]) if len(sys.argv) > 4 else 99.0  # also require the narrowest piece below cap kHz
+means = {s: [] for s in spreads}; means_base = []
 for cond in conds:
-    a = load_instances(root, "eval", [cond], embs)
-    b = load_instances(root, "eval", [cond], nb)
+    a = load_instances(root, split, [cond], embs)
+    b = load_instances(root, split, [cond], nb)
     spread = []
-    for line in read_manifest(root / f"eval-{cond}.jsonl"):
+    for line in read_manifest(root / f"{split}-{cond}.jsonl"):
         for sc in SCENARIOS:
             bw = np.log2([BW[p] for p in scenario_turns(line, sc)] + [BW[line.reference]])
-            spread.append(float(np.nanmax(bw) - np.nanmin(bw)))
+            spread.append(float(np.nanmax(bw) - np.nanmin(bw)) if 2 ** np.nanmin(bw) < cap * 1000 else 0.0)
     fa = [judges.evidence_flags(i, ev, fcal)[0] for i in a]
     fb = [judges.evidence_flags(i, ev, fcal)[0] for i in b]
     best = max((judges.oracle(a, e, m) for e in ORACLE_ENCODERS for m in judges.PAPER), key=lambda o: o.bal if o else -1)
@@ -45,6 +48,10 @@ for cond in conds:
     for s in spreads:
         mix = [judges.record(i, fbb if sp > s else faa) for i, faa, fbb, sp in zip(a, fa, fb, spread)]
         m = judges.metrics(mix)
+        means[s].append(m["bal"])
         c = paired.compare("mix", mix, "served", base)
         row += f" | swap>{s}: {m['bal']:5.1f} ({m['S1']:.0f}/{m['S2']:.0f}/{m['S3']:.0f}) d {c.bal.difference:+.1f} [{c.bal.low:+.1f},{c.bal.high:+.1f}] swapped {np.mean([sp > s for sp in spread]):.2f}"
+    means_base.append(mb["bal"])
     print(row, flush=True)
+print("mean Bal over these conditions: served", round(float(np.mean(means_base)), 2),
+      {s: round(float(np.mean(v)), 2) for s, v in means.items()})
