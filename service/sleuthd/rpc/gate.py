@@ -395,9 +395,9 @@ class RpcGate(grpc.aio.ServerInterceptor):
                 if isinstance(request, _Refusal):
                     error = request.error
                     got = request = None
-                    await (
-                        self._refuse(call, context, error, reader) if isinstance(error, Overloaded) else _abort(context, error)
-                    )
+                    if isinstance(error, Overloaded):
+                        await self._refuse(call, context, error, reader)
+                    await _abort(context, error)
                 call.dialogue_id = _dialogue_of(request)
                 try:
                     budget.acquire(size, "this request", call.client, borrow=True)  # held until its verdict
