@@ -1,21 +1,22 @@
-"""Narrowband (0-3.6 kHz, zero-phase 8th-order Butterworth low-pass at the product's 16 kHz) copies of the clips of
-some eval conditions, as 16 kHz WAV, then embedded by both encoders into runs/nb/emb/."""
+"""Narrowband (0-3.6 kHz: sleuthd.audio.bandwidth.low_pass, the zero-phase 8th-order Butterworth at 16 kHz) copies of the clips of
+some eval conditions, as 16 kHz WAV, then embedded by both encoders into runs/nbnp/emb/ (the first screen used SciPy sosfiltfilt into runs/nb/: the same response)."""
 import json, sys
 from pathlib import Path
 import numpy as np, soundfile as sf
-from scipy.signal import butter, sosfiltfilt
+from sleuthd.audio.bandwidth import low_pass
 from sleuthd.audio.decode import decode_encoded, to_model_rate
 from sleuthd_bench.robustness import embed
-root = Path("data/robustness"); out = Path("runs/nb")
+root = Path("data/robustness"); out = Path("runs/nbnp")
 conds = sys.argv[1].split(",")
-paths = embed.manifest_paths([root / f"eval-{c}.jsonl" for c in conds])
-sos = butter(8, 3600, btype="low", fs=16000, output="sos")
+split = sys.argv[2] if len(sys.argv) > 2 else "eval"
+paths = embed.manifest_paths([root / f"{split}-{c}.jsonl" for c in conds])
+
 for p in paths:
     dst = out / (p + ".wav")
     if dst.exists():
         continue
     x = np.asarray(to_model_rate(decode_encoded((root / p).read_bytes(), 600.0)).samples, np.float64)
-    y = sosfiltfilt(sos, x)
+    y = low_pass(x)
     dst.parent.mkdir(parents=True, exist_ok=True)
     sf.write(dst, y.astype(np.float32), 16000, subtype="FLOAT")
 print("written", len(paths))

@@ -19,7 +19,7 @@ z = np.load("runs/f0/bw.npz"); BW = dict(zip(z["paths"], z["bw"]))
 embs = {e: embed.load(root, e) for e in embed.ENCODERS}
 nb = {}
 for e in embed.ENCODERS:
-    x = embed.load(Path("runs/nb"), e)
+    x = embed.load(Path(__import__("os").environ.get("NB", "runs/nb")), e)
     nb[e] = Embeddings(e, x.weights_sha256, [p.removesuffix(".wav") for p in x.paths], x.vectors, x.speech_seconds, x.audio_seconds)
 enc = SpeakerEncoder.load(Path("models"), encoder="fused"); raw = enc.manifest.raw; enc.close()
 fcal = Calibration.from_manifest(raw, "fused")
