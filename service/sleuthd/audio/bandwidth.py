@@ -18,8 +18,8 @@ from sleuthd.audio import SAMPLE_RATE
 
 # The common band: what every codec and the telephone keep.
 NARROW_CUTOFF_HZ = 3600.0
-# Order of the Butterworth response whose squared magnitude the low-pass applies (scipy's sosfiltfilt of an
-# order-8 filter: 1 / (1 + (f / fc)^16)).
+# Order of the digital Butterworth response whose squared magnitude the low-pass applies (what scipy's
+# sosfiltfilt of butter(8, cutoff) does: 1 / (1 + (tan(pi f / rate) / tan(pi fc / rate))^16)).
 ORDER = 8
 # Bandwidth: the highest frequency whose long-term level is within this many dB of the spectrum's peak.
 FLOOR_DB = 45.0

@@ -457,7 +457,7 @@ class EvidenceCalibration:
         rivals: Mapping[str, np.ndarray] | None = None,
         auto_logit: np.ndarray | None = None,
         threshold: float | None = None,
-        pools: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+        kept_evidence: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     ) -> Verdicts | None:
         """One speaker's verdicts. ``grams``: encoder -> pool cosine matrix (reference first when
         ``has_reference``, then the usable turns); ``speech_seconds``: (n,); ``rivals``: encoder -> (n, c)
@@ -465,8 +465,9 @@ class EvidenceCalibration:
 
         ``auto_logit``: (n,) today's `auto` log-odds of the same turns; with it and a blend, the blend judges
         (today's `auto` inside the gate, the stack outside), else the evidence model alone. ``threshold``: the
-        decision threshold on P (default: the blend's when it judges, else the evidence model's). ``pools``:
-        encoder -> :func:`pool_evidence` of ``grams[encoder]`` when the caller keeps it (else computed here)."""
+        decision threshold on P (default: the blend's when it judges, else the evidence model's).
+        ``kept_evidence``: encoder -> :func:`pool_evidence` of ``grams[encoder]`` when the caller keeps it (else
+        computed here)."""
         n = len(speech_seconds)
         cohort = rivals is not None and all(np.asarray(rivals[e]).size for e in self.encoders)
         variant = variant_of(n, has_reference, cohort)
@@ -484,7 +485,7 @@ class EvidenceCalibration:
             tau = self.decision_threshold
         evidence = {
             e: with_rivals(
-                pools[e] if pools is not None else pool_evidence(grams[e], has_reference),
+                kept_evidence[e] if kept_evidence is not None else pool_evidence(grams[e], has_reference),
                 None if rivals is None else rivals[e],
             )
             for e in self.encoders
