@@ -162,6 +162,10 @@ class TurnResult:
     # except the centroid distance, whose centroid is the fused one's).
     encoder_scores: tuple[EncoderScores, ...] = ()
     uncertain_reason: UncertainReason = UncertainReason.NONE  # set when status is UNCERTAIN
+    # The turn's effective bandwidth, Hz (measured under the fused encoder; None otherwise or when too short to
+    # tell), and the band its speaker was compared below when their clips' bandwidths differ (band matching).
+    bandwidth_hz: float | None = None
+    compared_below_hz: float | None = None
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,8 @@ class TurnVerdict:
     encoder_scores: tuple[EncoderScores, ...] = ()  # with the fused encoder: each encoder it joins
     # Why the turn is uncertain: "out_of_support", "own_turns_dissimilar", "low_answer_mass"; "" otherwise.
     uncertain_reason: str = ""
+    bandwidth_hz: float | None = None  # the turn's effective bandwidth (fused encoder), Hz
+    compared_below_hz: float | None = None  # set when its speaker was judged on clips low-passed below this
 
     @property
     def inconsistent(self) -> bool:
@@ -112,6 +114,8 @@ class TurnVerdict:
                 if t.uncertain_reason != pb.UNCERTAIN_REASON_UNSPECIFIED
                 else ""
             ),
+            bandwidth_hz=_opt(t, "bandwidth_hz"),
+            compared_below_hz=_opt(t, "compared_below_hz"),
         )
 
 

@@ -116,6 +116,18 @@ class EngineConfig:
     max_stream_buffer_mb: float = option(
         64.0, help="audio of a stream's unfinished turns held at once, MiB; finish turns to free it"
     )
+    band_match_octaves: float = option(
+        0.3,
+        help="under the fused encoder's auto, a speaker whose turns (and reference clip) span more than this many "
+        "octaves of bandwidth (a low-bitrate or telephone turn among full-band ones) is judged on copies of every "
+        "clip low-passed at 3.6 kHz, so the channel is not read as another voice; 0 = off",
+    )
+    band_match_stream_mb: float = option(
+        4.0,
+        help="a stream keeps its turns' audio (counted in the audio budget) until this many MiB, so that a speaker "
+        "who becomes mixed-band later can be compared at the common band; past it, each later turn's narrowband "
+        "copy is embedded as it arrives instead (one more encoder pass per turn, memory bounded)",
+    )
     voice_registry: RegistryConfig = option(  # noqa: RUF009
         factory=RegistryConfig, help="voice registry (RegisterVoice, voice ids in place of reference audio)"
     )
@@ -126,6 +138,8 @@ class EngineConfig:
         for name in ("max_clip_seconds", "max_turns", "max_candidates", "max_context", "max_stream_buffer_mb"):
             _at_least(self, name, 1e-9)
         _at_least(self, "max_references", 0)
+        _at_least(self, "band_match_octaves", 0)
+        _at_least(self, "band_match_stream_mb", 0)
         _at_least(self, "workers", 0)
         _at_least(self, "intra_op_threads", 0)
         _at_least(self, "embedding_cache_entries", 0)
@@ -141,6 +155,10 @@ class EngineConfig:
     @property
     def max_stream_buffer_bytes(self) -> int:
         return int(self.max_stream_buffer_mb * 1024 * 1024)
+
+    @property
+    def band_match_stream_bytes(self) -> int:
+        return int(self.band_match_stream_mb * 1024 * 1024)
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,16 @@ made-up windows.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from sleuthd.audio import SAMPLE_RATE
+from sleuthd.audio.bandwidth import effective_bandwidth_hz, low_pass
 from sleuthd.audio.decode import (
+    FLOAT_PEAK_LIMIT,
     AudioError,
     AudioProbe,
     Waveform,
@@ -26,7 +29,7 @@ from sleuthd.audio.decode import (
 )
 from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec, make_windows
-from sleuthd.domain import AudioInput
+from sleuthd.domain import AudioInput, PcmEncoding, PcmSpec
 from sleuthd.encoders.manifest import EncoderManifest
 
 
@@ -39,6 +42,7 @@ class PreparedClip:
     windows: np.ndarray | None  # (n_windows, window_samples) float32; None when not usable
     window_times: np.ndarray | None  # (n_windows, 2) start/end seconds in the ORIGINAL clip's time
     detail: str = ""  # why the clip is not usable
+    bandwidth_hz: float | None = None  # Speech.bandwidth_hz
 
     @property
     def usable(self) -> bool:
@@ -109,11 +113,28 @@ class Speech:
     samples: np.ndarray  # (n,) float32, 16 kHz mono, loudness-normalised, untrimmed
     keep: np.ndarray  # (n,) bool: the samples kept as speech (VAD, with its padding)
     speech_seconds: float  # detected speech (VAD), without padding
+    # The clip's effective bandwidth (sleuthd.audio.bandwidth), measured where a judgment compares channels
+    # (the fusion's shared decode); None when not measured, or too short or silent to tell.
+    bandwidth_hz: float | None = None
 
 
 def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, max_seconds: float) -> Speech:
-    """Decode, resample, normalise and find the speech of one clip. Raises AudioError for unusable bytes."""
-    return trim(decode(audio, max_seconds).samples, loudness_target_dbfs, vad)
+    """Decode, resample, normalise and find the speech of one clip, and measure its bandwidth (about 1 ms per
+    second of audio: only the fused encoder's judgment reads it, so only its shared decode comes here). Raises
+    AudioError for unusable bytes."""
+    samples = decode(audio, max_seconds).samples
+    speech = trim(samples, loudness_target_dbfs, vad)
+    return dataclasses.replace(speech, bandwidth_hz=effective_bandwidth_hz(samples))
+
+
+def narrowband_copy(audio: AudioInput, max_seconds: float) -> AudioInput:
+    """The clip decoded to 16 kHz and low-passed at the common band (sleuthd.audio.bandwidth.low_pass), as
+    16 kHz float32 PCM: what a speaker whose clips span different bandwidths is compared on. It goes through
+    the same listener as any client clip, so the embedding cache and single flight apply to it. Raises
+    AudioError for unusable bytes."""
+    # The filter's ripple can overshoot a peak a little; decoding refuses float PCM beyond FLOAT_PEAK_LIMIT.
+    narrow = np.clip(low_pass(decode(audio, max_seconds).samples), -FLOAT_PEAK_LIMIT, FLOAT_PEAK_LIMIT)
+    return AudioInput(data=narrow.astype("<f4").tobytes(), pcm=PcmSpec(PcmEncoding.F32LE, SAMPLE_RATE, 1))
 
 
 def trim(samples: np.ndarray, loudness_target_dbfs: float, vad: Vad) -> Speech:
@@ -139,6 +160,7 @@ def cut_placements(
                 f"{speech.speech_seconds:.2f} s of speech after silence trimming; the {manifest.name} encoder "
                 f"needs at least {manifest.min_speech_seconds:.2f} s to give a meaningful embedding"
             ),
+            bandwidth_hz=speech.bandwidth_hz,
         )
         return [unusable for _ in windows]
     kept_index = np.flatnonzero(speech.keep)
@@ -157,6 +179,7 @@ def cut_placements(
                 speech_seconds=speech.speech_seconds,
                 windows=cut,
                 window_times=times,
+                bandwidth_hz=speech.bandwidth_hz,
             )
         )
     return out
@@ -172,6 +195,7 @@ class ClipEmbedding:
     window_embeddings: np.ndarray | None  # (n_windows, D)
     window_times: np.ndarray | None  # (n_windows, 2) seconds in the original clip
     detail: str = ""
+    bandwidth_hz: float | None = None  # Speech.bandwidth_hz
 
     @property
     def usable(self) -> bool:
@@ -206,7 +230,12 @@ def decode_and_prepare(
 def embedded_clip(clip: PreparedClip, window_embeddings: np.ndarray) -> ClipEmbedding:
     """A usable clip's embedding from its windows' embeddings (unit rows)."""
     return ClipEmbedding(
-        clip.audio_seconds, clip.speech_seconds, pool(window_embeddings), window_embeddings, clip.window_times
+        clip.audio_seconds,
+        clip.speech_seconds,
+        pool(window_embeddings),
+        window_embeddings,
+        clip.window_times,
+        bandwidth_hz=clip.bandwidth_hz,
     )
 
 

@@ -35,6 +35,7 @@ from sleuthd.encoders.clips import (
     decode_and_prepare,
     decode_and_trim,
     embedded_clip,
+    narrowband_copy,
     prepare_placements,
 )
 from sleuthd.encoders.fusion import FusedEncoder
@@ -112,6 +113,25 @@ class ClipEmbedder:
     ) -> list[ClipEmbedding]:
         """:meth:`embed` under the manifest's placement only: one embedding per clip."""
         return [clips[0] for clips in await self.embed(encoder, audios, deadline)]
+
+    async def narrowband(
+        self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], deadline: float | None = None
+    ) -> list[ClipEmbedding]:
+        """:meth:`embed_audio` of each clip's copy at the common band (:func:`narrowband_copy`, made on a worker
+        thread): what a speaker whose clips span different bandwidths is judged on. AudioError names the label."""
+        loop = asyncio.get_running_loop()
+        if deadline is not None and loop.time() >= deadline:
+            raise DeadlineExceeded("the deadline passed before the narrowband copies could be made")
+
+        async def copy(audio: AudioInput, label: str) -> tuple[AudioInput, str]:
+            try:
+                narrow = await loop.run_in_executor(self._prep_pool, narrowband_copy, audio, self.max_clip_seconds)
+            except AudioError as exc:
+                raise AudioError(f"{label}: {exc}") from exc
+            return narrow, f"{label} (narrowband copy)"
+
+        copies = await gather_or_cancel(copy(a, label) for a, label in audios)
+        return await self.embed_audio(encoder, copies, deadline)
 
     async def hear(
         self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
@@ -251,5 +271,5 @@ def _retrieving(task: F) -> F:
 async def embed_prepared(encoder: WindowEncoder, clip: PreparedClip, deadline: float | None = None) -> ClipEmbedding:
     """A prepared clip through the encoder; an unusable one keeps its reason and gets no embedding."""
     if clip.windows is None:
-        return ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail)
+        return ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail, clip.bandwidth_hz)
     return embedded_clip(clip, await encoder.encode(clip.windows, deadline=deadline))

@@ -83,7 +83,9 @@ class FusedEncoder:
         first = clips[0]
         # One "window" spanning the clip (drift uses the first component's own windows instead).
         times = np.array([[0.0, first.audio_seconds]])
-        return ClipEmbedding(first.audio_seconds, first.speech_seconds, vector, vector[None, :], times)
+        return ClipEmbedding(
+            first.audio_seconds, first.speech_seconds, vector, vector[None, :], times, bandwidth_hz=first.bandwidth_hz
+        )
 
     def join(self, vectors: Sequence[np.ndarray]) -> np.ndarray:
         """Unit component vectors -> the fused unit vector (each part scaled by 1/sqrt(k))."""

@@ -70,7 +70,9 @@ class Engine:
             if registry is None
             else VoiceRegistry(AsyncVoiceStore(registry), models.encoders, self.embedder, models.default_encoder)
         )
-        self.encoder_judging = EncoderJudging(self.embedder, lambda: self.voices, self.observer)
+        self.encoder_judging = EncoderJudging(
+            self.embedder, lambda: self.voices, self.observer, config.band_match_stream_bytes
+        )
         self.lalm = LalmJudging(config.judge, self.embedder, self.observer)
         # Every request's work is admitted by its estimated cost and deadline (sleuthd.engine.admission).
         self.work = WorkQueue(max_queued_s=config.admission.max_queued_work_seconds)
@@ -118,7 +120,7 @@ class Engine:
             await self.registry.store.close()
 
     def resolve(self, options: CheckOptions) -> ResolvedOptions:
-        return resolve(options, self.entries, self.models.default_encoder)
+        return resolve(options, self.entries, self.models.default_encoder, self.config.band_match_octaves)
 
     def _judging(self, opts: ResolvedOptions) -> Judging:
         """The judge of the request's method: the one place that tells the two apart."""
@@ -150,10 +152,16 @@ class Engine:
             yield
 
     async def open_dialogue(
-        self, dialogue_id: str, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
+        self,
+        dialogue_id: str,
+        references: Mapping[str, Reference],
+        opts: ResolvedOptions,
+        deadline: float | None,
+        stream: bool = False,
     ) -> Dialogue:
-        """An empty dialogue judged under ``opts``, with its speakers' references heard."""
-        return await self._judging(opts).open_dialogue(dialogue_id, references, opts, deadline)
+        """An empty dialogue judged under ``opts``, with its speakers' references heard (``stream``: for
+        StreamDialogue, whose turns arrive one by one)."""
+        return await self._judging(opts).open_dialogue(dialogue_id, references, opts, deadline, stream)
 
     # ------------------------------------------------------------------ RankCandidates
 

@@ -52,9 +52,15 @@ class Judging(Protocol):
     """What the engine façade asks of a judge."""
 
     async def open_dialogue(
-        self, dialogue_id: str, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
+        self,
+        dialogue_id: str,
+        references: Mapping[str, Reference],
+        opts: ResolvedOptions,
+        deadline: float | None,
+        stream: bool = False,
     ) -> Dialogue:
-        """An empty dialogue judged under ``opts``, its speakers' references heard."""
+        """An empty dialogue judged under ``opts``, its speakers' references heard. ``stream``: its turns will
+        arrive one by one (StreamDialogue), so what it keeps between turns is bounded by the stream bounds."""
 
     async def rank(self, request: RankRequest, opts: ResolvedOptions, deadline: float | None) -> RankResult:
         """RankCandidates (the request was validated by the engine)."""
@@ -63,18 +69,36 @@ class Judging(Protocol):
 class EncoderJudging:
     """The speaker encoders judge (pairwise, centroid, reference, auto)."""
 
-    def __init__(self, embedder: ClipEmbedder, voices: Callable[[], VoiceRegistry], observer: EngineObserver) -> None:
-        """``voices``: the voice registry (raises Unsupported when the server has none)."""
+    def __init__(
+        self,
+        embedder: ClipEmbedder,
+        voices: Callable[[], VoiceRegistry],
+        observer: EngineObserver,
+        max_kept_stream_bytes: int | None = None,
+    ) -> None:
+        """``voices``: the voice registry (raises Unsupported when the server has none);
+        ``max_kept_stream_bytes``: a stream's bound on the turn audio kept for band matching
+        (EngineConfig.band_match_stream_mb)."""
         self._embedder = embedder
         self._voices = voices
         self._observer = observer
+        self._max_kept_stream_bytes = max_kept_stream_bytes
 
     async def open_dialogue(
-        self, dialogue_id: str, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
+        self,
+        dialogue_id: str,
+        references: Mapping[str, Reference],
+        opts: ResolvedOptions,
+        deadline: float | None,
+        stream: bool = False,
     ) -> Dialogue:
-        embedded = await self.reference_embeddings(references, opts.encoder, deadline)
+        embedded, clips = await self._reference_clips(references, opts.encoder, deadline)
         embed = functools.partial(self._embed, opts.encoder, opts.placements)
-        return EncoderDialogue(dialogue_id, opts, embedded, self._observer, embed)
+        narrow = functools.partial(self._embedder.narrowband, opts.encoder) if opts.judgment.band_matching else None
+        # The references sent as audio (a registered voice is an embedding: nothing to narrow).
+        reference_clips = {s: (a, clips[s].bandwidth_hz) for s, a in references.items() if isinstance(a, AudioInput)}
+        bound = self._max_kept_stream_bytes if stream else None
+        return EncoderDialogue(dialogue_id, opts, embedded, self._observer, embed, narrow, reference_clips, bound)
 
     async def _embed(
         self,
@@ -85,12 +109,12 @@ class EncoderJudging:
     ) -> list[list[ClipEmbedding]]:
         return await self._embedder.embed(encoder, audios, deadline, placements)
 
-    async def reference_embeddings(
+    async def _reference_clips(
         self, references: Mapping[str, Reference], encoder: WindowEncoder, deadline: float | None
-    ) -> dict[str, np.ndarray]:
-        """Each speaker's reference under ``encoder``: a registered voice is looked up first (its embedding
-        for exactly this encoder's weights; a read, so an unknown id fails before any audio is embedded),
-        then the clips are embedded together."""
+    ) -> tuple[dict[str, np.ndarray], dict[str, ClipEmbedding]]:
+        """Each speaker's reference embedding under ``encoder``, and the clip embeddings of those sent as audio:
+        a registered voice is looked up first (its embedding for exactly this encoder's weights; a read, so an
+        unknown id fails before any audio is embedded), then the clips are embedded together."""
         embedded = {
             s: await self._voices().embedding(r.voice_id, encoder, deadline)
             for s, r in references.items()
@@ -104,7 +128,8 @@ class EncoderJudging:
             if clip.embedding is None:
                 raise InvalidRequest(f"reference of speaker {s!r} is unusable: {clip.detail}")
             embedded[s] = clip.embedding
-        return {s: embedded[s] for s in references}
+        audio = {s: clip for (s, _), clip in zip(clips, embedded_clips, strict=True)}
+        return {s: embedded[s] for s in references}, audio
 
     async def rank(self, request: RankRequest, opts: ResolvedOptions, deadline: float | None) -> RankResult:
         manifest = opts.encoder.manifest
@@ -217,7 +242,12 @@ class LalmJudging:
     # ------------------------------------------------------------------ CheckDialogue, StreamDialogue, RankCandidates
 
     async def open_dialogue(
-        self, dialogue_id: str, references: Mapping[str, Reference], opts: ResolvedOptions, deadline: float | None
+        self,
+        dialogue_id: str,
+        references: Mapping[str, Reference],
+        opts: ResolvedOptions,
+        deadline: float | None,
+        stream: bool = False,
     ) -> Dialogue:
         judge = self.require()
         embeddings, waves = await self._references(references, opts.encoder, deadline)

@@ -37,6 +37,13 @@ class Judgment:
     # calibration's support and the stack of today's and the per-encoder evidence outside it, where a turn
     # the stack does not flag may be UNCERTAIN. Needs ``components``.
     evidence: EvidenceCalibration | None = None
+    # Compare a speaker whose clips span more than this many octaves of bandwidth at the common band
+    # (sleuthd.judgment.dialogue.EncoderDialogue); 0 = never. Only where the blend judges (auto, fused).
+    band_match_octaves: float = 0.0
+
+    @property
+    def band_matching(self) -> bool:
+        return self.band_match_octaves > 0 and self.method is Method.AUTO and self.evidence is not None
 
 
 # Verdict codes, one per turn, so that a whole dialogue's statuses compare as arrays.
@@ -169,12 +176,24 @@ def turn_result(
     scores: SpeakerScores | None,
     k: int,
     judgment: Judgment,
+    bandwidth_hz: float | None = None,
+    compared_below_hz: float | None = None,
+    band_note: str = "",
 ) -> TurnResult:
     """The verdict object of one turn: the k-th usable turn of its speaker, or (``scores`` None) a turn
-    without usable audio, whose ``detail`` says why. (Plain Python on scalars: CheckDialogue makes one
-    per turn, so this is most of what judging a long dialogue costs beyond the vector work.)"""
+    without usable audio, whose ``detail`` says why. ``compared_below_hz``: the band its speaker was judged in
+    (band matching; ``band_note`` says why, and leads the detail). (Plain Python on scalars: CheckDialogue
+    makes one per turn, so this is most of what judging a long dialogue costs beyond the vector work.)"""
     if scores is None:
-        return TurnResult(turn_id, speaker, TurnStatus.INSUFFICIENT_AUDIO, audio_seconds, speech_seconds, detail=detail)
+        return TurnResult(
+            turn_id,
+            speaker,
+            TurnStatus.INSUFFICIENT_AUDIO,
+            audio_seconds,
+            speech_seconds,
+            detail=detail,
+            bandwidth_hz=bandwidth_hz,
+        )
     code = int(scores.codes[k])
     score = threshold = None
     scale = ""
@@ -201,6 +220,8 @@ def turn_result(
         detail = f"sounds closer to speaker {closest!r} than to {speaker!r} (cosine margin {margin:.3f}); {detail}"
     elif code in (UNSURE_SUPPORT, UNSURE_DISSIMILAR):
         detail = f"uncertain, listen to it: {scores.uncertain[k]}; {detail}"
+    if band_note:
+        detail = f"{band_note}; {detail}"
     return TurnResult(
         turn_id=turn_id,
         speaker=speaker,
@@ -217,6 +238,8 @@ def turn_result(
         inconsistency_probability=None if scores.probability is None else float(scores.probability[k]),
         reason=REASON_OF_CODE[code],
         uncertain_reason=UNCERTAIN_REASON_OF_CODE[code],
+        bandwidth_hz=bandwidth_hz,
+        compared_below_hz=compared_below_hz,
         closest_speaker=closest,
         closest_speaker_margin=margin,
         encoder_scores=tuple(

@@ -166,6 +166,8 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
         "closest_speaker_margin",
         "judge_probability",
         "judge_answer_mass",
+        "bandwidth_hz",
+        "compared_below_hz",
     ):
         value = getattr(t, name)
         if value is not None:
