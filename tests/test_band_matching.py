@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -29,7 +31,7 @@ from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from .support import VOICE_B, VOICE_F, Speech, enc
+from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc
 
 Req = pb.StreamDialogueRequest
 OPUS_SLOT = 2
@@ -198,3 +200,57 @@ async def test_a_stream_band_matches_as_check_dialogue_does(
         (t.turn_id, t.status, t.score, t.compared_below_hz, t.detail) for t in unary.turns
     ]
     assert np.isclose(final.turns[3].bandwidth_hz, unary.turns[3].bandwidth_hz)
+
+
+async def test_the_offline_judges_band_match_as_the_server_does(
+    stub: pb_grpc.SleuthStub, speech: Speech, models_dir: Path, tmp_path: Path
+) -> None:
+    """`sleuthd-bench robustness report|verify` judge the matrix offline from cached embeddings; with band
+    matching they read each clip's bandwidth and its narrowband copy's embeddings (`robustness embed
+    --narrowband`). On a dialogue with a lowest-bitrate Opus turn, under S1, S2 and S3, they flag exactly the
+    turns the server flags."""
+    from sleuthd.api import SpeakerEncoder
+    from sleuthd.judgment.calibration import Calibration
+    from sleuthd.judgment.evidence import EvidenceCalibration
+    from sleuthd_bench.instances import scenario_turns
+    from sleuthd_bench.manifest import read_manifest
+    from sleuthd_bench.robustness import embed, judges
+    from sleuthd_bench.robustness.instances import Instance, load_instances
+
+    clips = {f"b{k}.wav": speech.wav_bytes(VOICE_B, k) for k in range(6)}
+    clips["b1.ogg"] = lowest_bitrate_opus(speech.wav_bytes(VOICE_B, 1))
+    clips["f0.wav"], clips["a0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_A, 0)
+    for name, data in clips.items():
+        (tmp_path / name).write_bytes(data)
+    line = {
+        "dialogue_id": "d0", "source": "test", "target_speaker": "B", "reference": "b5.wav",
+        "target_turns": ["b0.wav", "b1.ogg", "b2.wav", "b3.wav", "b4.wav"], "altered_turn": 3,
+        "s2_audio": "f0.wav", "s3_audio": "a0.wav",
+    }  # fmt: skip
+    (tmp_path / "eval-x.jsonl").write_text(json.dumps(line) + "\n")
+    paths = embed.manifest_paths([tmp_path / "eval-x.jsonl"])
+
+    def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
+        embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
+        bandwidths = embed.measure_bandwidths(tmp_path, paths)
+        narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
+        fused = SpeakerEncoder.load(models_dir, encoder="fused")
+        fused.close()
+        return load_instances(tmp_path, "eval", ["x"], embs, bandwidths, narrow), fused.manifest.raw
+
+    instances, raw = await asyncio.to_thread(offline_inputs)
+    blend = EvidenceCalibration.from_manifest(raw)
+    assert blend is not None
+    calibration = Calibration.from_manifest(raw, "fused")
+    (manifest_line,) = read_manifest(tmp_path / "eval-x.jsonl")
+    for inst in instances:
+        assert inst.band_matched(0.3), inst.band_octaves
+        offline, _, _ = judges.evidence_flags(inst, blend, calibration, 0.3)
+        request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(manifest_line, inst.scenario)])
+        request.references.add(speaker="B", audio=enc(clips["b5.wav"]))
+        served = await stub.CheckDialogue(request, timeout=120)
+        assert all(t.compared_below_hz == 3600 for t in served.turns)
+        flagged = {k for k, t in enumerate(served.turns) if t.status == pb.INCONSISTENT}
+        assert offline == flagged, (inst.scenario, offline, [(t.score, t.detail) for t in served.turns])
+        if inst.scenario != "S1":
+            assert offline == inst.gold  # the intruder is found, and nothing else

@@ -362,8 +362,8 @@ class SpeakerEncoder:
         """:meth:`embed` for audio files, from synchronous code."""
         return self.embed_sync([Path(p) for p in paths])
 
-    def embed_sync(self, audios: Sequence[bytes | Path]) -> list[ClipEmbedding]:
-        """:meth:`embed` from synchronous code (encoded audio as bytes, or files)."""
+    def embed_sync(self, audios: Sequence[bytes | Path | AudioInput]) -> list[ClipEmbedding]:
+        """:meth:`embed` from synchronous code (encoded audio as bytes, files, or :class:`AudioInput`)."""
         return self._sync.run(self.embed(list(audios)))
 
     async def aclose(self) -> None:

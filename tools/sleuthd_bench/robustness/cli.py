@@ -77,8 +77,12 @@ def cmd_embed(args: argparse.Namespace) -> int:
         print(f"error: no manifests under {args.out}: run `sleuthd-bench robustness build` first", file=sys.stderr)
         return 2
     paths = [p for p in embed.manifest_paths(manifests) if (args.out / p).is_file()]
+    progress = None if args.quiet else _progress("embed")
+    if args.narrowband:
+        paths = _mixed_clips(args.out, manifests, paths, args.band_match_octaves, progress)
+        print(f"{len(paths)} clips belong to instances spanning more than {args.band_match_octaves:g} octave")
     done = embed.embed_all(
-        args.out, paths, args.encoders.split(","), args.models_dir, progress=None if args.quiet else _progress("embed")
+        args.out, paths, args.encoders.split(","), args.models_dir, progress=progress, narrowband=args.narrowband
     )
     for name, e in done.items():
         usable = int((~__import__("numpy").isnan(e.vectors[:, 0])).sum())
@@ -86,12 +90,39 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mixed_clips(root: Path, manifests: list[Path], paths: list[str], octaves: float, progress: Any) -> list[str]:
+    """The clips of every instance (both splits) whose clips span more than ``octaves`` of bandwidth (measuring
+    the bandwidths the cache lacks first): the ones band matching judges on narrowband copies."""
+    from sleuthd_bench.robustness import embed
+    from sleuthd_bench.robustness.instances import load_instances
+
+    bandwidths = embed.measure_bandwidths(root, paths, progress)
+    embs = {e: embed.load(root, e) for e in embed.ENCODERS}
+    mixed: dict[str, None] = {}
+    for m in manifests:
+        split, _, condition = m.stem.partition("-")
+        lines = [json.loads(raw) for raw in m.read_text().splitlines()]
+        clips = {x["dialogue_id"]: [*x["target_turns"], x["reference"], x["s2_audio"], x["s3_audio"]] for x in lines}
+        for inst in load_instances(root, split, [condition], embs, bandwidths):
+            if inst.band_octaves > octaves:
+                mixed.update(dict.fromkeys(clips[inst.dialogue_id]))
+    return [p for p in paths if p in mixed]
+
+
 def _load_all(root: Path, split: str, conditions: list[str]) -> tuple[Any, Any]:
+    """The embeddings and the split's instances, with the bandwidths and narrowband embeddings band matching reads
+    when they were made (`robustness embed --narrowband`)."""
     from sleuthd_bench.robustness import embed
     from sleuthd_bench.robustness.instances import load_instances
 
     embs = {e: embed.load(root, e) for e in embed.ENCODERS}
-    return embs, load_instances(root, split, conditions, embs)
+    narrow_root = embed.narrow_root(root)
+    narrow = (
+        {e: embed.load(narrow_root, e) for e in embed.ENCODERS}
+        if all(embed.cache_path(narrow_root, e).is_file() for e in embed.ENCODERS)
+        else None
+    )
+    return embs, load_instances(root, split, conditions, embs, embed.load_bandwidths(root), narrow)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -124,7 +155,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         evidence[label or "evidence"] = EvidenceCalibration.from_json(
             block, {e: embs[e].weights_sha256 for e in ("ge2e", "campplus")}
         )
-    runs, uncertain = judges.judge_all(instances, thresholds, calibrations, evidence)
+    runs, uncertain = judges.judge_all(instances, thresholds, calibrations, evidence, args.band_match_octaves)
     focus = next(iter(evidence), None)
     out = {"conditions": {c: report.condition_report(c, instances, runs, uncertain, focus) for c in names}}
     shown = [
@@ -198,7 +229,7 @@ def cmd_fit_evidence(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any, calibrate_sub: Any) -> None:
-    from sleuthd.config import default_models_dir
+    from sleuthd.config import EngineConfig, default_models_dir
 
     r = sub.add_parser(
         "robustness",
@@ -225,11 +256,25 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
     for sp in (e, rep):
         sp.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
     e.add_argument("--encoders", default="ge2e,campplus", help="encoders to embed with (default: ge2e,campplus)")
+    e.add_argument(
+        "--narrowband",
+        action="store_true",
+        help="measure every clip's bandwidth, and embed the narrowband copies of the clips of instances that band "
+        "matching judges on them (into <out>/narrow/)",
+    )
     e.set_defaults(func=cmd_embed)
     rep.add_argument("--evidence", action="append", help="LABEL=FILE of an evidence calibration to judge with (repeat)")
     rep.add_argument("--json", type=Path, help="write the report as JSON")
     rep.add_argument("--md", type=Path, help="write the report as markdown")
     rep.set_defaults(func=cmd_report)
+    for sp in (e, rep):
+        sp.add_argument(
+            "--band-match-octaves",
+            type=float,
+            default=EngineConfig().band_match_octaves,
+            help="the blends' band matching, as the server's --band-match-octaves (default: the server's, "
+            f"{EngineConfig().band_match_octaves:g}; 0 = off)",
+        )
     add_verify_parser(rsub)
 
     f = calibrate_sub.add_parser(
@@ -277,7 +322,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     # the offline `auto` compared with it is then the blend too, not today's calibration alone.
     served_blend = EvidenceCalibration.from_manifest(manifest.raw)
     blend = {"blend": served_blend} if served_blend is not None else {}
-    offline, _ = judges.judge_all(instances, thresholds, calibrations, blend)
+    offline, _ = judges.judge_all(instances, thresholds, calibrations, blend, args.band_match_octaves)
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]
     worst = 0
@@ -294,7 +339,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def add_verify_parser(rsub: Any) -> None:
-    from sleuthd.config import default_models_dir
+    from sleuthd.config import EngineConfig, default_models_dir
 
     v = rsub.add_parser(
         "verify",
@@ -305,4 +350,10 @@ def add_verify_parser(rsub: Any) -> None:
     v.add_argument("--encoder", default="fused", help="the encoder the replay used (default: fused)")
     v.add_argument("--out", type=Path, default=DEFAULT_ROOT, help="data folder (default: data/robustness)")
     v.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
+    v.add_argument(
+        "--band-match-octaves",
+        type=float,
+        default=EngineConfig().band_match_octaves,
+        help="the server's --band-match-octaves (default: its default; 0 = off)",
+    )
     v.set_defaults(func=cmd_verify)

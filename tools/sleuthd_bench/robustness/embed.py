@@ -6,6 +6,11 @@ Cache: ``<root>/emb/<encoder>.npz`` with the clips' relative paths, their unit e
 clips the encoder found unusable), speech and audio seconds, and the encoder's weights hash; a cache
 for other weights is refused, never mixed. The fused embedding is not cached: it is the components'
 embeddings joined as sleuthd.fusion joins them (each part scaled by 1/sqrt(2)).
+
+Band matching (sleuthd.judgment.dialogue.EncoderDialogue) needs two more things, cached under
+``<root>/narrow/``: every clip's effective bandwidth (``bandwidth.npz``, measured on the decoded clip as the
+server's fused decode measures it) and the embeddings of the clips' narrowband copies (``emb/<encoder>.npz``,
+the same format, made by the server's own ``narrowband_copy``) for the clips of instances that are matched.
 """
 
 from __future__ import annotations
@@ -41,8 +46,54 @@ class Embeddings:
         return (None if np.isnan(v[0]) else v), float(self.speech_seconds[k])
 
 
+NARROW = "narrow"
+MAX_SECONDS = 600.0  # longer than any clip of the matrix
+
+
 def cache_path(root: Path, encoder: str) -> Path:
     return root / "emb" / f"{encoder}.npz"
+
+
+def narrow_root(root: Path) -> Path:
+    """Where the narrowband copies' embeddings of the clips under ``root`` are cached (same relative paths)."""
+    return root / NARROW
+
+
+def bandwidth_path(root: Path) -> Path:
+    return narrow_root(root) / "bandwidth.npz"
+
+
+def load_bandwidths(root: Path) -> dict[str, float]:
+    """Clip path -> effective bandwidth in Hz (NaN: too short or silent to tell); {} when never measured."""
+    path = bandwidth_path(root)
+    if not path.is_file():
+        return {}
+    with np.load(path, allow_pickle=False) as z:
+        return dict(zip(list(z["paths"]), z["hz"].tolist(), strict=True))
+
+
+def measure_bandwidths(
+    root: Path, paths: Sequence[str], progress: Callable[[str, int, int], None] | None = None
+) -> dict[str, float]:
+    """The bandwidths the cache lacks, measured and saved (about 10 ms a clip: a decode and a spectrum)."""
+    from sleuthd.audio.bandwidth import effective_bandwidth_hz
+    from sleuthd.domain import AudioInput
+    from sleuthd.encoders.clips import decode
+
+    known = load_bandwidths(root)
+    todo = [p for p in paths if p not in known]
+    for n, p in enumerate(todo, 1):
+        hz = effective_bandwidth_hz(decode(AudioInput((root / p).read_bytes()), MAX_SECONDS).samples)
+        known[p] = np.nan if hz is None else hz
+        if progress and (n % 200 == 0 or n == len(todo)):
+            progress("bandwidth", n, len(todo))
+    if todo:
+        path = bandwidth_path(root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, paths=np.array(list(known)), hz=np.array(list(known.values()), np.float64))
+        tmp.replace(path)
+    return known
 
 
 def load(root: Path, encoder: str) -> Embeddings:
@@ -89,19 +140,27 @@ def embed_all(
     progress: Callable[[str, int, int], None] | None = None,
     chunk: int = 32,
     save_every_s: float = 120.0,
+    narrowband: bool = False,
 ) -> dict[str, Embeddings]:
-    """Embed the paths each encoder's cache lacks (saved every few minutes, so an interrupted run resumes)."""
+    """Embed the paths each encoder's cache lacks (saved every few minutes, so an interrupted run resumes).
+    ``narrowband``: embed the clips' narrowband copies into the cache under :func:`narrow_root` instead."""
     from sleuthd.api import SpeakerEncoder
+    from sleuthd.domain import AudioInput
+    from sleuthd.encoders.clips import narrowband_copy
 
+    def source(p: str) -> Path | AudioInput:
+        return narrowband_copy(AudioInput((root / p).read_bytes()), MAX_SECONDS) if narrowband else root / p
+
+    cache_root = narrow_root(root) if narrowband else root
     out = {}
     for name in encoders:
         encoder = SpeakerEncoder.load(models_dir, encoder=name)
         sha = str(encoder.manifest.raw.get("source", {}).get("file_sha256", encoder.manifest.sha256))
         try:
-            cached = load(root, name)
+            cached = load(cache_root, name)
             if cached.weights_sha256 != sha:
                 raise ValueError(
-                    f"{cache_path(root, name)} was embedded with other {name} weights: delete it and embed again"
+                    f"{cache_path(cache_root, name)} was embedded with other {name} weights: delete it and embed again"
                 )
         except FileNotFoundError:
             cached = Embeddings(
@@ -126,13 +185,13 @@ def embed_all(
                 np.concatenate([cached.speech_seconds, speech]),
                 np.concatenate([cached.audio_seconds, audio]),
             )
-            _save(root, cached)
+            _save(cache_root, cached)
             rows, speech, audio, done_paths = [], [], [], []
 
         try:
             for start in range(0, len(todo), chunk):
                 part = todo[start : start + chunk]
-                results = encoder.embed_sync([root / p for p in part])
+                results = encoder.embed_sync([source(p) for p in part])
                 for p, r in zip(part, results, strict=True):
                     vec = r.embedding if r.embedding is not None else np.full(encoder.manifest.embedding_size, np.nan)
                     rows.append(np.asarray(vec, np.float32))

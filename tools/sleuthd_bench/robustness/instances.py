@@ -44,6 +44,24 @@ class Instance:
     views: dict[str, Turns] = field(default_factory=dict)
     target: str = ""
     intruder: str = ""
+    # Band matching: the octaves of bandwidth the usable turns and the reference span (0: not measured), and
+    # the views of the clips' narrowband copies (empty when they were not embedded).
+    band_octaves: float = 0.0
+    narrow_views: dict[str, Turns] = field(default_factory=dict)
+
+    def band_matched(self, octaves: float) -> bool:
+        """Whether the server's band matching at ``octaves`` judges this instance on its narrowband copies: it
+        is mixed, and the copies keep every usable turn and the reference usable (else the server judges the
+        clips as sent). Raises when it is mixed and the copies were never embedded."""
+        if not 0 < octaves < self.band_octaves:
+            return False
+        if not self.narrow_views:
+            raise LookupError(
+                f"{self.dialogue_id}/{self.scenario}: its clips span {self.band_octaves:.2f} octave of bandwidth, and "
+                "their narrowband copies are not embedded: run `sleuthd-bench robustness embed --narrowband`"
+            )
+        wide, narrow = self.views[FUSED], self.narrow_views[FUSED]
+        return np.array_equal(wide.index, narrow.index) and narrow.reference is not None
 
 
 def _view(emb: Sequence[np.ndarray | None], seconds: Sequence[float], ref: np.ndarray | None, dim: int) -> Turns:
@@ -53,8 +71,16 @@ def _view(emb: Sequence[np.ndarray | None], seconds: Sequence[float], ref: np.nd
     return Turns(np.array(keep, int), mat, np.array([seconds[k] for k in keep], np.float64), ref)
 
 
-def load_instances(root: Path, split: str, conditions: Sequence[str], embs: Mapping[str, Embeddings]) -> list[Instance]:
-    """Every instance of the split's manifests ``root/<split>-<condition>.jsonl``."""
+def load_instances(
+    root: Path,
+    split: str,
+    conditions: Sequence[str],
+    embs: Mapping[str, Embeddings],
+    bandwidths: Mapping[str, float] | None = None,
+    narrow: Mapping[str, Embeddings] | None = None,
+) -> list[Instance]:
+    """Every instance of the split's manifests ``root/<split>-<condition>.jsonl``. ``bandwidths`` (clip ->
+    Hz) and ``narrow`` (the narrowband copies' embeddings) give each instance what band matching reads."""
     out = []
     for cond in conditions:
         path = root / f"{split}-{cond}.jsonl"
@@ -72,18 +98,28 @@ def load_instances(root: Path, split: str, conditions: Sequence[str], embs: Mapp
                     target=line.target_speaker,
                     intruder={"S1": "", "S2": meta.get("s2_speaker", ""), "S3": meta.get("s3_speaker", "")}[scenario],
                 )
-                parts: dict[str, list[np.ndarray | None]] = {}
-                seconds: dict[str, list[float]] = {}
-                refs: dict[str, np.ndarray | None] = {}
-                for enc in ENCODERS:
-                    got = [embs[enc].get(p) for p in turns]
-                    parts[enc] = [g[0] for g in got]
-                    seconds[enc] = [g[1] for g in got]
-                    refs[enc] = embs[enc].get(ref_rel)[0]
-                    inst.views[enc] = _view(parts[enc], seconds[enc], refs[enc], embs[enc].vectors.shape[1])
-                joined = [fused([parts[e][k] for e in ENCODERS]) for k in range(len(turns))]
-                ref_joined = fused([refs[e] for e in ENCODERS])
-                dim = sum(embs[e].vectors.shape[1] for e in ENCODERS)
-                inst.views[FUSED] = _view(joined, seconds[ENCODERS[0]], ref_joined, dim)
+                inst.views = _views(turns, ref_rel, embs)
+                if bandwidths:
+                    # The server's rule (EncoderDialogue.band_matches): the usable turns' and the reference's.
+                    usable = [turns[k] for k in inst.views[FUSED].index]
+                    hz = [bandwidths[p] for p in (*usable, ref_rel) if np.isfinite(bandwidths[p]) and bandwidths[p] > 0]
+                    inst.band_octaves = float(np.log2(max(hz) / min(hz))) if len(hz) >= 2 else 0.0
+                if narrow and all(p in narrow[e].index for e in ENCODERS for p in (*turns, ref_rel)):
+                    inst.narrow_views = _views(turns, ref_rel, narrow)
                 out.append(inst)
     return out
+
+
+def _views(turns: Sequence[str], reference: str, embs: Mapping[str, Embeddings]) -> dict[str, Turns]:
+    """Each encoder's and the fused view of these clips."""
+    views = {}
+    parts, seconds, refs = {}, {}, {}
+    for enc in ENCODERS:
+        got = [embs[enc].get(p) for p in turns]
+        parts[enc], seconds[enc] = [g[0] for g in got], [g[1] for g in got]
+        refs[enc] = embs[enc].get(reference)[0]
+        views[enc] = _view(parts[enc], seconds[enc], refs[enc], embs[enc].vectors.shape[1])
+    joined = [fused([parts[e][k] for e in ENCODERS]) for k in range(len(turns))]
+    dim = sum(embs[e].vectors.shape[1] for e in ENCODERS)
+    views[FUSED] = _view(joined, seconds[ENCODERS[0]], fused([refs[e] for e in ENCODERS]), dim)
+    return views

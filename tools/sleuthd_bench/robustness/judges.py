@@ -10,7 +10,7 @@ turns, cosine distance to the centroid of all turns, cosine to the reference), o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from sleuthd.judgment.calibration import Calibration, inconsistency_probability, turn_features
@@ -78,11 +78,15 @@ def evidence_inputs(
 
 
 def evidence_flags(
-    inst: Instance, calibration: EvidenceCalibration, auto: Calibration | None = None
+    inst: Instance, calibration: EvidenceCalibration, auto: Calibration | None = None, band_match_octaves: float = 0.0
 ) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
     """(flagged positions, uncertain positions, per-turn probabilities over the usable turns). With ``auto``
     (today's fused calibration) and a calibration that has a blend, the blend judges, as the server's fused
-    `auto` does; else the evidence model alone."""
+    `auto` does; else the evidence model alone. With the blend and ``band_match_octaves`` (the server's
+    --band-match-octaves), an instance whose clips span more bandwidth is judged on its narrowband copies, as
+    the server judges such a speaker."""
+    if auto is not None and calibration.blend is not None and inst.band_matched(band_match_octaves):
+        inst = replace(inst, views=inst.narrow_views)
     grams, has_ref, seconds, index = evidence_inputs(inst)
     logits = None
     if auto is not None and calibration.blend is not None and len(seconds) and (len(seconds) > 1 or has_ref):
@@ -155,9 +159,11 @@ def judge_all(
     thresholds: Mapping[str, Mapping[str, Mapping[str, float]]],
     calibrations: Mapping[str, Calibration],
     evidence: Mapping[str, EvidenceCalibration] | None = None,
+    band_match_octaves: float = 0.0,
 ) -> tuple[dict[str, list[DetectionRecord]], dict[str, list[int]]]:
     """Records per run name (``<encoder>:<method>@<set>``, ``<encoder>:auto``, ``evidence[:<label>]``) and,
-    per evidence run, for each instance 1 when its verdict is uncertain (nothing flagged, a turn uncertain)."""
+    per evidence run, for each instance 1 when its verdict is uncertain (nothing flagged, a turn uncertain).
+    ``band_match_octaves``: the blends' band matching (:func:`evidence_flags`); 0 = off."""
     runs: dict[str, list[DetectionRecord]] = {}
     uncertain: dict[str, list[int]] = {}
     for inst in instances:
@@ -171,7 +177,7 @@ def judge_all(
             if enc in calibrations:
                 runs.setdefault(f"{enc}:auto", []).append(record(inst, auto_flags(v, calibrations[enc])))
         for name, cal in (evidence or {}).items():
-            flagged, unsure, _ = evidence_flags(inst, cal, calibrations.get("fused"))
+            flagged, unsure, _ = evidence_flags(inst, cal, calibrations.get("fused"), band_match_octaves)
             runs.setdefault(name, []).append(record(inst, flagged))
             uncertain.setdefault(name, []).append(int(not flagged and bool(unsure)))
     return runs, uncertain
