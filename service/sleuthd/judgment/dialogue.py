@@ -361,10 +361,14 @@ class EncoderDialogue:
         finally:
             for k in keys:
                 self._narrowing.pop(k, None)
+        added = []
         for k, clip in zip(keys, clips, strict=True):
+            if k in self._narrowed:  # made meanwhile by another call: each turn joins its pool once
+                continue
             self._narrowed[k] = clip
-            del self._kept[k]
-        for k in sorted((k for k in keys if not k.startswith(_REF)), key=lambda k: self._turns[k].position):
+            self._kept.pop(k, None)
+            added.append(k)
+        for k in sorted((k for k in added if not k.startswith(_REF)), key=lambda k: self._turns[k].position):
             self._add_narrow(self._turns[k])
 
     def _label(self, key: str) -> str:
