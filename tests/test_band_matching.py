@@ -133,23 +133,23 @@ async def narrowing_server(narrowing_engine: Engine) -> AsyncIterator[RunningSer
     await running.stop(grace=1.0)
 
 
-async def test_a_stream_keeps_its_turns_audio_until_its_bound_and_then_none(
+async def test_a_stream_holds_its_turns_audio_until_its_bound_and_lets_go_when_it_ends(
     engine: Engine, narrowing_engine: Engine, speech: Speech
 ) -> None:
-    """Under its bound a stream keeps each usable turn's audio (counted in the audio budget by the stream session)
-    so a later mixed speaker can be narrowed; past it, each turn's copy is embedded on arrival and its audio let
-    go, so what a long stream holds stays bounded."""
+    """Under its bound a stream keeps each usable turn's audio, held in the engine's keeper (passive memory, apart
+    from the decoding budget), so that a later mixed speaker can be narrowed; past it, each turn's copy is
+    embedded on arrival and nothing is held. Closing the dialogue lets go of everything."""
     audio = [speech.wav_bytes(VOICE_B, k) for k in range(3)]
-    for eng, kept in ((engine, sum(len(a) for a in audio)), (narrowing_engine, 0)):
+    for eng, held in ((engine, sum(len(a) for a in audio)), (narrowing_engine, 0)):
+        before = eng.kept_audio.held
         opts = eng.resolve(CheckOptions(encoder="fused"))
         dialogue = await eng.open_dialogue("d", {}, opts, None, stream=True)
         for k, data in enumerate(audio):
             await dialogue.finish_turn(TurnAudio(f"t{k}", "B", k, AudioInput(data)), None)
-        for _ in range(200):  # the copies embedded on arrival finish in the background
-            if dialogue.kept_audio_bytes == kept:
-                break
-            await asyncio.sleep(0.05)
-        assert dialogue.kept_audio_bytes == kept
+        assert eng.kept_audio.held - before == held
+        assert dialogue.kept_audio_bytes == 0  # nothing of it in the decoding budget
+        dialogue.close()
+        assert eng.kept_audio.held == before
 
 
 async def _stream(stub: pb_grpc.SleuthStub, audio: list[bytes]) -> tuple[list[pb.TurnUpdate], pb.DialogueVerdict]:
@@ -178,7 +178,7 @@ async def _stream(stub: pb_grpc.SleuthStub, audio: list[bytes]) -> tuple[list[pb
 
 @pytest.mark.parametrize("narrow_on_arrival", [False, True])
 async def test_a_stream_band_matches_as_check_dialogue_does(
-    stub: pb_grpc.SleuthStub, narrowing_server: RunningServer, speech: Speech, narrow_on_arrival: bool
+    stub: pb_grpc.SleuthStub, engine: Engine, narrowing_server: RunningServer, speech: Speech, narrow_on_arrival: bool
 ) -> None:
     """The Opus turn comes fourth: until then the speaker is judged at full band; its arrival makes them mixed,
     and the turns heard before it are narrowed then (from the audio the stream kept, or from the copies it
@@ -194,6 +194,7 @@ async def test_a_stream_band_matches_as_check_dialogue_does(
     finally:
         if narrow_on_arrival:
             await channel.close()
+    assert engine.kept_audio.held == 0  # the ended stream let go of what it kept
     first = [u.verdict for u in updates if not u.revision]
     assert [t.HasField("compared_below_hz") for t in first] == [False, False, False, True, True]
     assert [(t.turn_id, t.status, t.score, t.compared_below_hz, t.detail) for t in final.turns] == [

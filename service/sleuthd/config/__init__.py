@@ -123,10 +123,15 @@ class EngineConfig:
         "clip low-passed at 3.6 kHz, so the channel is not read as another voice; 0 = off",
     )
     band_match_stream_mb: float = option(
-        4.0,
-        help="a stream keeps its turns' audio (counted in the audio budget) until this many MiB, so that a speaker "
-        "who becomes mixed-band later can be compared at the common band; past it, each later turn's narrowband "
-        "copy is embedded as it arrives instead (one more encoder pass per turn, memory bounded)",
+        128.0,
+        help="band matching: a stream keeps its turns' audio until this many MiB, so that a speaker who becomes "
+        "mixed-band later can be compared at the common band; past it, each later turn's narrowband copy is "
+        "embedded as it arrives instead (one more encoder pass per turn, no more memory)",
+    )
+    band_match_kept_mb: float = option(
+        512.0,
+        help="band matching: the turn audio all streams together may keep, MiB (passive memory, apart from the "
+        "decoding budget); a stream that finds it full embeds its turns' narrowband copies as they arrive",
     )
     voice_registry: RegistryConfig = option(  # noqa: RUF009
         factory=RegistryConfig, help="voice registry (RegisterVoice, voice ids in place of reference audio)"
@@ -140,6 +145,7 @@ class EngineConfig:
         _at_least(self, "max_references", 0)
         _at_least(self, "band_match_octaves", 0)
         _at_least(self, "band_match_stream_mb", 0)
+        _at_least(self, "band_match_kept_mb", 0)
         _at_least(self, "workers", 0)
         _at_least(self, "intra_op_threads", 0)
         _at_least(self, "embedding_cache_entries", 0)
@@ -159,6 +165,10 @@ class EngineConfig:
     @property
     def band_match_stream_bytes(self) -> int:
         return int(self.band_match_stream_mb * 1024 * 1024)
+
+    @property
+    def band_match_kept_bytes(self) -> int:
+        return int(self.band_match_kept_mb * 1024 * 1024)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,26 @@ Client = tuple[tuple[str, str], ...]  # the shares a client's audio counts again
 current_client: contextvars.ContextVar[Client] = contextvars.ContextVar("sleuthd_client", default=())
 
 
+class KeptAudio:
+    """Turn audio that streams keep between turns for band matching (sleuthd.judgment.band_matching), all streams
+    together. It is passive memory, not decoding work, so it is bounded apart from :class:`AudioBudget`; a stream
+    that finds no room keeps nothing more and narrows its turns as they arrive instead (more work, no refusal).
+    Used from the event loop only."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self.held = 0
+
+    def hold(self, n: int) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def release(self, n: int) -> None:
+        self.held = max(0, self.held - n)
+
+
 class AudioBudget:
     """Bytes of request audio held at once by the whole process, shared fairly. Used from the event loop only.
 

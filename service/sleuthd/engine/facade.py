@@ -27,7 +27,7 @@ from sleuthd.domain import (
 )
 from sleuthd.encoders.embedder import ClipEmbedder
 from sleuthd.encoders.runner import WindowEncoder
-from sleuthd.engine.admission import WorkQueue
+from sleuthd.engine.admission import KeptAudio, WorkQueue
 from sleuthd.engine.judging import EncoderJudging, Judging, LalmJudging
 from sleuthd.engine.loading import LoadedModels, load_models, open_registry
 from sleuthd.errors import Unsupported
@@ -70,8 +70,9 @@ class Engine:
             if registry is None
             else VoiceRegistry(AsyncVoiceStore(registry), models.encoders, self.embedder, models.default_encoder)
         )
+        self.kept_audio = KeptAudio(config.band_match_kept_bytes)
         self.encoder_judging = EncoderJudging(
-            self.embedder, lambda: self.voices, self.observer, config.band_match_stream_bytes
+            self.embedder, lambda: self.voices, self.observer, self.kept_audio, config.band_match_stream_bytes
         )
         self.lalm = LalmJudging(config.judge, self.embedder, self.observer)
         # Every request's work is admitted by its estimated cost and deadline (sleuthd.engine.admission).

@@ -33,6 +33,7 @@ from sleuthd.domain import (
 from sleuthd.encoders.clips import ClipEmbedding, Heard
 from sleuthd.encoders.embedder import ClipEmbedder, Placements
 from sleuthd.encoders.runner import WindowEncoder
+from sleuthd.engine.admission import KeptAudio
 from sleuthd.engine.loading import start_judge
 from sleuthd.errors import InvalidRequest, Unsupported
 from sleuthd.judgment.calibration import Calibration
@@ -74,14 +75,16 @@ class EncoderJudging:
         embedder: ClipEmbedder,
         voices: Callable[[], VoiceRegistry],
         observer: EngineObserver,
-        max_kept_stream_bytes: int | None = None,
+        kept: KeptAudio | None = None,
+        max_kept_stream_bytes: int = 0,
     ) -> None:
-        """``voices``: the voice registry (raises Unsupported when the server has none);
-        ``max_kept_stream_bytes``: a stream's bound on the turn audio kept for band matching
-        (EngineConfig.band_match_stream_mb)."""
+        """``voices``: the voice registry (raises Unsupported when the server has none); ``kept`` and
+        ``max_kept_stream_bytes``: where streams hold the turn audio kept for band matching, and how much one
+        stream may (EngineConfig.band_match_kept_mb, band_match_stream_mb; None: streams keep nothing)."""
         self._embedder = embedder
         self._voices = voices
         self._observer = observer
+        self._kept = kept
         self._max_kept_stream_bytes = max_kept_stream_bytes
 
     async def open_dialogue(
@@ -97,8 +100,11 @@ class EncoderJudging:
         narrow = functools.partial(self._embedder.narrowband, opts.encoder) if opts.judgment.band_matching else None
         # The references sent as audio (a registered voice is an embedding: nothing to narrow).
         reference_clips = {s: (a, clips[s].bandwidth_hz) for s, a in references.items() if isinstance(a, AudioInput)}
-        bound = self._max_kept_stream_bytes if stream else None
-        return EncoderDialogue(dialogue_id, opts, embedded, self._observer, embed, narrow, reference_clips, bound)
+        # A stream holds what it keeps in the process's keeper; a CheckDialogue's audio is its request's.
+        keeper, bound = (self._kept, self._max_kept_stream_bytes) if stream else (None, 0)
+        return EncoderDialogue(
+            dialogue_id, opts, embedded, self._observer, embed, narrow, reference_clips, keeper, bound
+        )
 
     async def _embed(
         self,

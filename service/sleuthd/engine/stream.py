@@ -58,6 +58,8 @@ class StreamSession:
 
     def release(self) -> None:
         """Free buffered audio; safe to call more than once (the servicer calls it in ``finally``)."""
+        if self._state is not None:
+            self._state.close()
         self._open.clear()
         self._budget.release(self._buffered, self._client, buffered=True)
         self._buffered = 0

@@ -12,10 +12,8 @@ out: embeddings, or a waveform and its embeddings), so judging stays free of dec
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +21,6 @@ from typing import Protocol
 
 import numpy as np
 
-from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
 from sleuthd.domain import (
     AudioInput,
     DialogueRequest,
@@ -38,6 +35,7 @@ from sleuthd.domain import (
 )
 from sleuthd.encoders.clips import ClipEmbedding
 from sleuthd.errors import InvalidRequest, LimitExceeded, UnknownName
+from sleuthd.judgment.band_matching import BandMatcher, Keeper, Narrow
 from sleuthd.judgment.drift import attach_drift, find_drift
 from sleuthd.judgment.options import ResolvedOptions
 from sleuthd.judgment.pool import SpeakerPool
@@ -92,9 +90,9 @@ class Dialogue(Protocol):
 
     @property
     def kept_audio_bytes(self) -> int:
-        """Audio the dialogue keeps between turns, bytes (the LALM judge hears earlier turns again; the encoders
-        keep turns for band matching until their narrowband copies are embedded): a stream counts it in the
-        process's audio budget."""
+        """Decoded audio the dialogue keeps between turns, bytes (the LALM judge hears earlier turns again): a
+        stream counts it in the process's audio budget. (The encoders' band matching holds the turns it keeps in
+        a keeper of its own: sleuthd.judgment.band_matching.)"""
 
     async def add_turns(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:
         """Hear completed turns (together, as one request's audio) and add them, without judging yet."""
@@ -105,6 +103,9 @@ class Dialogue(Protocol):
 
     async def result(self, deadline: float | None) -> DialogueResult:
         """The whole dialogue's verdict (every turn added so far)."""
+
+    def close(self) -> None:
+        """The dialogue is over (the stream ended, however): let go of what it holds between turns."""
 
 
 class VerdictLedger:
@@ -138,8 +139,6 @@ class VerdictLedger:
 # Hears a request's clips (each with a label for errors) under the dialogue's window placements: one list
 # of embeddings per clip, the manifest's placement first (sleuthd.encoders.embedder.ClipEmbedder.embed).
 Embed = Callable[[Sequence[tuple[AudioInput, str]], float | None], Awaitable[list[list[ClipEmbedding]]]]
-# Hears clips' copies at the common band (sleuthd.encoders.embedder.ClipEmbedder.narrowband): one embedding each.
-Narrow = Callable[[Sequence[tuple[AudioInput, str]], float | None], Awaitable[list[ClipEmbedding]]]
 
 
 @dataclass(frozen=True)
@@ -161,29 +160,6 @@ class _Speaker:
     positions: list[int] = field(default_factory=list)  # their positions
     usable: int = 0  # how many of them have an embedding
     has_embedding: list[bool] = field(default_factory=list)  # per turn
-    # Band matching: the same pool on the clips' narrowband copies (built when some speaker needs it), the
-    # positions of the turns in it, and why it cannot stand in for the pool ("": it can).
-    narrow: SpeakerPool | None = None
-    narrow_positions: list[int] = field(default_factory=list)
-    narrow_unusable: str = ""
-
-
-@dataclass(frozen=True)
-class BandMatch:
-    """Why a speaker is judged at the common band: the bandwidths their clips span (Hz, lowest and highest)."""
-
-    low_hz: float
-    high_hz: float
-
-    @property
-    def octaves(self) -> float:
-        return math.log2(self.high_hz / self.low_hz)
-
-    def note(self, speaker: str) -> str:
-        return (
-            f"compared below {NARROW_CUTOFF_HZ / 1000:.1f} kHz: the clips of speaker {speaker!r} span "
-            f"{self.octaves:.2f} octave of bandwidth ({self.low_hz / 1000:.1f}-{self.high_hz / 1000:.1f} kHz)"
-        )
 
 
 class EncoderDialogue:
@@ -191,17 +167,9 @@ class EncoderDialogue:
     them needs, per speaker (sleuthd.judgment.verdicts).
 
     A turn keeps only its embedding and seconds (about 1 KB), plus its share of its speaker's cosine
-    matrix and sorted pairs (24 bytes per pair of the speaker's turns): no window embeddings.
-
-    **Band matching** (Judgment.band_matching: the fused encoder's auto): a low-bitrate or telephone turn keeps
-    only the band below 4-6 kHz, and both encoders then place it away from the same speaker's full-band turns.
-    A speaker whose clips (usable turns, and reference clip) span more than ``band_match_octaves`` of bandwidth
-    is therefore judged on every clip's copy low-passed at 3.6 kHz (docs/research/robustness.md, "Phase 3"),
-    against the other speakers' copies (their centroids are its cohort); the others stay full band. So that
-    a speaker who becomes mixed at turn k can have turns 0..k-1 narrowed, the dialogue keeps each usable turn's
-    audio (the request's own bytes) until its narrowband embedding exists; a stream that keeps more than
-    ``max_kept_audio_bytes`` embeds every later turn's copy as it arrives instead (in the background: the
-    turn's verdict waits for it only when a speaker is mixed). The verdicts are CheckDialogue's either way."""
+    matrix and sorted pairs (24 bytes per pair of the speaker's turns): no window embeddings. Under the fused
+    encoder's auto, a speaker whose clips span different bandwidths is judged at a common band
+    (sleuthd.judgment.band_matching), which keeps turns' audio until it has narrowed them."""
 
     def __init__(
         self,
@@ -212,12 +180,13 @@ class EncoderDialogue:
         embed: Embed | None = None,
         narrow: Narrow | None = None,
         reference_clips: Mapping[str, tuple[AudioInput, float | None]] | None = None,
-        max_kept_audio_bytes: int | None = None,
+        keeper: Keeper | None = None,
+        max_kept_audio_bytes: int = 0,
     ) -> None:
         """``embed``: the listener (None: turns are added as embeddings, :meth:`add_clip`). ``narrow``: the
         listener of narrowband copies (None: no band matching); ``reference_clips``: speaker -> the reference
-        clip's audio and bandwidth, for the references sent as audio; ``max_kept_audio_bytes``: a stream's
-        bound on the turns' audio kept for band matching (None: CheckDialogue, whose request bounds it)."""
+        clip's audio and bandwidth, for the references sent as audio; ``keeper`` and ``max_kept_audio_bytes``: a
+        stream's, where it holds the turns' audio kept for band matching and how much it may (None: CheckDialogue)."""
         self.dialogue_id = dialogue_id
         self.opts = opts
         self.references = references
@@ -226,20 +195,26 @@ class EncoderDialogue:
         self._turns: dict[str, _Turn] = {}
         self._speakers: dict[str, _Speaker] = {}
         self._drift: dict[str, DriftResult | None] = {}  # searched turns only
-        self._narrow_listener = narrow if opts.judgment.band_matching else None
-        self._max_kept = max_kept_audio_bytes
-        self._reference_clips = dict(reference_clips or {})
-        self._kept: dict[str, AudioInput] = {}  # turn id or reference key -> audio not yet narrowed
-        self._narrowed: dict[str, ClipEmbedding] = {}  # turn id or reference key -> its narrowband embedding
-        self._narrowing: dict[str, asyncio.Task[None]] = {}  # background narrowband embeddings (streams)
-        self._eager = False  # a stream past its bound: every turn is narrowed as it arrives
-        self._band_cache: tuple[int, dict[str, BandMatch]] | None = None  # band_matches() at a number of turns
-        if self._narrow_listener is not None:
-            self._kept.update({_REF + s: audio for s, (audio, _) in self._reference_clips.items()})
+        self._bands: BandMatcher | None = None
+        if narrow is not None and opts.judgment.band_matching:
+            registered = [s for s in references if s not in (reference_clips or {})]
+            self._bands = BandMatcher(
+                narrow,
+                opts.judgment.band_match_octaves,
+                opts.judgment.components,
+                reference_clips or {},
+                registered,
+                keeper,
+                max_kept_audio_bytes,
+            )
 
     @property
     def kept_audio_bytes(self) -> int:
-        return sum(len(a.data) for a in self._kept.values())
+        return 0  # band matching holds what it keeps in its keeper (passive memory, not the decoding budget)
+
+    def close(self) -> None:
+        if self._bands is not None:
+            self._bands.close()
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -247,22 +222,17 @@ class EncoderDialogue:
     # ------------------------------------------------------------------ the Dialogue protocol
 
     async def add_turns(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:
-        await self._hear(turns, deadline)
-        await self._match_bands(deadline)
-
-    async def _hear(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:
         assert self._embed is not None, "a dialogue that hears audio is opened with a listener"
         embedded = await self._embed([(t.audio, t.label) for t in turns], deadline)
         for turn, clips in zip(turns, embedded, strict=True):
             self.add_clip(turn.turn_id, turn.speaker, turn.position, clips[0], clips[1] if len(clips) > 1 else None)
-            if self._narrow_listener is not None and clips[0].usable:
-                self._kept[turn.turn_id] = turn.audio
+            if self._bands is not None and clips[0].usable:
+                self._bands.heard(turn.turn_id, turn.speaker, turn.position, turn.audio, clips[0].bandwidth_hz)
+        if self._bands is not None:
+            await self._bands.ensure(deadline)
 
     async def finish_turn(self, turn: TurnAudio, deadline: float | None) -> list[TurnUpdate]:
-        await self._hear([turn], deadline)
-        if self._max_kept is not None and not self._eager and self.kept_audio_bytes > self._max_kept:
-            self._eager = True
-        await self._match_bands(deadline)
+        await self.add_turns([turn], deadline)
         return self.updates(turn.turn_id)
 
     async def result(self, deadline: float | None = None) -> DialogueResult:
@@ -305,112 +275,15 @@ class EncoderDialogue:
         if dense is not None and clip.usable and config is not None:
             self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
 
-    # ------------------------------------------------------------------ band matching
-
-    def band_matches(self) -> dict[str, BandMatch]:
-        """The speakers whose clips span more than the judgment's band_match_octaves of bandwidth. A speaker
-        whose reference is a registered voice (kept as an embedding: no audio to narrow) is never one."""
-        if self._narrow_listener is None:
-            return {}
-        if self._band_cache is not None and self._band_cache[0] == len(self._turns):
-            return self._band_cache[1]
-        out = {}
-        for s, entry in self._speakers.items():
-            if s in self.references and s not in self._reference_clips:
-                continue
-            widths = [t.bandwidth_hz for t in entry.turns if t.usable and t.bandwidth_hz]
-            reference = self._reference_clips.get(s)
-            if reference is not None and reference[1]:
-                widths.append(reference[1])
-            if len(widths) >= 2:
-                match = BandMatch(min(widths), max(widths))
-                if match.octaves > self.opts.judgment.band_match_octaves:
-                    out[s] = match
-        self._band_cache = (len(self._turns), out)  # turns are only ever added
-        return out
-
-    async def _match_bands(self, deadline: float | None) -> None:
-        """Have the narrowband embeddings the verdicts need: every kept clip's once some speaker is mixed
-        (each speaker's own, and the others' for its cohort); in a stream past its bound, start embedding
-        every new clip's copy in the background."""
-        if self._narrow_listener is None or not self._kept:
-            return
-        if not self.band_matches():
-            if self._eager:
-                waiting = [k for k in self._kept if k not in self._narrowing]
-                if waiting:
-                    task = asyncio.ensure_future(self._narrow(waiting, deadline))
-                    task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
-                    self._narrowing.update(dict.fromkeys(waiting, task))
-            return
-        # Mixed: wait for the background copies (one that failed is made again below), then the rest.
-        pending = set(self._narrowing.values())
-        if pending:
-            await asyncio.wait(pending)
-        await self._narrow(list(self._kept), deadline)
-
-    async def _narrow(self, keys: list[str], deadline: float | None) -> None:
-        """Embed the narrowband copies of these kept clips, add them to their speakers' narrowband pools and
-        let go of their audio."""
-        keys = [k for k in keys if k in self._kept]
-        if not keys:
-            return
-        assert self._narrow_listener is not None
-        try:
-            clips = await self._narrow_listener([(self._kept[k], self._label(k)) for k in keys], deadline)
-        finally:
-            for k in keys:
-                self._narrowing.pop(k, None)
-        added = []
-        for k, clip in zip(keys, clips, strict=True):
-            if k in self._narrowed:  # made meanwhile by another call: each turn joins its pool once
-                continue
-            self._narrowed[k] = clip
-            self._kept.pop(k, None)
-            added.append(k)
-        for k in sorted((k for k in added if not k.startswith(_REF)), key=lambda k: self._turns[k].position):
-            self._add_narrow(self._turns[k])
-
-    def _label(self, key: str) -> str:
-        return f"reference of speaker {key[len(_REF) :]!r}" if key.startswith(_REF) else f"turn {key!r}"
-
-    def _add_narrow(self, turn: _Turn) -> None:
-        """A turn's narrowband embedding into its speaker's narrowband pool (at its place in dialogue order)."""
-        entry = self._speakers[turn.speaker]
-        clip = self._narrowed[turn.turn_id]
-        if entry.narrow is None:
-            reference = self._narrowed.get(_REF + turn.speaker) if turn.speaker in self._reference_clips else None
-            if turn.speaker in self._reference_clips and (reference is None or reference.embedding is None):
-                why = "its narrowband copy was not made" if reference is None else reference.detail
-                entry.narrow_unusable = f"the reference clip's narrowband copy is unusable ({why})"
-            ref = reference.embedding if reference is not None and reference.embedding is not None else None
-            entry.narrow = SpeakerPool(ref, self.opts.judgment.components)
-        if clip.embedding is None:
-            entry.narrow_unusable = entry.narrow_unusable or f"turn {turn.turn_id!r}'s narrowband copy: {clip.detail}"
-            return
-        at = bisect.bisect(entry.narrow_positions, turn.position)
-        entry.narrow.add(at, clip.embedding, clip.speech_seconds)
-        entry.narrow_positions.insert(at, turn.position)
-
     def _score(self) -> tuple[list[str], dict[str, SpeakerScores]]:
         """Speakers in order of first appearance, and their verdict arrays (a band-matched speaker's from the
         narrowband pools: :meth:`band_matches`)."""
         order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
         scores = score_speakers({s: self._speakers[s].pool for s in order}, self.opts.judgment)
-        matched = [s for s in self._matched() if s in scores]
-        if matched:
-            narrow = {s: p for s in order if (p := self._speakers[s].narrow) is not None}
-            scores.update({s: v for s, v in score_speakers(narrow, self.opts.judgment).items() if s in matched})
+        if self._bands is not None and (matched := [s for s in self._bands.matched() if s in scores]):
+            narrow = score_speakers(self._bands.pools(order), self.opts.judgment)
+            scores.update({s: v for s, v in narrow.items() if s in matched})
         return order, scores
-
-    def _matched(self) -> dict[str, BandMatch]:
-        """The band-matched speakers whose narrowband pool can stand in for their pool."""
-        out = {}
-        for s, match in self.band_matches().items():
-            entry = self._speakers[s]
-            if entry.narrow is not None and not entry.narrow_unusable and entry.narrow.n == entry.usable:
-                out[s] = match
-        return out
 
     def _statuses(self, speaker: str, scores: dict[str, SpeakerScores]) -> list[tuple[str, TurnStatus]]:
         """Each of the speaker's turns with its status, in dialogue order (INSUFFICIENT_AUDIO for unusable ones)."""
@@ -424,8 +297,7 @@ class EncoderDialogue:
         """Verdict objects of ``turns`` (made only for these: a long dialogue's other turns cost nothing)."""
         out = []
         before: dict[str, np.ndarray] = {}  # speaker -> usable turns up to each of their turns
-        matches = self.band_matches()
-        matched = self._matched() if matches else {}
+        matched = self._bands.matched() if self._bands is not None else {}
         for t in turns:
             entry = self._speakers[t.speaker]
             if t.speaker not in before:
@@ -442,25 +314,12 @@ class EncoderDialogue:
                     k,
                     self.opts.judgment,
                     t.bandwidth_hz,
-                    *self._band_note(t.speaker, matches, matched),
+                    *(self._bands.note(t.speaker, matched) if self._bands is not None else (None, "")),
                 )
             )
         if self.opts.detect_drift and self.opts.entry.drift is not None:
             out = attach_drift(out, self._drift, self.opts.entry.drift)
         return out
-
-    def _band_note(
-        self, speaker: str, matches: Mapping[str, BandMatch], matched: Mapping[str, BandMatch]
-    ) -> tuple[float | None, str]:
-        """(the band the speaker's turns were compared below, or None; what the turn's detail says of it)."""
-        if speaker in matched:
-            return NARROW_CUTOFF_HZ, matched[speaker].note(speaker)
-        if speaker in matches:  # mixed, but a narrowband copy could not be judged: full band, said so
-            why = self._speakers[speaker].narrow_unusable or "a narrowband copy is missing"
-            return None, f"compared at full band although the clips of speaker {speaker!r} span " + (
-                f"{matches[speaker].octaves:.2f} octave of bandwidth: {why}"
-            )
-        return None, ""
 
     def judge(self) -> tuple[list[TurnResult], list[SpeakerResult]]:
         """Verdicts of every turn added so far, in dialogue order, and per speaker."""
@@ -502,9 +361,6 @@ class EncoderDialogue:
         for e in self._speakers.values():
             rows += [(t.position, t.turn_id, e.pool.emb[k]) for k, t in enumerate(u for u in e.turns if u.usable)]
         return similarity_matrix(rows)
-
-
-_REF = "\0reference:"  # key prefix of a speaker's reference clip among the kept and narrowed clips
 
 
 def _ms(since: float) -> float:

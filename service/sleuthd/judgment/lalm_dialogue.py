@@ -101,6 +101,9 @@ class LalmDialogue:
     def kept_audio_bytes(self) -> int:
         return self._held
 
+    def close(self) -> None:
+        """Nothing to let go of here: the stream session holds the kept waveforms' bytes in its audio budget."""
+
     # ------------------------------------------------------------------ the Dialogue protocol
 
     async def add_turns(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:
