@@ -5,7 +5,8 @@ heard and a listener for its turns, and ranks candidates. The engine façade pic
 method, once; nothing after that asks which it holds.
 
   encoders: references -> embeddings (registered voices looked up) -> EncoderDialogue, listener:
-            ClipEmbedder.embed (cache, single flight, decode, VAD, windows, micro-batcher)
+            ClipEmbedder.embed (cache, single flight, decode, VAD, windows, micro-batcher); under the fused
+            auto, a second one for band matching: ClipEmbedder.narrowband (the clips low-passed, then the same)
   lalm:     references -> waveform + embedding -> LalmDialogue, listener: ClipEmbedder.hear (one decode
             for the judge's waveform and the encoder's windows), then the judge's prompts
 """
