@@ -116,6 +116,23 @@ async def test_matched_channels_and_other_methods_are_never_band_matched(
         assert all(t.HasField("bandwidth_hz") == (encoder == "fused") for t in v.turns)
 
 
+async def test_a_clip_first_heard_by_single_encoders_still_has_its_bandwidth_under_the_fusion(
+    stub: pb_grpc.SleuthStub, speech: Speech
+) -> None:
+    """Each encoder caches its own embedding of a clip; one heard by GE2E and CAM++ alone, and so never decoded by
+    the fusion, is measured when a fused request finds every part in the cache (else band matching would depend on
+    what the cache held)."""
+    audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    audio[OPUS_SLOT] = lowest_bitrate_opus(speech.wav_bytes(VOICE_B, OPUS_SLOT))
+    for encoder in ("ge2e", "campplus"):
+        alone = await stub.CheckDialogue(check_request(audio, pb.METHOD_PAIRWISE, encoder), timeout=120)
+        assert not any(t.HasField("bandwidth_hz") for t in alone.turns)
+    fused = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert all(t.bandwidth_hz > 0 and t.compared_below_hz == 3600 for t in fused.turns), [
+        (t.bandwidth_hz, t.compared_below_hz) for t in fused.turns
+    ]
+
+
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def narrowing_engine(models_dir: Path) -> AsyncIterator[Engine]:
     """An engine whose streams keep almost no turn audio for band matching (--band-match-stream-mb 0.01): from its

@@ -127,6 +127,11 @@ def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, ma
     return dataclasses.replace(speech, bandwidth_hz=effective_bandwidth_hz(samples))
 
 
+def clip_bandwidth(audio: AudioInput, max_seconds: float) -> float | None:
+    """The clip's bandwidth alone (Speech.bandwidth_hz), for a clip whose embeddings were all cached."""
+    return effective_bandwidth_hz(decode(audio, max_seconds).samples)
+
+
 def narrowband_copy(audio: AudioInput, max_seconds: float) -> AudioInput:
     """The clip decoded to 16 kHz and low-passed at the common band (sleuthd.audio.bandwidth.low_pass), as
     16 kHz float32 PCM: what a speaker whose clips span different bandwidths is compared on. It goes through

@@ -14,6 +14,7 @@ each encoder then cuts its windows from it. The windows are exactly those a comp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -31,6 +32,7 @@ from sleuthd.encoders.clips import (
     PreparedClip,
     Speech,
     check_request_audio,
+    clip_bandwidth,
     cut_placements,
     decode_and_prepare,
     decode_and_trim,
@@ -217,7 +219,14 @@ class ClipEmbedder:
         )
         # The engine always asks for the manifest's placement (None) first; drift windows come beside it.
         at_manifest = [parts[0][placements.index(None)]] + [found[0] for found in parts[1:]]
-        joined = (encoder.combine([clip for clip, _ in at_manifest]), all(cached for _, cached in at_manifest))
+        clip = encoder.combine([clip for clip, _ in at_manifest])
+        if clip.usable and clip.bandwidth_hz is None:
+            # Every part came from the cache, put there by requests to single encoders, which measure no bandwidth;
+            # band matching needs it whatever the cache held (a decode and a spectrum, once per such request).
+            loop = asyncio.get_running_loop()
+            hz = await loop.run_in_executor(self._prep_pool, clip_bandwidth, audio, self.max_clip_seconds)
+            clip = dataclasses.replace(clip, bandwidth_hz=hz)
+        joined = (clip, all(cached for _, cached in at_manifest))
         return [joined if p is None else parts[0][i] for i, p in enumerate(placements)]
 
     async def _compute(

@@ -83,8 +83,10 @@ class FusedEncoder:
         first = clips[0]
         # One "window" spanning the clip (drift uses the first component's own windows instead).
         times = np.array([[0.0, first.audio_seconds]])
+        # Measured by whichever component decoded the clip (None when every part came from the cache).
+        bandwidth = next((c.bandwidth_hz for c in clips if c.bandwidth_hz is not None), None)
         return ClipEmbedding(
-            first.audio_seconds, first.speech_seconds, vector, vector[None, :], times, bandwidth_hz=first.bandwidth_hz
+            first.audio_seconds, first.speech_seconds, vector, vector[None, :], times, bandwidth_hz=bandwidth
         )
 
     def join(self, vectors: Sequence[np.ndarray]) -> np.ndarray:
