@@ -76,14 +76,13 @@ def measure_bandwidths(
     root: Path, paths: Sequence[str], progress: Callable[[str, int, int], None] | None = None
 ) -> dict[str, float]:
     """The bandwidths the cache lacks, measured and saved (about 10 ms a clip: a decode and a spectrum)."""
-    from sleuthd.audio.bandwidth import effective_bandwidth_hz
+    from sleuthd.api import clip_bandwidth
     from sleuthd.domain import AudioInput
-    from sleuthd.encoders.clips import decode
 
     known = load_bandwidths(root)
     todo = [p for p in paths if p not in known]
     for n, p in enumerate(todo, 1):
-        hz = effective_bandwidth_hz(decode(AudioInput((root / p).read_bytes()), MAX_SECONDS).samples)
+        hz = clip_bandwidth(AudioInput((root / p).read_bytes()), MAX_SECONDS)
         known[p] = np.nan if hz is None else hz
         if progress and (n % 200 == 0 or n == len(todo)):
             progress("bandwidth", n, len(todo))
@@ -144,9 +143,8 @@ def embed_all(
 ) -> dict[str, Embeddings]:
     """Embed the paths each encoder's cache lacks (saved every few minutes, so an interrupted run resumes).
     ``narrowband``: embed the clips' narrowband copies into the cache under :func:`narrow_root` instead."""
-    from sleuthd.api import SpeakerEncoder
+    from sleuthd.api import SpeakerEncoder, narrowband_copy
     from sleuthd.domain import AudioInput
-    from sleuthd.encoders.clips import narrowband_copy
 
     def source(p: str) -> Path | AudioInput:
         return narrowband_copy(AudioInput((root / p).read_bytes()), MAX_SECONDS) if narrowband else root / p
