@@ -98,7 +98,7 @@ class EncoderJudging:
     ) -> Dialogue:
         embedded, clips = await self._reference_clips(references, opts.encoder, deadline)
         embed = functools.partial(self._embed, opts.encoder, opts.placements)
-        narrow = functools.partial(self._embedder.narrowband, opts.encoder) if opts.judgment.band_matching else None
+        narrow = functools.partial(self._embedder.narrowband, opts.encoder)  # used if the judgment band-matches
         # The references sent as audio (a registered voice is an embedding: nothing to narrow).
         reference_clips = {s: (a, clips[s].bandwidth_hz) for s, a in references.items() if isinstance(a, AudioInput)}
         # A stream holds what it keeps in the process's keeper; a CheckDialogue's audio is its request's.

@@ -67,16 +67,12 @@ class StreamSession:
         self._kept = 0
 
     def _count_kept(self) -> None:
-        """Hold in the budget what the dialogue now keeps of audio (the LALM judge's decoded turns, or the
-        turns kept for band matching), and let go of what it no longer keeps (Overloaded when there is no
+        """Hold in the budget what the dialogue now keeps of decoded audio (Overloaded when there is no
         room: the stream ends, busy, and its kept audio is freed)."""
         assert self._state is not None
         grown = self._state.kept_audio_bytes - self._kept
         if grown > 0:
-            self._budget.acquire(grown, "the audio this stream's dialogue keeps to hear again", self._client)
-            self._kept += grown
-        elif grown < 0:
-            self._budget.release(-grown, self._client)
+            self._budget.acquire(grown, "the decoded audio this stream's judge keeps to hear again", self._client)
             self._kept += grown
 
     def turn_deadline(self) -> tuple[float, str] | None:

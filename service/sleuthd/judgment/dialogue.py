@@ -196,7 +196,7 @@ class EncoderDialogue:
         self._speakers: dict[str, _Speaker] = {}
         self._drift: dict[str, DriftResult | None] = {}  # searched turns only
         self._bands: BandMatcher | None = None
-        if narrow is not None and opts.judgment.band_matching:
+        if narrow is not None and opts.judgment.band_matching:  # the one place that decides it
             registered = [s for s in references if s not in (reference_clips or {})]
             self._bands = BandMatcher(
                 narrow,
@@ -277,7 +277,7 @@ class EncoderDialogue:
 
     def _score(self) -> tuple[list[str], dict[str, SpeakerScores]]:
         """Speakers in order of first appearance, and their verdict arrays (a band-matched speaker's from the
-        narrowband pools: :meth:`band_matches`)."""
+        narrowband pools: BandMatcher.matched)."""
         order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
         scores = score_speakers({s: self._speakers[s].pool for s in order}, self.opts.judgment)
         if self._bands is not None and (matched := [s for s in self._bands.matched() if s in scores]):

@@ -100,7 +100,7 @@ def load_instances(
                 )
                 inst.views = _views(turns, ref_rel, embs)
                 if bandwidths:
-                    # The server's rule (EncoderDialogue.band_matches): the usable turns' and the reference's.
+                    # The server's rule (BandMatcher.matches): the usable turns' bandwidths and the reference's.
                     usable = [turns[k] for k in inst.views[FUSED].index]
                     hz = [bandwidths[p] for p in (*usable, ref_rel) if np.isfinite(bandwidths[p]) and bandwidths[p] > 0]
                     inst.band_octaves = float(np.log2(max(hz) / min(hz))) if len(hz) >= 2 else 0.0
