@@ -272,3 +272,96 @@ async def test_the_offline_judges_band_match_as_the_server_does(
         assert offline == flagged, (inst.scenario, offline, [(t.score, t.detail) for t in served.turns])
         if inst.scenario != "S1":
             assert offline == inst.gold  # the intruder is found, and nothing else
+
+
+# ---------------------------------------------------------------------------------------- registered voices
+
+
+def _with_reference(turns: list[bytes], **source: Any) -> pb.CheckDialogueRequest:
+    req = check_request(turns)
+    req.references.add(speaker="B", **source)
+    return req
+
+
+def _verdicts(v: pb.DialogueVerdict) -> list[tuple[str, int, float, float, str]]:
+    return [(t.turn_id, t.status, t.score, t.compared_below_hz, t.detail) for t in v.turns]
+
+
+async def test_a_registered_voice_is_band_matched_as_its_clip_sent_as_reference(
+    engine: Engine, speech: Speech, tmp_path: Path
+) -> None:
+    """A speaker whose reference is a registered voice counts the bandwidths its clips were registered with, and
+    is compared with the voice's embedding of their narrowband copies (stored at registration): a voice enrolled
+    from one clip judges a mixed-band dialogue exactly as that clip sent as audio, for the same voice's Opus turn
+    and for another voice's."""
+    from sleuthd.client import AsyncSleuthClient
+
+    from tests.test_voices import start_voice_server
+
+    clip = speech.wav_bytes(VOICE_B, 5)
+    server = await start_voice_server(engine, str(tmp_path / "voices.sqlite3"))
+    try:
+        async with AsyncSleuthClient(server.target, timeout=120) as client:
+            voice = await client.register_voice("bee", clip)
+            assert {e.encoder for e in voice.embeddings} >= {"ge2e+band3600", "campplus+band3600"}
+            (stored,) = voice.clips
+            assert stored.bandwidth_hz is not None and stored.bandwidth_hz > 7000  # a full-band WAV
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            stub = pb_grpc.SleuthStub(channel)
+            for slot_voice in (VOICE_B, VOICE_F):
+                audio = turn_audio(speech, slot_voice)
+                by_id = await stub.CheckDialogue(_with_reference(audio, voice_id="bee"), timeout=120)
+                by_audio = await stub.CheckDialogue(_with_reference(audio, audio=enc(clip)), timeout=120)
+                assert all(t.compared_below_hz == 3600 for t in by_id.turns), slot_voice
+                assert _verdicts(by_id) == _verdicts(by_audio), slot_voice
+                flagged = [t.turn_id for t in by_id.turns if t.status == pb.INCONSISTENT]
+                assert flagged == ([] if slot_voice == VOICE_B else [f"t{OPUS_SLOT}"]), _verdicts(by_id)
+    finally:
+        await server.stop()
+
+
+async def test_a_registered_voice_without_a_narrowband_embedding_gets_one_from_its_clips_or_says_why_not(
+    engine: Engine, speech: Speech, tmp_path: Path
+) -> None:
+    """Voices registered where band matching was off have no narrowband embedding. One whose clips were kept has it
+    made from them on first use (then stored); one whose clips were not kept is judged at full band, and its turns
+    say why and how to fix it."""
+    from sleuthd.client import AsyncSleuthClient
+
+    from tests.test_voices import start_voice_server
+
+    clip = speech.wav_bytes(VOICE_B, 5)
+    location = str(tmp_path / "voices.sqlite3")
+    plain = await start_voice_server(engine, location, dataclasses.replace(engine.config, band_match_octaves=0.0))
+    try:
+        async with AsyncSleuthClient(plain.target, timeout=120) as client:
+            for voice_id, keep in (("kept", True), ("bare", False)):
+                voice = await client.register_voice(voice_id, clip, keep_audio=keep)
+                assert not any("+band" in e.encoder for e in voice.embeddings)
+    finally:
+        await plain.stop()
+
+    server = await start_voice_server(engine, location)
+    try:
+        audio = turn_audio(speech, VOICE_B)
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            stub = pb_grpc.SleuthStub(channel)
+            by_audio = await stub.CheckDialogue(_with_reference(audio, audio=enc(clip)), timeout=120)
+            kept = await stub.CheckDialogue(_with_reference(audio, voice_id="kept"), timeout=120)
+            assert _verdicts(kept) == _verdicts(by_audio)
+            bare = await stub.CheckDialogue(_with_reference(audio, voice_id="bare"), timeout=120)
+        async with AsyncSleuthClient(server.target, timeout=120) as client:
+            made = {e.encoder for e in (await client.get_voice("kept")).embeddings}
+            assert {"ge2e+band3600", "campplus+band3600"} <= made  # stored for the next request
+    finally:
+        await server.stop()
+    assert not any(t.HasField("compared_below_hz") for t in bare.turns)
+    assert all(
+        re.match(
+            r"compared at full band although the clips of speaker 'B' span 0\.\d\d octave of bandwidth: registered "
+            r"voice 'bare' has no narrowband embedding \(.*register it again",
+            t.detail,
+        )
+        for t in bare.turns
+    ), [t.detail for t in bare.turns]
+    assert bare.turns[OPUS_SLOT].status == pb.INCONSISTENT  # at full band the codec reads as another voice

@@ -340,6 +340,38 @@ def test_everything_survives_close_and_reopen(location: str) -> None:
     second.close()
 
 
+def test_a_version_1_registry_is_upgraded_in_place_and_keeps_its_voices(location: str) -> None:
+    """A registry written before clips' bandwidths were recorded (schema version 1) is upgraded when a sleuthd
+    opens it: its voices read as before, with no bandwidth; new voices record theirs. One that is newer than this
+    sleuthd is refused with what to do."""
+    old = _open(location)
+    assert isinstance(old, SqlStore)
+    old.register("kim", clips_for(2), embeddings=[embedding_for("kim")])
+    with old._transaction(write=True) as cur:  # back to version 1's layout, as an older sleuthd left it
+        cur.execute("ALTER TABLE registry_clips DROP COLUMN bandwidth_hz")
+        cur.execute("UPDATE registry_meta SET value = '1' WHERE key = 'schema_version'")
+    old.close()
+
+    store = _open(location)
+    assert isinstance(store, SqlStore)
+    kim = store.get("kim", with_audio=True)
+    assert [c.data for c in kim.clips] == [c.data for c in clips_for(2)]
+    assert [c.bandwidth_hz for c in kim.clips] == [None, None]
+    np.testing.assert_array_equal(kim.embeddings[0].vector, vector_for("kim", WEIGHTS_A))
+    measured = [dataclasses.replace(c, bandwidth_hz=3900.0 + k) for k, c in enumerate(clips_for(2, start=5))]
+    assert [c.bandwidth_hz for c in store.register("lea", measured).clips] == [3900.0, 3901.0]
+    assert [c.bandwidth_hz for c in store.get("lea").clips] == [3900.0, 3901.0]
+    with pytest.raises(InvalidRequest, match="bandwidth_hz must be a positive number"):
+        store.register("max", [dataclasses.replace(clips_for(1)[0], bandwidth_hz=float("nan"))])
+    with store._transaction(write=True) as cur:
+        cur.execute("SELECT value FROM registry_meta WHERE key = 'schema_version'")
+        assert cur.fetchone()[0] == "2"
+        cur.execute("UPDATE registry_meta SET value = '3' WHERE key = 'schema_version'")
+    store.close()
+    with pytest.raises(RegistryUnavailable, match="schema is version 3; this sleuthd reads version 2: upgrade sleuthd"):
+        _open(location)
+
+
 def _verify_complete(store: VoiceStore, acknowledged: list[str]) -> None:
     """Every acknowledged voice is there, and every voice there is whole (3 clips + its embedding)."""
     present = []

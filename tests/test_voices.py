@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from sleuthd.client import AsyncSleuthClient, SleuthClient, Verdict, channels
-from sleuthd.config import RegistryConfig, ServerConfig
+from sleuthd.config import EngineConfig, RegistryConfig, ServerConfig
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.loading import open_registry
 from sleuthd.ops.metrics import ServiceMetrics
@@ -53,12 +53,14 @@ class VoiceServer:
         await self.engine.close_registry()
 
 
-async def start_voice_server(shared: Engine, location: str, **registry: object) -> VoiceServer:
+async def start_voice_server(
+    shared: Engine, location: str, config: EngineConfig | None = None, **registry: object
+) -> VoiceServer:
     """A server with a registry at ``location``, on the session's loaded models (as `serve --registry` builds
-    it: the store opened by sleuthd.engine.loading, handed to the engine)."""
+    it: the store opened by sleuthd.engine.loading, handed to the engine); ``config``: other engine options."""
     store = open_registry(RegistryConfig(registry=location, **registry))  # type: ignore[arg-type]
     metrics = ServiceMetrics()
-    engine = Engine(shared.models, shared.config, metrics, store)
+    engine = Engine(shared.models, config or shared.config, metrics, store)
     running = await create_server(engine, ServerConfig(port=0, metrics_port=-1), metrics)
     return VoiceServer(engine, running, location)
 
@@ -87,9 +89,12 @@ async def test_check_against_a_registered_voice_flags_a_foreign_turn_and_passes_
     voice = await client.register_voice("ann", speech.clips[VOICE_A][5:7], metadata={"tts": "espeak-ng"})
     assert (voice.voice_id, voice.revision, voice.audio_kept, len(voice.clips)) == ("ann", 1, True, 2)
     assert 2.0 < voice.speech_seconds < sum(c.audio_seconds for c in voice.clips)
-    # One embedding per loaded encoder (make models exports GE2E and CAM++).
+    # One embedding per loaded encoder (make models exports GE2E and CAM++), and one per encoder of the clips'
+    # narrowband copies, which band matching compares with (the fused encoder's auto).
     by_encoder = {e.encoder: e for e in voice.embeddings}
+    assert set(by_encoder) == {"ge2e", "campplus", "ge2e+band3600", "campplus+band3600"}
     assert (by_encoder["ge2e"].dimension, by_encoder["ge2e"].loaded) == (256, True)
+    assert by_encoder["campplus+band3600"].dimension == 192
     assert all(e.loaded for e in voice.embeddings) and len(by_encoder) == len(voice.embeddings)
 
     for method in ("reference", "auto"):
@@ -288,9 +293,7 @@ async def test_registration_bounds_refuse_before_any_work(engine: Engine, tmp_pa
         await server.stop()
 
 
-async def test_without_a_registry_voice_calls_say_how_to_get_one(
-    stub: pb_grpc.SleuthStub, speech: Speech
-) -> None:
+async def test_without_a_registry_voice_calls_say_how_to_get_one(stub: pb_grpc.SleuthStub, speech: Speech) -> None:
     info = await stub.GetServerInfo(pb.GetServerInfoRequest())
     assert not info.HasField("registry")
     req = pb.CheckDialogueRequest(dialogue_id="d", references=[pb.SpeakerReference(speaker="Ann", voice_id="ann")])
@@ -375,7 +378,9 @@ def test_kill_9_mid_registration_loses_no_acknowledged_voice(
     for voice_id in stored:  # every voice there is whole: no registration landed in part
         voice = store.get(voice_id, with_audio=True)
         assert len(voice.clips) == 3 and all(c.data for c in voice.clips)
-        assert {e.encoder for e in voice.embeddings} == loaded_encoders  # one per encoder, all or none
+        # One per encoder and one of the clips' narrowband copies (band matching), all or none.
+        narrow = {f"{e}+band3600" for e in loaded_encoders}
+        assert {e.encoder for e in voice.embeddings} == loaded_encoders | narrow
     store.close()
 
     proc, target = serve(models_dir, "--registry", str(path))  # and a restarted server finds them
@@ -399,4 +404,3 @@ def test_a_bad_registry_location_stops_serve_with_one_line(tmp_path: Path) -> No
     assert r.stderr.strip().splitlines()[-1].startswith("error: registry ")
     assert "does not exist; create it first" in r.stderr
     assert time.monotonic() - start < 60
-

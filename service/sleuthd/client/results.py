@@ -279,6 +279,7 @@ class VoiceClip:
     size_bytes: int
     audio_seconds: float
     speech_seconds: float
+    bandwidth_hz: float | None = None  # effective bandwidth; None for a clip registered before it was recorded
 
 
 @dataclass(frozen=True)
@@ -314,7 +315,13 @@ class VoiceInfo:
             revision=v.revision,
             speech_seconds=v.speech_seconds,
             audio_kept=v.audio_kept,
-            clips=tuple(VoiceClip(c.sha256, c.size_bytes, c.audio_seconds, c.speech_seconds) for c in v.clips),
+            clips=tuple(
+                VoiceClip(
+                    c.sha256, c.size_bytes, c.audio_seconds, c.speech_seconds,
+                    c.bandwidth_hz if c.HasField("bandwidth_hz") else None,
+                )
+                for c in v.clips
+            ),
             embeddings=tuple(
                 VoiceEmbedding(
                     e.encoder, e.weights_sha256, e.dimension,

@@ -135,6 +135,19 @@ class ClipEmbedder:
         copies = await gather_or_cancel(copy(a, label) for a, label in audios)
         return await self.embed_audio(encoder, copies, deadline)
 
+    async def bandwidths(self, audios: Sequence[tuple[AudioInput, str]]) -> list[float | None]:
+        """Each clip's effective bandwidth (Hz; None where the clip is silent), measured on a worker thread, as the
+        fused encoder's shared decode measures it. AudioError names the label."""
+        loop = asyncio.get_running_loop()
+
+        async def one(audio: AudioInput, label: str) -> float | None:
+            try:
+                return await loop.run_in_executor(self._prep_pool, clip_bandwidth, audio, self.max_clip_seconds)
+            except AudioError as exc:
+                raise AudioError(f"{label}: {exc}") from exc
+
+        return await gather_or_cancel(one(a, label) for a, label in audios)
+
     async def hear(
         self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
     ) -> Heard:

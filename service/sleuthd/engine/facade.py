@@ -68,7 +68,15 @@ class Engine:
         self.registry = (
             None
             if registry is None
-            else VoiceRegistry(AsyncVoiceStore(registry), models.encoders, self.embedder, models.default_encoder)
+            else VoiceRegistry(
+                AsyncVoiceStore(registry),
+                models.encoders,
+                self.embedder,
+                models.default_encoder,
+                # A registration stores the narrowband embeddings band matching compares with, where it can happen
+                # (the fused encoder's blend).
+                narrowband=config.band_match_octaves > 0 and any(e.evidence for e in self.entries.values()),
+            )
         )
         self.kept_audio = KeptAudio(config.band_match_kept_bytes)
         self.encoder_judging = EncoderJudging(

@@ -37,6 +37,7 @@ from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.engine.admission import KeptAudio
 from sleuthd.engine.loading import start_judge
 from sleuthd.errors import InvalidRequest, Unsupported
+from sleuthd.judgment.band_matching import RegisteredReference
 from sleuthd.judgment.calibration import Calibration
 from sleuthd.judgment.dialogue import Dialogue, EncoderDialogue
 from sleuthd.judgment.lalm_dialogue import LalmDialogue
@@ -99,12 +100,21 @@ class EncoderJudging:
         embedded, clips = await self._reference_clips(references, opts.encoder, deadline)
         embed = functools.partial(self._embed, opts.encoder, opts.placements)
         narrow = functools.partial(self._embedder.narrowband, opts.encoder)  # used if the judgment band-matches
-        # The references sent as audio (a registered voice is an embedding: nothing to narrow).
+        # The references sent as audio are narrowed as the turns are; a registered voice brings its clips'
+        # bandwidths and its stored narrowband embedding (read only if its speaker turns out mixed).
         reference_clips = {s: (a, clips[s].bandwidth_hz) for s, a in references.items() if isinstance(a, AudioInput)}
+        registered = {}
+        if opts.judgment.band_matching:
+            for s, r in references.items():
+                if isinstance(r, VoiceRef):
+                    narrowband = functools.partial(self._voices().embedding, r.voice_id, opts.encoder, narrow=True)
+                    registered[s] = RegisteredReference(
+                        r.voice_id, await self._voices().bandwidths(r.voice_id), narrowband
+                    )
         # A stream holds what it keeps in the process's keeper; a CheckDialogue's audio is its request's.
         keeper, bound = (self._kept, self._max_kept_stream_bytes) if stream else (None, 0)
         return EncoderDialogue(
-            dialogue_id, opts, embedded, self._observer, embed, narrow, reference_clips, keeper, bound
+            dialogue_id, opts, embedded, self._observer, embed, narrow, reference_clips, registered, keeper, bound
         )
 
     async def _embed(

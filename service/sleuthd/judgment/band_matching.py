@@ -6,7 +6,9 @@ voice (in the robustness matrix, the turn flagged in a consistent speaker under 
 bandwidth outlier in 55 of 55 cases). A speaker whose usable turns and reference clip span more than
 ``band_match_octaves`` of bandwidth is therefore judged on every clip's copy low-passed at 3.6 kHz
 (sleuthd.encoders.clips.narrowband_copy), against the other speakers' copies (their centroids are its cohort);
-the other speakers stay full band (docs/research/robustness.md, "Phase 3").
+the other speakers stay full band (docs/research/robustness.md, "Phase 3"). A speaker whose reference is a
+registered voice counts the bandwidths its clips were registered with, and is compared with the voice's stored
+embedding of their narrowband copies (sleuthd.registry.voices).
 
 A :class:`BandMatcher` is the narrowband side of one dialogue (sleuthd.judgment.dialogue.EncoderDialogue holds
 one under the fused encoder's auto). So that a speaker who becomes mixed at turn k can have turns 0..k-1
@@ -23,19 +25,33 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import numpy as np
 
 from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.errors import InvalidRequest
 from sleuthd.judgment.pool import SpeakerPool
 
 # Hears clips' copies at the common band (sleuthd.encoders.embedder.ClipEmbedder.narrowband): one embedding each.
 Narrow = Callable[[Sequence[tuple[AudioInput, str]], float | None], Awaitable[list[ClipEmbedding]]]
 
 _REF = "\0reference:"  # key prefix of a speaker's reference clip among the kept and narrowed clips
+
+
+@dataclass(frozen=True)
+class RegisteredReference:
+    """A speaker's reference that is a registered voice: the bandwidths its clips were registered with (empty:
+    not recorded, so the speaker's turns alone decide) and how to read its narrowband embedding (a store read;
+    made from the stored clips when missing). The embedding is read only if the speaker's clips turn out mixed."""
+
+    voice_id: str
+    widths: tuple[float, ...]
+    narrowband: Callable[[float | None], Awaitable[np.ndarray]]  # deadline -> the embedding
 
 
 class Keeper(Protocol):
@@ -84,21 +100,23 @@ class BandMatcher:
         octaves: float,
         components: Sequence[tuple[str, int, int]],
         reference_clips: Mapping[str, tuple[AudioInput, float | None]],
-        registered: Collection[str] = (),
+        registered: Mapping[str, RegisteredReference] | None = None,
         keeper: Keeper | None = None,
         max_kept_bytes: int = 0,
     ) -> None:
         """``narrow``: the listener of narrowband copies; ``octaves``: the spread above which a speaker is
         matched; ``components``: the fused encoder's parts (each pool keeps one per part); ``reference_clips``:
         speaker -> the reference clip's audio and bandwidth, for the references sent as audio; ``registered``:
-        the speakers whose reference is a registered voice (an embedding: nothing to narrow, never matched);
+        speaker -> the registered voice that is its reference;
         ``keeper`` and ``max_kept_bytes``: a stream's, where it holds the audio it keeps and how much it may (None:
         CheckDialogue, whose audio is its request's, already in memory and bounded by its size)."""
         self._listen = narrow
         self._octaves = octaves
         self._components = components
         self._references = dict(reference_clips)
-        self._registered = frozenset(registered)
+        self._registered = dict(registered or {})
+        # A registered voice's narrowband embedding once read, or why it cannot be (speaker -> either).
+        self._registered_narrow: dict[str, np.ndarray | str] = {}
         self._keeper = keeper
         self._max_kept = max_kept_bytes
         self._speakers: dict[str, _Speaker] = {}
@@ -155,12 +173,12 @@ class BandMatcher:
             return self._cache[1]
         out = {}
         for s, entry in self._speakers.items():
-            if s in self._registered:
-                continue
             widths = list(entry.widths)
             reference = self._references.get(s)
             if reference is not None and reference[1]:
                 widths.append(reference[1])
+            if s in self._registered:
+                widths.extend(self._registered[s].widths)
             if len(widths) >= 2:
                 match = BandMatch(min(widths), max(widths))
                 if match.octaves > self._octaves:
@@ -233,8 +251,22 @@ class BandMatcher:
             self._narrowed[k] = clip
             self._let_go(k)
             added.append(k)
-        for k in sorted((k for k in added if not k.startswith(_REF)), key=lambda k: self._turns[k][1]):
+        turns = sorted((k for k in added if not k.startswith(_REF)), key=lambda k: self._turns[k][1])
+        # A registered speaker's pool starts from the voice's narrowband embedding: read it before the first turn.
+        for s in dict.fromkeys(self._turns[k][0] for k in turns):
+            if s in self._registered and s not in self._registered_narrow:
+                self._registered_narrow[s] = await self._read_registered(s, deadline)
+        for k in turns:
             self._add(k)
+
+    async def _read_registered(self, speaker: str, deadline: float | None) -> np.ndarray | str:
+        """The registered voice's narrowband embedding, or why it cannot be had (the speaker is then judged at
+        full band, and its turns say why)."""
+        voice = self._registered[speaker]
+        try:
+            return await voice.narrowband(deadline)
+        except InvalidRequest as exc:  # no such embedding and no clips kept to make it; deleted meanwhile
+            return f"registered voice {voice.voice_id!r} has no narrowband embedding ({exc})"
 
     def _add(self, turn_id: str) -> None:
         """A turn's narrowband embedding into its speaker's narrowband pool (at its place in dialogue order)."""
@@ -242,18 +274,31 @@ class BandMatcher:
         entry = self._speakers[speaker]
         clip = self._narrowed[turn_id]
         if entry.pool is None:
-            reference = self._narrowed.get(_REF + speaker) if speaker in self._references else None
-            if speaker in self._references and (reference is None or reference.embedding is None):
-                why = "its narrowband copy was not made" if reference is None else reference.detail
-                entry.unusable = f"the reference clip's narrowband copy is unusable ({why})"
-            ref = reference.embedding if reference is not None and reference.embedding is not None else None
-            entry.pool = SpeakerPool(ref, self._components)
+            entry.pool = SpeakerPool(self._reference(speaker, entry), self._components)
         if clip.embedding is None:
             entry.unusable = entry.unusable or f"turn {turn_id!r}'s narrowband copy: {clip.detail}"
             return
         at = bisect.bisect(entry.positions, position)
         entry.pool.add(at, clip.embedding, clip.speech_seconds)
         entry.positions.insert(at, position)
+
+    def _reference(self, speaker: str, entry: _Speaker) -> np.ndarray | None:
+        """The reference embedding of the speaker's narrowband pool (None: it has no reference); where the
+        reference exists but its narrowband embedding does not, the entry is marked unusable."""
+        if speaker in self._registered:
+            found = self._registered_narrow.get(speaker, "its narrowband embedding was not read")
+            if isinstance(found, str):
+                entry.unusable = found
+                return None
+            return found
+        if speaker not in self._references:
+            return None
+        reference = self._narrowed.get(_REF + speaker)
+        if reference is None or reference.embedding is None:
+            why = "its narrowband copy was not made" if reference is None else reference.detail
+            entry.unusable = f"the reference clip's narrowband copy is unusable ({why})"
+            return None
+        return reference.embedding
 
 
 def _label(key: str) -> str:

@@ -35,7 +35,7 @@ from sleuthd.domain import (
 )
 from sleuthd.encoders.clips import ClipEmbedding
 from sleuthd.errors import InvalidRequest, LimitExceeded, UnknownName
-from sleuthd.judgment.band_matching import BandMatcher, Keeper, Narrow
+from sleuthd.judgment.band_matching import BandMatcher, Keeper, Narrow, RegisteredReference
 from sleuthd.judgment.drift import attach_drift, find_drift
 from sleuthd.judgment.options import ResolvedOptions
 from sleuthd.judgment.pool import SpeakerPool
@@ -180,13 +180,16 @@ class EncoderDialogue:
         embed: Embed | None = None,
         narrow: Narrow | None = None,
         reference_clips: Mapping[str, tuple[AudioInput, float | None]] | None = None,
+        registered: Mapping[str, RegisteredReference] | None = None,
         keeper: Keeper | None = None,
         max_kept_audio_bytes: int = 0,
     ) -> None:
         """``embed``: the listener (None: turns are added as embeddings, :meth:`add_clip`). ``narrow``: the
         listener of narrowband copies (None: no band matching); ``reference_clips``: speaker -> the reference
-        clip's audio and bandwidth, for the references sent as audio; ``keeper`` and ``max_kept_audio_bytes``: a
-        stream's, where it holds the turns' audio kept for band matching and how much it may (None: CheckDialogue)."""
+        clip's audio and bandwidth, for the references sent as audio; ``registered``: speaker -> the registered
+        voice that is its reference (its bandwidths and narrowband embedding); ``keeper`` and
+        ``max_kept_audio_bytes``: a stream's, where it holds the turns' audio kept for band matching and how much
+        it may (None: CheckDialogue)."""
         self.dialogue_id = dialogue_id
         self.opts = opts
         self.references = references
@@ -197,13 +200,12 @@ class EncoderDialogue:
         self._drift: dict[str, DriftResult | None] = {}  # searched turns only
         self._bands: BandMatcher | None = None
         if narrow is not None and opts.judgment.band_matching:  # the one place that decides it
-            registered = [s for s in references if s not in (reference_clips or {})]
             self._bands = BandMatcher(
                 narrow,
                 opts.judgment.band_match_octaves,
                 opts.judgment.components,
                 reference_clips or {},
-                registered,
+                registered or {},
                 keeper,
                 max_kept_audio_bytes,
             )

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
 from sleuthd.audio.decode import PcmEncoding, PcmSpec
 from sleuthd.config import RegistryConfig
 from sleuthd.errors import InvalidRequest, LimitExceeded
@@ -27,6 +28,9 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _META_KEY = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
 EMBEDDING_DTYPES = ("float16", "float32", "float64")
 MAX_EMBEDDING_DIM = 8192
+# Suffix of the encoder key under which a voice's embedding of its clips' narrowband copies is stored (what band
+# matching compares a speaker heard through different channels with: sleuthd.judgment.band_matching).
+NARROWBAND_SUFFIX = f"+band{NARROW_CUTOFF_HZ:.0f}"
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class ClipInput:
     pcm: PcmSpec | None  # None: ``data`` is an encoded file
     audio_seconds: float  # length after decoding, seconds
     speech_seconds: float  # detected speech in it (VAD), seconds
+    bandwidth_hz: float | None = None  # its effective bandwidth (sleuthd.audio.bandwidth); None: not measured
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ class StoredClip:
     audio_seconds: float
     speech_seconds: float
     data: bytes | None = field(default=None, repr=False)
+    # Its effective bandwidth, what band matching compares a voice's turns with; None for a clip registered
+    # before schema version 2 recorded it.
+    bandwidth_hz: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,6 +105,16 @@ class VoicePage:
 
     voices: tuple[Voice, ...]
     next_page_token: str  # "" on the last page
+
+
+def narrowband_key(encoder: str) -> str:
+    """The encoder key of a voice's narrowband embedding under ``encoder``'s weights (e.g. "campplus+band3600")."""
+    return encoder + NARROWBAND_SUFFIX
+
+
+def base_encoder(key: str) -> str:
+    """The encoder a stored embedding's key belongs to ("campplus+band3600" -> "campplus")."""
+    return key.removesuffix(NARROWBAND_SUFFIX)
 
 
 def now() -> datetime:
@@ -205,7 +223,10 @@ def check_clips(clips: Sequence[ClipInput], config: RegistryConfig) -> list[Stor
         if digest in seen:
             raise InvalidRequest(f"clip {k} has the same bytes as clip {seen[digest]}; send each clip once")
         seen[digest] = k
-        stored.append(StoredClip(digest, len(data), clip.pcm, clip.audio_seconds, clip.speech_seconds, data))
+        width = clip.bandwidth_hz
+        if width is not None and not (math.isfinite(width) and width > 0):
+            raise InvalidRequest(f"clip {k}: bandwidth_hz must be a positive number or None, got {width}")
+        stored.append(StoredClip(digest, len(data), clip.pcm, clip.audio_seconds, clip.speech_seconds, data, width))
     return stored
 
 

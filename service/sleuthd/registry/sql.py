@@ -25,7 +25,7 @@ from sleuthd.registry.store import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, RegistryUna
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 _TOKEN_PREFIX = "v1."
 
 # {id}: the voice id column type (PostgreSQL pins the "C" collation so ids sort bytewise, as in SQLite);
@@ -51,6 +51,7 @@ SCHEMA = (
         audio_seconds DOUBLE PRECISION NOT NULL,
         speech_seconds DOUBLE PRECISION NOT NULL,
         data {blob},
+        bandwidth_hz DOUBLE PRECISION,
         PRIMARY KEY (voice_id, idx))""",
     """CREATE TABLE IF NOT EXISTS registry_embeddings (
         voice_id {id} NOT NULL REFERENCES registry_voices (voice_id) ON DELETE CASCADE,
@@ -64,11 +65,21 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS registry_embeddings_by_weights ON registry_embeddings (encoder, weights_sha256)",
     # The audio kept, summed at every registration (registry_max_total_mb) from this index alone.
     "CREATE INDEX IF NOT EXISTS registry_clips_kept ON registry_clips (voice_id, n_bytes) WHERE data IS NOT NULL",
-    "INSERT INTO registry_meta (key, value) VALUES ('schema_version', '1') ON CONFLICT (key) DO NOTHING",
+    "INSERT INTO registry_meta (key, value) VALUES ('schema_version', "
+    f"'{SCHEMA_VERSION}') ON CONFLICT (key) DO NOTHING",
 )
+# Upgrades of a registry written by an earlier sleuthd, from the version each starts at. They only add, so a
+# sleuthd of the earlier version still running against the upgraded store keeps working (it names its columns);
+# a restarted one refuses the newer version and says to upgrade.
+MIGRATIONS = {
+    # 1 -> 2: each clip's effective bandwidth (band matching); NULL for the clips registered before.
+    "1": ("ALTER TABLE registry_clips ADD COLUMN bandwidth_hz DOUBLE PRECISION",),
+}
 
 _VOICE_COLS = "voice_id, metadata, created_us, updated_us, revision, speech_seconds, audio_kept"
-_CLIP_COLS = "voice_id, sha256, n_bytes, pcm_encoding, sample_rate_hz, channels, audio_seconds, speech_seconds"
+_CLIP_COLS = (
+    "voice_id, sha256, n_bytes, pcm_encoding, sample_rate_hz, channels, audio_seconds, speech_seconds, bandwidth_hz"
+)
 _EMB_COLS = "voice_id, encoder, weights_sha256, dim, dtype, vector, created_us"
 
 
@@ -125,6 +136,13 @@ class SqlStore(ABC):
                 cur.execute(statement.format(id=self.id_type, blob=self.blob_type))
             cur.execute("SELECT value FROM registry_meta WHERE key = 'schema_version'")
             version = cur.fetchone()[0]
+            while version in MIGRATIONS:  # in the same transaction: every replica sees the old or the new schema
+                for statement in MIGRATIONS[version]:
+                    cur.execute(statement)
+                upgraded = str(int(version) + 1)
+                cur.execute("UPDATE registry_meta SET value = ? WHERE key = 'schema_version'", (upgraded,))
+                logger.info("upgraded the registry's schema from version %s to %s", version, upgraded)
+                version = upgraded
         if version != SCHEMA_VERSION:
             raise RegistryUnavailable(
                 f"the registry's schema is version {version}; this sleuthd reads version {SCHEMA_VERSION}: "
@@ -189,9 +207,10 @@ class SqlStore(ABC):
             for k, c in enumerate(stored):
                 cur.execute(
                     "INSERT INTO registry_clips (voice_id, idx, sha256, n_bytes, pcm_encoding, sample_rate_hz, "
-                    "channels, audio_seconds, speech_seconds, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "channels, audio_seconds, speech_seconds, bandwidth_hz, data) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (voice_id, k, c.sha256, c.n_bytes, *m.pcm_columns(c.pcm), c.audio_seconds, c.speech_seconds,
-                     c.data if keep else None),
+                     c.bandwidth_hz, c.data if keep else None),
                 )  # fmt: skip
             for e, v in zip(embeddings, vectors, strict=True):
                 self._upsert_embedding(cur, voice_id, e, v, t)
@@ -205,10 +224,16 @@ class SqlStore(ABC):
             revision=revision,
             speech_seconds=speech,
             audio_kept=keep,
-            clips=tuple(m.StoredClip(c.sha256, c.n_bytes, c.pcm, c.audio_seconds, c.speech_seconds) for c in stored),
+            clips=tuple(
+                m.StoredClip(c.sha256, c.n_bytes, c.pcm, c.audio_seconds, c.speech_seconds, None, c.bandwidth_hz)
+                for c in stored
+            ),
             embeddings=tuple(
                 m.Embedding(e.encoder, e.weights_sha256, v.astype(v.dtype.newbyteorder("=")), m.from_micros(t))
-                for e, v in zip(embeddings, vectors, strict=True)
+                # in the order a read returns them
+                for e, v in sorted(
+                    zip(embeddings, vectors, strict=True), key=lambda ev: (ev[0].encoder, ev[0].weights_sha256)
+                )
             ),
         )
 
@@ -304,10 +329,11 @@ class SqlStore(ABC):
             ids,
         )
         clips: dict[str, list[m.StoredClip]] = {i: [] for i in ids}
-        for vid, sha, n, enc, rate, ch, audio_s, speech_s, data in cur.fetchall():
+        for vid, sha, n, enc, rate, ch, audio_s, speech_s, width, data in cur.fetchall():
             pcm = m.pcm_from_columns(enc, rate, ch)
             blob = None if data is None else bytes(data)
-            clips[vid].append(m.StoredClip(sha, int(n), pcm, float(audio_s), float(speech_s), blob))
+            hz = None if width is None else float(width)
+            clips[vid].append(m.StoredClip(sha, int(n), pcm, float(audio_s), float(speech_s), blob, hz))
         cur.execute(
             f"SELECT {_EMB_COLS} FROM registry_embeddings WHERE voice_id IN ({_in_list(len(ids))}) "
             "ORDER BY voice_id, encoder, weights_sha256",

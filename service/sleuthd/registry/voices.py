@@ -7,6 +7,11 @@ micro-batcher), so a voice enrolled from one clip judges exactly as that clip se
 Embeddings are stored per encoder *weights* (the model file's SHA-256) and only ever used with the same
 weights: a voice enrolled before an encoder was re-exported is re-embedded from its stored clips on first
 use, or refused with the way to re-enrol it when its clips were not kept.
+
+For band matching (sleuthd.judgment.band_matching) a voice also records each clip's effective bandwidth and,
+where the server band-matches, an embedding of its clips' copies low-passed at the common band, stored under
+the encoder key with a "+band3600" suffix (the same weights; made from the stored clips on first use when
+missing, as a re-embedding is).
 """
 
 from __future__ import annotations
@@ -26,7 +31,16 @@ from sleuthd.encoders.fusion import FusedEncoder
 from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.encoders.single_flight import SingleFlight
 from sleuthd.errors import DeadlineExceeded, Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
-from sleuthd.registry.model import ClipInput, Embedding, Voice, VoicePage, check_metadata, check_voice_id
+from sleuthd.registry.model import (
+    ClipInput,
+    Embedding,
+    Voice,
+    VoicePage,
+    base_encoder,
+    check_metadata,
+    check_voice_id,
+    narrowband_key,
+)
 from sleuthd.registry.store import AsyncVoiceStore
 
 logger = logging.getLogger(__name__)
@@ -61,17 +75,21 @@ class VoiceRegistry:
         encoders: Mapping[str, WindowEncoder],
         embedder: ClipEmbedder,
         default_encoder: str,
+        narrowband: bool = False,
     ) -> None:
         """``encoders``: every loaded encoder; a voice is stored with an embedding per model (the fusion is
-        joined from its components' when asked for)."""
+        joined from its components' when asked for). ``narrowband``: the server band-matches, so a registration
+        also stores each model's embedding of the clips' narrowband copies."""
         self.store = store
         self.encoders = {n: e for n, e in encoders.items() if not isinstance(e, FusedEncoder)}
         self.embedder = embedder
         fused = encoders.get(default_encoder)
         # Clip lengths are recorded as the default encoder measured them (the fusion's first component).
         self.default_encoder = fused.component_names[0] if isinstance(fused, FusedEncoder) else default_encoder
-        # Concurrent first uses of one voice under new weights share one re-embedding.
-        self._reembedding: SingleFlight[tuple[str, str], np.ndarray] = SingleFlight()
+        self.narrowband = narrowband
+        # Concurrent first uses of one voice under new weights share one re-embedding: keyed by voice id, the
+        # stored encoder key and the weights.
+        self._reembedding: SingleFlight[tuple[str, str, str], np.ndarray] = SingleFlight()
 
     @property
     def config(self) -> RegistryConfig:
@@ -100,18 +118,28 @@ class VoiceRegistry:
                     f"voice {request.voice_id!r} is already registered; set replace to overwrite it or delete it first"
                 )
         names = sorted(self.encoders)
-        per_encoder = await asyncio.gather(
-            *(self._embed_clips(self.encoders[n], request.clips, deadline) for n in names)
+        labelled = [(c, f"clip #{k}") for k, c in enumerate(request.clips)]
+        per_encoder, narrow, widths = await asyncio.gather(
+            asyncio.gather(*(self._embed_clips(self.encoders[n], request.clips, deadline) for n in names)),
+            asyncio.gather(
+                *(self._embed_clips(self.encoders[n], request.clips, deadline, narrow=True) for n in names)
+                if self.narrowband
+                else ()
+            ),
+            self.embedder.bandwidths(labelled),
         )
         embeddings = [
             Embedding(name, self.encoders[name].manifest.sha256, vector)
             for name, (vector, _) in zip(names, per_encoder, strict=True)
+        ] + [
+            Embedding(narrowband_key(name), self.encoders[name].manifest.sha256, vector)
+            for name, (vector, _) in zip(names, narrow, strict=False)
         ]
         # Lengths as the default encoder's path measured them (its loudness target feeds the VAD).
         _, measured = per_encoder[names.index(self.default_encoder)]
         clips = [
-            ClipInput(a.data, a.pcm, c.audio_seconds, c.speech_seconds)
-            for a, c in zip(request.clips, measured, strict=True)
+            ClipInput(a.data, a.pcm, c.audio_seconds, c.speech_seconds, hz)
+            for a, c, hz in zip(request.clips, measured, widths, strict=True)
         ]
         return await self.store.register(
             request.voice_id,
@@ -140,53 +168,63 @@ class VoiceRegistry:
                 )
 
     async def _embed_clips(
-        self, encoder: WindowEncoder, clips: Sequence[AudioInput], deadline: float | None
+        self, encoder: WindowEncoder, clips: Sequence[AudioInput], deadline: float | None, narrow: bool = False
     ) -> tuple[np.ndarray, list[ClipEmbedding]]:
-        """The voice's embedding under ``encoder`` (windows of all clips pooled) and each clip's figures."""
+        """The voice's embedding under ``encoder`` (windows of all clips pooled) and each clip's figures; with
+        ``narrow``, of the clips' narrowband copies (what a clip sent as reference audio is narrowed to)."""
         name = encoder.manifest.name
-        embedded = await self.embedder.embed_audio(encoder, [(c, f"clip #{k}") for k, c in enumerate(clips)], deadline)
+        labelled = [(c, f"clip #{k}") for k, c in enumerate(clips)]
+        embed = self.embedder.narrowband if narrow else self.embedder.embed_audio
+        embedded = await embed(encoder, labelled, deadline)
         for k, clip in enumerate(embedded):
             if clip.window_embeddings is None:
-                raise InvalidRequest(f"clip #{k} cannot be enrolled with encoder {name}: {clip.detail}")
+                copy = " (its narrowband copy)" if narrow else ""
+                raise InvalidRequest(f"clip #{k}{copy} cannot be enrolled with encoder {name}: {clip.detail}")
         windows = np.concatenate([c.window_embeddings for c in embedded if c.window_embeddings is not None])
         return pool(windows), embedded
 
     # ------------------------------------------------------------------ voice ids as references
 
-    async def embedding(self, voice_id: str, encoder: WindowEncoder, deadline: float | None = None) -> np.ndarray:
-        """The voice's embedding under exactly ``encoder``'s weights: stored, or made now from the voice's
-        stored clips. UnknownName when no such voice; Unsupported (with how to re-enrol) when it has no
-        embedding for these weights and its clips were not kept."""
+    async def embedding(
+        self, voice_id: str, encoder: WindowEncoder, deadline: float | None = None, narrow: bool = False
+    ) -> np.ndarray:
+        """The voice's embedding under exactly ``encoder``'s weights (with ``narrow``, of its clips' narrowband
+        copies): stored, or made now from the voice's stored clips. UnknownName when no such voice; Unsupported
+        (with how to re-enrol) when it has no such embedding and its clips were not kept."""
         if isinstance(encoder, FusedEncoder):  # stored per component; joined as a clip's would be
-            return encoder.join([await self.embedding(voice_id, c, deadline) for c in encoder.components])
+            return encoder.join([await self.embedding(voice_id, c, deadline, narrow) for c in encoder.components])
         name, sha = encoder.manifest.name, encoder.manifest.sha256
-        found = await self.store.embedding(voice_id, name, sha)
+        key = narrowband_key(name) if narrow else name
+        found = await self.store.embedding(voice_id, key, sha)
         if found is not None:
             return np.asarray(found.vector, dtype=np.float32)
         loop = asyncio.get_running_loop()
         timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
         try:
-            vector, _ = await self._reembedding.run((voice_id, sha), lambda: self._reembed(voice_id, encoder), timeout)
+            vector, _ = await self._reembedding.run(
+                (voice_id, key, sha), lambda: self._reembed(voice_id, encoder, narrow), timeout
+            )
         except TimeoutError as exc:
             if isinstance(exc, DeadlineExceeded):
                 raise
             raise DeadlineExceeded(f"the deadline passed while voice {voice_id!r} was re-embedded") from exc
         return vector
 
-    async def _reembed(self, voice_id: str, encoder: WindowEncoder) -> np.ndarray:
+    async def _reembed(self, voice_id: str, encoder: WindowEncoder, narrow: bool) -> np.ndarray:
         name, sha = encoder.manifest.name, encoder.manifest.sha256
+        key = narrowband_key(name) if narrow else name
         for _ in range(_REEMBED_ATTEMPTS):
             voice = await self.store.get(voice_id, with_audio=True)
             if not voice.audio_kept or any(c.data is None for c in voice.clips):
                 # Its message says what it was enrolled under and how to register it again.
-                return (await self.store.require_embedding(voice_id, name, sha)).vector
+                return (await self.store.require_embedding(voice_id, key, sha)).vector
             audios = [AudioInput(c.data or b"", c.pcm) for c in voice.clips]
-            vector, _ = await self._embed_clips(encoder, audios, None)
+            vector, _ = await self._embed_clips(encoder, audios, None, narrow)
             try:
-                await self.store.put_embedding(voice_id, Embedding(name, sha, vector), revision=voice.revision)
+                await self.store.put_embedding(voice_id, Embedding(key, sha, vector), revision=voice.revision)
             except OutOfSequence:
                 continue  # replaced meanwhile: embed its new clips
-            logger.info("voice %s re-embedded from its stored clips for %s weights %s", voice_id, name, sha[:12])
+            logger.info("voice %s re-embedded from its stored clips for %s weights %s", voice_id, key, sha[:12])
             return vector
         raise OutOfSequence(f"voice {voice_id!r} kept being replaced while it was re-embedded; retry the request")
 
@@ -202,7 +240,14 @@ class VoiceRegistry:
     async def delete(self, voice_id: str) -> None:
         await self.store.delete(voice_id)
 
+    async def bandwidths(self, voice_id: str) -> tuple[float, ...]:
+        """The effective bandwidths of the voice's clips (Hz); empty when any clip's was not recorded (a voice
+        registered before schema version 2). UnknownName when no such voice."""
+        voice = await self.store.get(voice_id)
+        widths = [c.bandwidth_hz for c in voice.clips]
+        return () if any(w is None for w in widths) else tuple(w for w in widths if w is not None)
+
     def loaded(self, encoder: str, weights_sha256: str) -> bool:
-        """Whether this engine embeds with exactly these weights."""
-        enc = self.encoders.get(encoder)
+        """Whether this engine embeds with exactly these weights (a narrowband key counts as its encoder's)."""
+        enc = self.encoders.get(base_encoder(encoder))
         return enc is not None and enc.manifest.sha256 == weights_sha256

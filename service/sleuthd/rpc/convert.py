@@ -296,7 +296,11 @@ def voice_to_pb(voice: Voice, registry: VoiceRegistry) -> pb.Voice:
         audio_kept=voice.audio_kept,
         clips=[
             pb.VoiceClip(
-                sha256=c.sha256, size_bytes=c.n_bytes, audio_seconds=c.audio_seconds, speech_seconds=c.speech_seconds
+                sha256=c.sha256,
+                size_bytes=c.n_bytes,
+                audio_seconds=c.audio_seconds,
+                speech_seconds=c.speech_seconds,
+                bandwidth_hz=c.bandwidth_hz,
             )
             for c in voice.clips
         ],
