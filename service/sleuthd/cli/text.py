@@ -127,9 +127,12 @@ def voice_text(v: Any) -> str:
     ]
     for k, val in sorted(v.metadata.items()):
         lines.append(f"  {k} = {val}")
-    rows: list[tuple[str, ...]] = [("clip", "sha256", "bytes", "audio s", "speech s")]
+    rows: list[tuple[str, ...]] = [("clip", "sha256", "bytes", "audio s", "speech s", "band kHz")]
     for n, c in enumerate(v.clips):
-        rows.append((f"#{n}", c.sha256[:16], str(c.size_bytes), f"{c.audio_seconds:.2f}", f"{c.speech_seconds:.2f}"))
+        band = "-" if c.bandwidth_hz is None else f"{c.bandwidth_hz / 1000:.1f}"  # "-": registered before it was kept
+        rows.append(
+            (f"#{n}", c.sha256[:16], str(c.size_bytes), f"{c.audio_seconds:.2f}", f"{c.speech_seconds:.2f}", band)
+        )
     lines += _align(rows)
     embedded: list[tuple[str, ...]] = [("encoder", "weights sha256", "dimension", "loaded")]
     for e in v.embeddings:
