@@ -158,15 +158,21 @@ async def test_a_stream_holds_its_turns_audio_until_its_bound_and_lets_go_when_i
     embedded on arrival and nothing is held. Closing the dialogue lets go of everything."""
     audio = [speech.wav_bytes(VOICE_B, k) for k in range(3)]
     for eng, held in ((engine, sum(len(a) for a in audio)), (narrowing_engine, 0)):
+        assert isinstance(eng.observer, ServiceMetrics)
+
+        def gauge(eng: Engine = eng) -> float | None:
+            return eng.observer.registry.get_sample_value("sleuthd_band_match_kept_bytes")  # type: ignore[attr-defined]
+
         before = eng.kept_audio.held
         opts = eng.resolve(CheckOptions(encoder="fused"))
         dialogue = await eng.open_dialogue("d", {}, opts, None, stream=True)
         for k, data in enumerate(audio):
             await dialogue.finish_turn(TurnAudio(f"t{k}", "B", k, AudioInput(data)), None)
         assert eng.kept_audio.held - before == held
+        assert gauge() == eng.kept_audio.held  # what operators see
         assert dialogue.kept_audio_bytes == 0  # nothing of it in the decoding budget
         dialogue.close()
-        assert eng.kept_audio.held == before
+        assert eng.kept_audio.held == before and gauge() == before
 
 
 async def _stream(stub: pb_grpc.SleuthStub, audio: list[bytes]) -> tuple[list[pb.TurnUpdate], pb.DialogueVerdict]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sleuthd.errors import Overloaded, ShuttingDown
+from sleuthd.ops.observe import EngineObserver, NullObserver
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +55,21 @@ class KeptAudio:
     that finds no room keeps nothing more and narrows its turns as they arrive instead (more work, no refusal).
     Used from the event loop only."""
 
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(self, limit_bytes: int, observer: EngineObserver | None = None) -> None:
         self.limit = limit_bytes
         self.held = 0
+        self._observer = observer or NullObserver()  # sleuthd_band_match_kept_bytes
 
     def hold(self, n: int) -> bool:
         if self.held + n > self.limit:
             return False
         self.held += n
+        self._observer.kept_audio(self.held)
         return True
 
     def release(self, n: int) -> None:
         self.held = max(0, self.held - n)
+        self._observer.kept_audio(self.held)
 
 
 class AudioBudget:

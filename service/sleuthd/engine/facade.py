@@ -78,7 +78,7 @@ class Engine:
                 narrowband=config.band_match_octaves > 0 and any(e.evidence for e in self.entries.values()),
             )
         )
-        self.kept_audio = KeptAudio(config.band_match_kept_bytes)
+        self.kept_audio = KeptAudio(config.band_match_kept_bytes, self.observer)
         self.encoder_judging = EncoderJudging(
             self.embedder, lambda: self.voices, self.observer, self.kept_audio, config.band_match_stream_bytes
         )

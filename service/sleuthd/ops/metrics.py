@@ -177,6 +177,11 @@ class ServiceMetrics:
             "sleuthd_verdicts", "Turn verdicts by status and why flagged or uncertain", ["status", "reason"], registry=r
         )
         self.streams_active = Gauge("sleuthd_streams_active", "Open StreamDialogue calls", registry=r)
+        self.band_match_kept_bytes = Gauge(
+            "sleuthd_band_match_kept_bytes",
+            "Turn audio streams keep for band matching, all together (bytes; bounded by --band-match-kept-mb)",
+            registry=r,
+        )
         self.judge = JudgeMetrics(r)  # given to the LALM judge's batcher (Engine.start)
         # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, ... (read from /proc on
         # Linux; elsewhere the collector reports nothing). On this registry, as every metric of the server.
@@ -195,6 +200,9 @@ class ServiceMetrics:
 
     def clip_embedded(self, audio_seconds: float, cached: bool) -> None:
         self.audio_seconds.labels("true" if cached else "false").inc(audio_seconds)
+
+    def kept_audio(self, held_bytes: int) -> None:
+        self.band_match_kept_bytes.set(held_bytes)
 
     def verdict(self, status: TurnStatus, reason: str) -> None:
         self.verdicts.labels(status.value, reason).inc()

@@ -55,6 +55,9 @@ class NullObserver:
     def clip_embedded(self, *_: object, **__: object) -> None:
         pass
 
+    def kept_audio(self, *_: object) -> None:
+        pass
+
     def verdict(self, *_: object) -> None:
         pass
 
@@ -70,6 +73,10 @@ class EngineObserver(Protocol):
 
     def clip_embedded(self, audio_seconds: float, cached: bool) -> None:
         """A clip's embedding was delivered: computed (``cached`` False) or found cached or shared."""
+
+    def kept_audio(self, held_bytes: int) -> None:
+        """Streams now keep ``held_bytes`` of turn audio for band matching, all together (sleuthd.engine.admission
+        .KeptAudio)."""
 
     def verdict(self, status: TurnStatus, reason: str) -> None:
         """A turn verdict was issued for the first time. ``reason``: why it was flagged or left uncertain
