@@ -138,15 +138,19 @@ class ClipEmbedder:
     async def bandwidths(self, audios: Sequence[tuple[AudioInput, str]]) -> list[float | None]:
         """Each clip's effective bandwidth (Hz; None where the clip is silent), measured on a worker thread, as the
         fused encoder's shared decode measures it. AudioError names the label."""
-        loop = asyncio.get_running_loop()
 
         async def one(audio: AudioInput, label: str) -> float | None:
             try:
-                return await loop.run_in_executor(self._prep_pool, clip_bandwidth, audio, self.max_clip_seconds)
+                return await self._bandwidth(audio)
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
 
         return await gather_or_cancel(one(a, label) for a, label in audios)
+
+    async def _bandwidth(self, audio: AudioInput) -> float | None:
+        """A clip's bandwidth alone (a decode and a spectrum), on a worker thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._prep_pool, clip_bandwidth, audio, self.max_clip_seconds)
 
     async def hear(
         self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
@@ -236,9 +240,7 @@ class ClipEmbedder:
         if clip.usable and clip.bandwidth_hz is None:
             # Every part came from the cache, put there by requests to single encoders, which measure no bandwidth;
             # band matching needs it whatever the cache held (a decode and a spectrum, once per such request).
-            loop = asyncio.get_running_loop()
-            hz = await loop.run_in_executor(self._prep_pool, clip_bandwidth, audio, self.max_clip_seconds)
-            clip = dataclasses.replace(clip, bandwidth_hz=hz)
+            clip = dataclasses.replace(clip, bandwidth_hz=await self._bandwidth(audio))
         joined = (clip, all(cached for _, cached in at_manifest))
         return [joined if p is None else parts[0][i] for i, p in enumerate(placements)]
 

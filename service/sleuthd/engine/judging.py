@@ -107,10 +107,9 @@ class EncoderJudging:
         if opts.judgment.band_matching:
             for s, r in references.items():
                 if isinstance(r, VoiceRef):
-                    narrowband = functools.partial(self._voices().embedding, r.voice_id, opts.encoder, narrow=True)
-                    registered[s] = RegisteredReference(
-                        r.voice_id, await self._voices().bandwidths(r.voice_id), narrowband
-                    )
+                    voices = self._voices()
+                    narrowband = functools.partial(voices.embedding, r.voice_id, opts.encoder, narrow=True)
+                    registered[s] = RegisteredReference(r.voice_id, await voices.bandwidths(r.voice_id), narrowband)
         # A stream holds what it keeps in the process's keeper; a CheckDialogue's audio is its request's.
         keeper, bound = (self._kept, self._max_kept_stream_bytes) if stream else (None, 0)
         return EncoderDialogue(

@@ -131,10 +131,12 @@ class VoiceRegistry:
         embeddings = [
             Embedding(name, self.encoders[name].manifest.sha256, vector)
             for name, (vector, _) in zip(names, per_encoder, strict=True)
-        ] + [
-            Embedding(narrowband_key(name), self.encoders[name].manifest.sha256, vector)
-            for name, (vector, _) in zip(names, narrow, strict=False)
         ]
+        if self.narrowband:
+            embeddings += [
+                Embedding(narrowband_key(name), self.encoders[name].manifest.sha256, vector)
+                for name, (vector, _) in zip(names, narrow, strict=True)
+            ]
         # Lengths as the default encoder's path measured them (its loudness target feeds the VAD).
         _, measured = per_encoder[names.index(self.default_encoder)]
         clips = [
