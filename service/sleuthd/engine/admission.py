@@ -15,7 +15,8 @@ is checked before the work starts, and going over it raises :class:`~sleuthd.err
 - :class:`RefusalPacer`: when a refusal is answered: late to a client that came straight back after one;
 - :class:`BoundedThreadPool`: the decode pool's queue of jobs not yet started.
 
-Memory handed back after work (the heap trimmer, the allocator's arenas) is sleuthd.engine.memory.
+Memory handed back after work (the heap trimmer, the allocator's arenas) and the turn audio streams keep for band
+matching (passive memory that never refuses) are sleuthd.engine.memory.
 
 Each admits work larger than its whole bound when nothing else holds it (a request larger than the
 budget is legitimate and would otherwise be told to retry for ever). Standard library only.
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sleuthd.errors import Overloaded, ShuttingDown
-from sleuthd.ops.observe import EngineObserver, NullObserver
 
 logger = logging.getLogger(__name__)
 
@@ -47,29 +47,6 @@ Client = tuple[tuple[str, str], ...]  # the shares a client's audio counts again
 # The client the current task serves, set by the RPC gate for each call (sleuthd.rpc.gate); a stream's
 # session reads it once, so its chunks count against the client that opened it.
 current_client: contextvars.ContextVar[Client] = contextvars.ContextVar("sleuthd_client", default=())
-
-
-class KeptAudio:
-    """Turn audio that streams keep between turns for band matching (sleuthd.judgment.band_matching), all streams
-    together. It is passive memory, not decoding work, so it is bounded apart from :class:`AudioBudget`; a stream
-    that finds no room keeps nothing more and narrows its turns as they arrive instead (more work, no refusal).
-    Used from the event loop only."""
-
-    def __init__(self, limit_bytes: int, observer: EngineObserver | None = None) -> None:
-        self.limit = limit_bytes
-        self.held = 0
-        self._observer = observer or NullObserver()  # sleuthd_band_match_kept_bytes
-
-    def hold(self, n: int) -> bool:
-        if self.held + n > self.limit:
-            return False
-        self.held += n
-        self._observer.kept_audio(self.held)
-        return True
-
-    def release(self, n: int) -> None:
-        self.held = max(0, self.held - n)
-        self._observer.kept_audio(self.held)
 
 
 class AudioBudget:

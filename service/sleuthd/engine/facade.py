@@ -27,9 +27,10 @@ from sleuthd.domain import (
 )
 from sleuthd.encoders.embedder import ClipEmbedder
 from sleuthd.encoders.runner import WindowEncoder
-from sleuthd.engine.admission import KeptAudio, WorkQueue
+from sleuthd.engine.admission import WorkQueue
 from sleuthd.engine.judging import EncoderJudging, Judging, LalmJudging
 from sleuthd.engine.loading import LoadedModels, load_models, open_registry
+from sleuthd.engine.memory import KeptAudio
 from sleuthd.errors import Unsupported
 from sleuthd.judgment.dialogue import Dialogue, audio_turns, require_references, validate_dialogue
 from sleuthd.judgment.options import EncoderEntry, ResolvedOptions, resolve
@@ -78,7 +79,7 @@ class Engine:
                 narrowband=config.band_match_octaves > 0 and any(e.evidence for e in self.entries.values()),
             )
         )
-        self.kept_audio = KeptAudio(config.band_match_kept_bytes, self.observer)
+        self.kept_audio = KeptAudio(config.band_match_kept_bytes, self.observer.kept_audio)
         self.encoder_judging = EncoderJudging(
             self.embedder, lambda: self.voices, self.observer, self.kept_audio, config.band_match_stream_bytes
         )

@@ -34,8 +34,8 @@ from sleuthd.domain import (
 from sleuthd.encoders.clips import ClipEmbedding, Heard
 from sleuthd.encoders.embedder import ClipEmbedder, Placements
 from sleuthd.encoders.runner import WindowEncoder
-from sleuthd.engine.admission import KeptAudio
 from sleuthd.engine.loading import start_judge
+from sleuthd.engine.memory import KeptAudio
 from sleuthd.errors import InvalidRequest, Unsupported
 from sleuthd.judgment.band_matching import RegisteredReference
 from sleuthd.judgment.calibration import Calibration

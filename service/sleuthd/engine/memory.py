@@ -1,9 +1,11 @@
-"""Memory handed back to the system after work: what the C allocator keeps once requests are done.
+"""Memory outside admission: what the C allocator keeps once requests are done, and what streams keep between
+turns.
 
 Admission (sleuthd.engine.admission) bounds what is held while work runs; this module returns what stays
 resident after it: :func:`limit_malloc_arenas` (one allocator arena per core, set once at start-up) and
 :class:`HeapTrimmer` (cycles collected, the encoders' ONNX Runtime arenas shrunk and ``malloc_trim`` when
-the server goes idle). glibc only; elsewhere both do nothing. Standard library only.
+the server goes idle; glibc only, elsewhere both do nothing); and bounds the passive memory streams keep for band
+matching (:class:`KeptAudio`). Standard library only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,30 @@ from collections.abc import Callable, Sequence
 logger = logging.getLogger(__name__)
 
 _M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+class KeptAudio:
+    """Turn audio that streams keep between turns for band matching (sleuthd.judgment.band_matching), all streams
+    together. It is passive memory, not decoding work, so it is bounded apart from the admission's AudioBudget; a
+    stream that finds no room keeps nothing more and narrows its turns as they arrive instead (more work, no
+    refusal). Used from the event loop only."""
+
+    def __init__(self, limit_bytes: int, report: Callable[[int], None] | None = None) -> None:
+        """``report``: told the bytes held after each change (the sleuthd_band_match_kept_bytes gauge)."""
+        self.limit = limit_bytes
+        self.held = 0
+        self._report = report or (lambda held: None)
+
+    def hold(self, n: int) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        self._report(self.held)
+        return True
+
+    def release(self, n: int) -> None:
+        self.held = max(0, self.held - n)
+        self._report(self.held)
 
 
 def limit_malloc_arenas(arenas: int) -> bool:

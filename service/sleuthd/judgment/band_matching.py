@@ -55,7 +55,7 @@ class RegisteredReference:
 
 
 class Keeper(Protocol):
-    """Where streams hold the audio they keep for band matching (sleuthd.engine.admission.KeptAudio)."""
+    """Where streams hold the audio they keep for band matching (sleuthd.engine.memory.KeptAudio)."""
 
     def hold(self, n: int) -> bool:
         """Hold ``n`` more bytes; False (nothing held) when there is no room."""

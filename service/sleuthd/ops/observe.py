@@ -75,7 +75,7 @@ class EngineObserver(Protocol):
         """A clip's embedding was delivered: computed (``cached`` False) or found cached or shared."""
 
     def kept_audio(self, held_bytes: int) -> None:
-        """Streams now keep ``held_bytes`` of turn audio for band matching, all together (sleuthd.engine.admission
+        """Streams now keep ``held_bytes`` of turn audio for band matching, all together (sleuthd.engine.memory
         .KeptAudio)."""
 
     def verdict(self, status: TurnStatus, reason: str) -> None:
