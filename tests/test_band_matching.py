@@ -364,7 +364,8 @@ async def test_a_registered_voice_without_a_narrowband_embedding_gets_one_from_i
     assert not any(t.HasField("compared_below_hz") for t in bare.turns)
     assert all(
         re.match(
-            r"compared at full band although the clips of speaker 'B' span 0\.\d\d octave of bandwidth: registered "
+            r"compared at full band although the clips of speaker 'B' span 0\.\d\d octave of bandwidth "
+                r"\(\d\.\d-\d\.\d kHz\): registered "
             r"voice 'bare' has no narrowband embedding \(.*register it again",
             t.detail,
         )

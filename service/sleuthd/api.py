@@ -43,9 +43,16 @@ from sleuthd.audio.windows import WindowSpec
 from sleuthd.config import EngineConfig, RegistryConfig, default_models_dir
 from sleuthd.domain import AudioInput, VoiceRef
 
-# Band matching's inputs as the server makes them (a clip's bandwidth; its copy at the common band), so the offline
-# judges (sleuthd_bench.robustness) read exactly what the server reads.
-from sleuthd.encoders.clips import ClipEmbedding, clip_bandwidth, narrowband_copy, prepare_waveform
+# Channel matching's inputs as the server makes them (a clip's bandwidth and plateau fraction; its copies at the
+# common band or clipping), so the offline judges (sleuthd_bench.robustness) read exactly what the server reads.
+from sleuthd.encoders.clips import (
+    ChannelCopy,
+    ClipEmbedding,
+    channel_copy,
+    clip_channel,
+    narrowband_copy,
+    prepare_waveform,
+)
 from sleuthd.encoders.embedder import ClipEmbedder, embed_prepared
 from sleuthd.encoders.manifest import EncoderManifest
 from sleuthd.engine.facade import Engine
@@ -59,7 +66,16 @@ if TYPE_CHECKING:
     from sleuthd.client import Ranking, Turn, Verdict
     from sleuthd.client.requests import AudioLike
 
-__all__ = ["ClipEmbedding", "Judge", "SpeakerEncoder", "WindowSpec", "clip_bandwidth", "narrowband_copy"]
+__all__ = [
+    "ChannelCopy",
+    "ClipEmbedding",
+    "Judge",
+    "SpeakerEncoder",
+    "WindowSpec",
+    "channel_copy",
+    "clip_channel",
+    "narrowband_copy",
+]
 
 T = TypeVar("T")
 

@@ -166,6 +166,10 @@ class TurnResult:
     # tell), and the band its speaker was compared below when their clips' bandwidths differ (band matching).
     bandwidth_hz: float | None = None
     compared_below_hz: float | None = None
+    # The share of the turn's samples at its peak (0-1; ~0 unclipped; measured under the fused encoder), and the
+    # share its speaker's copies were clipped to when their clips differ in clipping (clip matching).
+    clipped_fraction: float | None = None
+    compared_clipped_fraction: float | None = None
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ class TurnVerdict:
     uncertain_reason: str = ""
     bandwidth_hz: float | None = None  # the turn's effective bandwidth (fused encoder), Hz
     compared_below_hz: float | None = None  # set when its speaker was judged on clips low-passed below this
+    clipped_fraction: float | None = None  # share of the turn's samples at its peak, 0-1 (fused encoder)
+    compared_clipped_fraction: float | None = None  # set when its speaker was judged on copies clipped to this
 
     @property
     def inconsistent(self) -> bool:
@@ -116,6 +118,8 @@ class TurnVerdict:
             ),
             bandwidth_hz=_opt(t, "bandwidth_hz"),
             compared_below_hz=_opt(t, "compared_below_hz"),
+            clipped_fraction=_opt(t, "clipped_fraction"),
+            compared_clipped_fraction=_opt(t, "compared_clipped_fraction"),
         )
 
 

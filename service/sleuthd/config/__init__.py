@@ -122,16 +122,23 @@ class EngineConfig:
         "octaves of bandwidth (a low-bitrate or telephone turn among full-band ones) is judged on copies of every "
         "clip low-passed at 3.6 kHz, so the channel is not read as another voice; 0 = off",
     )
+    clip_match_spread: float = option(
+        0.005,
+        help="under the fused encoder's auto, a speaker whose turns (and reference clip) differ by more than this "
+        "in plateau fraction (the share of a clip's samples at its peak: ~0 unclipped) is judged on copies of "
+        "every clip clipped as hard as its most-clipped one, so clipping is not read as another voice; 0 = off",
+    )
     band_match_stream_mb: float = option(
         128.0,
-        help="band matching: a stream keeps its turns' audio until this many MiB, so that a speaker who becomes "
-        "mixed-band later can be compared at the common band; past it, each later turn's narrowband copy is "
-        "embedded as it arrives instead (one more encoder pass per turn, no more memory)",
+        help="channel matching: a stream keeps its turns' audio until this many MiB, so that a speaker who becomes "
+        "mixed later can be compared on copies; past it, each later turn's narrowband copy is embedded as it "
+        "arrives instead (one more encoder pass per turn, no more memory) and a speaker whose clipping target "
+        "moves afterwards is compared without clip matching",
     )
     band_match_kept_mb: float = option(
         512.0,
-        help="band matching: the turn audio all streams together may keep, MiB (passive memory, apart from the "
-        "decoding budget); a stream that finds it full embeds its turns' narrowband copies as they arrive",
+        help="channel matching: the turn audio all streams together may keep, MiB (passive memory, apart from the "
+        "decoding budget); a stream that finds it full keeps no more, as past --band-match-stream-mb",
     )
     voice_registry: RegistryConfig = option(  # noqa: RUF009
         factory=RegistryConfig, help="voice registry (RegisterVoice, voice ids in place of reference audio)"
@@ -144,6 +151,7 @@ class EngineConfig:
             _at_least(self, name, 1e-9)
         _at_least(self, "max_references", 0)
         _at_least(self, "band_match_octaves", 0)
+        _at_least(self, "clip_match_spread", 0)
         _at_least(self, "band_match_stream_mb", 0)
         _at_least(self, "band_match_kept_mb", 0)
         _at_least(self, "workers", 0)

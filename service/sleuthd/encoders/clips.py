@@ -15,6 +15,7 @@ import numpy as np
 
 from sleuthd.audio import SAMPLE_RATE
 from sleuthd.audio.bandwidth import effective_bandwidth_hz, low_pass
+from sleuthd.audio.clipping import clip_to_plateau, plateau_fraction
 from sleuthd.audio.decode import (
     FLOAT_PEAK_LIMIT,
     AudioError,
@@ -43,6 +44,7 @@ class PreparedClip:
     window_times: np.ndarray | None  # (n_windows, 2) start/end seconds in the ORIGINAL clip's time
     detail: str = ""  # why the clip is not usable
     bandwidth_hz: float | None = None  # Speech.bandwidth_hz
+    plateau: float | None = None  # Speech.plateau
 
     @property
     def usable(self) -> bool:
@@ -116,30 +118,62 @@ class Speech:
     # The clip's effective bandwidth (sleuthd.audio.bandwidth), measured where a judgment compares channels
     # (the fusion's shared decode); None when not measured, or too short or silent to tell.
     bandwidth_hz: float | None = None
+    # Its plateau fraction (sleuthd.audio.clipping: the share of samples at its peak), measured beside the
+    # bandwidth; None when not measured, or silent.
+    plateau: float | None = None
 
 
 def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, max_seconds: float) -> Speech:
-    """Decode, resample, normalise and find the speech of one clip, and measure its bandwidth (about 1 ms per
-    second of audio: only the fused encoder's judgment reads it, so only its shared decode comes here). Raises
-    AudioError for unusable bytes."""
+    """Decode, resample, normalise and find the speech of one clip, and measure its channel: bandwidth and
+    plateau fraction (about 1 ms per second of audio: only the fused encoder's judgment reads them, so only its
+    shared decode comes here). Raises AudioError for unusable bytes."""
     samples = decode(audio, max_seconds).samples
     speech = trim(samples, loudness_target_dbfs, vad)
-    return dataclasses.replace(speech, bandwidth_hz=effective_bandwidth_hz(samples))
+    return dataclasses.replace(speech, bandwidth_hz=effective_bandwidth_hz(samples), plateau=plateau_fraction(samples))
 
 
-def clip_bandwidth(audio: AudioInput, max_seconds: float) -> float | None:
-    """The clip's bandwidth alone (Speech.bandwidth_hz), for a clip whose embeddings were all cached."""
-    return effective_bandwidth_hz(decode(audio, max_seconds).samples)
+def clip_channel(audio: AudioInput, max_seconds: float) -> tuple[float | None, float | None]:
+    """The clip's bandwidth and plateau fraction alone (Speech.bandwidth_hz, Speech.plateau), for a clip whose
+    embeddings were all cached, and for a registration."""
+    samples = decode(audio, max_seconds).samples
+    return effective_bandwidth_hz(samples), plateau_fraction(samples)
+
+
+@dataclass(frozen=True)
+class ChannelCopy:
+    """How a clip is copied so that a speaker heard through different channels is judged on like copies
+    (sleuthd.judgment.channel_matching): hard-clipped to a plateau fraction (None: not clipped), then low-passed
+    at the common band (``narrow``). Clipping comes first, as the channel did it."""
+
+    narrow: bool = False
+    plateau: float | None = None
+
+    def describe(self) -> str:
+        """What the copy is, for labels and details ("narrowband copy", "copy clipped to 4.2 %", ...)."""
+        clipped = "" if self.plateau is None else f" clipped to {100 * self.plateau:.2f} % at the peak"
+        return f"{'narrowband ' if self.narrow else ''}copy{clipped}"
+
+
+NARROWBAND = ChannelCopy(narrow=True)  # band matching's copy
+
+
+def channel_copy(audio: AudioInput, max_seconds: float, copy: ChannelCopy) -> AudioInput:
+    """The clip decoded to 16 kHz, clipped and/or low-passed as ``copy`` says (sleuthd.audio.clipping,
+    sleuthd.audio.bandwidth.low_pass), as 16 kHz float32 PCM: what a speaker whose clips differ in channel is
+    compared on. It goes through the same listener as any client clip, so the embedding cache and single flight
+    apply to it. Raises AudioError for unusable bytes."""
+    samples = decode(audio, max_seconds).samples
+    if copy.plateau is not None:
+        samples = clip_to_plateau(samples, copy.plateau)
+    if copy.narrow:
+        # The filter's ripple can overshoot a peak a little; decoding refuses float PCM beyond FLOAT_PEAK_LIMIT.
+        samples = np.clip(low_pass(samples), -FLOAT_PEAK_LIMIT, FLOAT_PEAK_LIMIT)
+    return AudioInput(data=samples.astype("<f4").tobytes(), pcm=PcmSpec(PcmEncoding.F32LE, SAMPLE_RATE, 1))
 
 
 def narrowband_copy(audio: AudioInput, max_seconds: float) -> AudioInput:
-    """The clip decoded to 16 kHz and low-passed at the common band (sleuthd.audio.bandwidth.low_pass), as
-    16 kHz float32 PCM: what a speaker whose clips span different bandwidths is compared on. It goes through
-    the same listener as any client clip, so the embedding cache and single flight apply to it. Raises
-    AudioError for unusable bytes."""
-    # The filter's ripple can overshoot a peak a little; decoding refuses float PCM beyond FLOAT_PEAK_LIMIT.
-    narrow = np.clip(low_pass(decode(audio, max_seconds).samples), -FLOAT_PEAK_LIMIT, FLOAT_PEAK_LIMIT)
-    return AudioInput(data=narrow.astype("<f4").tobytes(), pcm=PcmSpec(PcmEncoding.F32LE, SAMPLE_RATE, 1))
+    """:func:`channel_copy` at the common band (band matching's copy)."""
+    return channel_copy(audio, max_seconds, NARROWBAND)
 
 
 def trim(samples: np.ndarray, loudness_target_dbfs: float, vad: Vad) -> Speech:
@@ -166,6 +200,7 @@ def cut_placements(
                 f"needs at least {manifest.min_speech_seconds:.2f} s to give a meaningful embedding"
             ),
             bandwidth_hz=speech.bandwidth_hz,
+            plateau=speech.plateau,
         )
         return [unusable for _ in windows]
     kept_index = np.flatnonzero(speech.keep)
@@ -185,6 +220,7 @@ def cut_placements(
                 windows=cut,
                 window_times=times,
                 bandwidth_hz=speech.bandwidth_hz,
+                plateau=speech.plateau,
             )
         )
     return out
@@ -201,6 +237,7 @@ class ClipEmbedding:
     window_times: np.ndarray | None  # (n_windows, 2) seconds in the original clip
     detail: str = ""
     bandwidth_hz: float | None = None  # Speech.bandwidth_hz
+    plateau: float | None = None  # Speech.plateau
 
     @property
     def usable(self) -> bool:
@@ -241,6 +278,7 @@ def embedded_clip(clip: PreparedClip, window_embeddings: np.ndarray) -> ClipEmbe
         window_embeddings,
         clip.window_times,
         bandwidth_hz=clip.bandwidth_hz,
+        plateau=clip.plateau,
     )
 
 

@@ -27,17 +27,19 @@ from sleuthd.audio.windows import WindowSpec
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.cache import LruCache, audio_digest, audio_key
 from sleuthd.encoders.clips import (
+    NARROWBAND,
+    ChannelCopy,
     ClipEmbedding,
     Heard,
     PreparedClip,
     Speech,
+    channel_copy,
     check_request_audio,
-    clip_bandwidth,
+    clip_channel,
     cut_placements,
     decode_and_prepare,
     decode_and_trim,
     embedded_clip,
-    narrowband_copy,
     prepare_placements,
 )
 from sleuthd.encoders.fusion import FusedEncoder
@@ -116,24 +118,35 @@ class ClipEmbedder:
         """:meth:`embed` under the manifest's placement only: one embedding per clip."""
         return [clips[0] for clips in await self.embed(encoder, audios, deadline)]
 
-    async def narrowband(
-        self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], deadline: float | None = None
+    async def copies(
+        self,
+        encoder: WindowEncoder,
+        how: ChannelCopy,
+        audios: Sequence[tuple[AudioInput, str]],
+        deadline: float | None = None,
     ) -> list[ClipEmbedding]:
-        """:meth:`embed_audio` of each clip's copy at the common band (:func:`narrowband_copy`, made on a worker
-        thread): what a speaker whose clips span different bandwidths is judged on. AudioError names the label."""
+        """:meth:`embed_audio` of each clip's copy made as ``how`` says (:func:`channel_copy`, on a worker thread):
+        what a speaker whose clips differ in channel (bandwidth, clipping) is judged on. AudioError names the
+        label."""
         loop = asyncio.get_running_loop()
         if deadline is not None and loop.time() >= deadline:
-            raise DeadlineExceeded("the deadline passed before the narrowband copies could be made")
+            raise DeadlineExceeded(f"the deadline passed before the clips' {how.describe()} could be made")
 
         async def copy(audio: AudioInput, label: str) -> tuple[AudioInput, str]:
             try:
-                narrow = await loop.run_in_executor(self._prep_pool, narrowband_copy, audio, self.max_clip_seconds)
+                made = await loop.run_in_executor(self._prep_pool, channel_copy, audio, self.max_clip_seconds, how)
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
-            return narrow, f"{label} (narrowband copy)"
+            return made, f"{label} ({how.describe()})"
 
-        copies = await gather_or_cancel(copy(a, label) for a, label in audios)
-        return await self.embed_audio(encoder, copies, deadline)
+        made = await gather_or_cancel(copy(a, label) for a, label in audios)
+        return await self.embed_audio(encoder, made, deadline)
+
+    async def narrowband(
+        self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], deadline: float | None = None
+    ) -> list[ClipEmbedding]:
+        """:meth:`copies` at the common band (band matching's copies; what a registration stores)."""
+        return await self.copies(encoder, NARROWBAND, audios, deadline)
 
     async def bandwidths(self, audios: Sequence[tuple[AudioInput, str]]) -> list[float | None]:
         """Each clip's effective bandwidth (Hz; None where the clip is silent), measured on a worker thread, as the
@@ -141,16 +154,16 @@ class ClipEmbedder:
 
         async def one(audio: AudioInput, label: str) -> float | None:
             try:
-                return await self._bandwidth(audio)
+                return (await self._channel(audio))[0]
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
 
         return await gather_or_cancel(one(a, label) for a, label in audios)
 
-    async def _bandwidth(self, audio: AudioInput) -> float | None:
-        """A clip's bandwidth alone (a decode and a spectrum), on a worker thread."""
+    async def _channel(self, audio: AudioInput) -> tuple[float | None, float | None]:
+        """A clip's bandwidth and plateau fraction alone (a decode and a spectrum), on a worker thread."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._prep_pool, clip_bandwidth, audio, self.max_clip_seconds)
+        return await loop.run_in_executor(self._prep_pool, clip_channel, audio, self.max_clip_seconds)
 
     async def hear(
         self, encoder: WindowEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
@@ -237,10 +250,11 @@ class ClipEmbedder:
         # The engine always asks for the manifest's placement (None) first; drift windows come beside it.
         at_manifest = [parts[0][placements.index(None)]] + [found[0] for found in parts[1:]]
         clip = encoder.combine([clip for clip, _ in at_manifest])
-        if clip.usable and clip.bandwidth_hz is None:
-            # Every part came from the cache, put there by requests to single encoders, which measure no bandwidth;
-            # band matching needs it whatever the cache held (a decode and a spectrum, once per such request).
-            clip = dataclasses.replace(clip, bandwidth_hz=await self._bandwidth(audio))
+        if clip.usable and (clip.bandwidth_hz is None or clip.plateau is None):
+            # Every part came from the cache, put there by requests to single encoders, which measure no channel;
+            # channel matching needs it whatever the cache held (a decode and a spectrum, once per such request).
+            bandwidth, plateau = await self._channel(audio)
+            clip = dataclasses.replace(clip, bandwidth_hz=bandwidth, plateau=plateau)
         joined = (clip, all(cached for _, cached in at_manifest))
         return [joined if p is None else parts[0][i] for i, p in enumerate(placements)]
 
@@ -295,5 +309,7 @@ def _retrieving(task: F) -> F:
 async def embed_prepared(encoder: WindowEncoder, clip: PreparedClip, deadline: float | None = None) -> ClipEmbedding:
     """A prepared clip through the encoder; an unusable one keeps its reason and gets no embedding."""
     if clip.windows is None:
-        return ClipEmbedding(clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail, clip.bandwidth_hz)
+        return ClipEmbedding(
+            clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail, clip.bandwidth_hz, clip.plateau
+        )
     return embedded_clip(clip, await encoder.encode(clip.windows, deadline=deadline))

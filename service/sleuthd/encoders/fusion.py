@@ -85,8 +85,15 @@ class FusedEncoder:
         times = np.array([[0.0, first.audio_seconds]])
         # Measured by whichever component decoded the clip (None when every part came from the cache).
         bandwidth = next((c.bandwidth_hz for c in clips if c.bandwidth_hz is not None), None)
+        plateau = next((c.plateau for c in clips if c.plateau is not None), None)
         return ClipEmbedding(
-            first.audio_seconds, first.speech_seconds, vector, vector[None, :], times, bandwidth_hz=bandwidth
+            first.audio_seconds,
+            first.speech_seconds,
+            vector,
+            vector[None, :],
+            times,
+            bandwidth_hz=bandwidth,
+            plateau=plateau,
         )
 
     def join(self, vectors: Sequence[np.ndarray]) -> np.ndarray:

@@ -130,7 +130,10 @@ class Engine:
             await self.registry.store.close()
 
     def resolve(self, options: CheckOptions) -> ResolvedOptions:
-        return resolve(options, self.entries, self.models.default_encoder, self.config.band_match_octaves)
+        config = self.config
+        return resolve(
+            options, self.entries, self.models.default_encoder, config.band_match_octaves, config.clip_match_spread
+        )
 
     def _judging(self, opts: ResolvedOptions) -> Judging:
         """The judge of the request's method: the one place that tells the two apart."""

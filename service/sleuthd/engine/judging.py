@@ -6,7 +6,8 @@ method, once; nothing after that asks which it holds.
 
   encoders: references -> embeddings (registered voices looked up) -> EncoderDialogue, listener:
             ClipEmbedder.embed (cache, single flight, decode, VAD, windows, micro-batcher); under the fused
-            auto, a second one for band matching: ClipEmbedder.narrowband (the clips low-passed, then the same)
+            auto, a second one for channel matching: ClipEmbedder.copies (the clips clipped and/or low-passed,
+            then the same)
   lalm:     references -> waveform + embedding -> LalmDialogue, listener: ClipEmbedder.hear (one decode
             for the judge's waveform and the encoder's windows), then the judge's prompts
 """
@@ -37,8 +38,8 @@ from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.engine.loading import start_judge
 from sleuthd.engine.memory import KeptAudio
 from sleuthd.errors import InvalidRequest, Unsupported
-from sleuthd.judgment.band_matching import RegisteredReference
 from sleuthd.judgment.calibration import Calibration
+from sleuthd.judgment.channel_matching import ReferenceClip, RegisteredReference
 from sleuthd.judgment.dialogue import Dialogue, EncoderDialogue
 from sleuthd.judgment.lalm_dialogue import LalmDialogue
 from sleuthd.judgment.options import LALM_THRESHOLD, ResolvedOptions
@@ -99,12 +100,16 @@ class EncoderJudging:
     ) -> Dialogue:
         embedded, clips = await self._reference_clips(references, opts.encoder, deadline)
         embed = functools.partial(self._embed, opts.encoder, opts.placements)
-        narrow = functools.partial(self._embedder.narrowband, opts.encoder)  # used if the judgment band-matches
-        # The references sent as audio are narrowed as the turns are; a registered voice brings its clips'
-        # bandwidths and its stored narrowband embedding (read only if its speaker turns out mixed).
-        reference_clips = {s: (a, clips[s].bandwidth_hz) for s, a in references.items() if isinstance(a, AudioInput)}
+        copies = functools.partial(self._embedder.copies, opts.encoder)  # used if the judgment channel-matches
+        # The references sent as audio are copied as the turns are; a registered voice brings its clips'
+        # bandwidths and its stored narrowband embedding (read only if its speaker turns out band-mixed).
+        reference_clips = {
+            s: ReferenceClip(a, clips[s].bandwidth_hz, clips[s].plateau)
+            for s, a in references.items()
+            if isinstance(a, AudioInput)
+        }
         registered = {}
-        if opts.judgment.band_matching:
+        if opts.judgment.channel_matching and opts.judgment.band_match_octaves > 0:
             for s, r in references.items():
                 if isinstance(r, VoiceRef):
                     voices = self._voices()
@@ -113,7 +118,7 @@ class EncoderJudging:
         # A stream holds what it keeps in the process's keeper; a CheckDialogue's audio is its request's.
         keeper, bound = (self._kept, self._max_kept_stream_bytes) if stream else (None, 0)
         return EncoderDialogue(
-            dialogue_id, opts, embedded, self._observer, embed, narrow, reference_clips, registered, keeper, bound
+            dialogue_id, opts, embedded, self._observer, embed, copies, reference_clips, registered, keeper, bound
         )
 
     async def _embed(

@@ -23,7 +23,7 @@ _M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
 class KeptAudio:
-    """Turn audio that streams keep between turns for band matching (sleuthd.judgment.band_matching), all streams
+    """Turn audio that streams keep between turns for channel matching (sleuthd.judgment.channel_matching), all streams
     together. It is passive memory, not decoding work, so it is bounded apart from the admission's AudioBudget; a
     stream that finds no room keeps nothing more and narrows its turns as they arrive instead (more work, no
     refusal). Used from the event loop only."""

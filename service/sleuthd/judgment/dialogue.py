@@ -35,7 +35,7 @@ from sleuthd.domain import (
 )
 from sleuthd.encoders.clips import ClipEmbedding
 from sleuthd.errors import InvalidRequest, LimitExceeded, UnknownName
-from sleuthd.judgment.band_matching import BandMatcher, Keeper, Narrow, RegisteredReference
+from sleuthd.judgment.channel_matching import ChannelMatcher, Copies, Keeper, ReferenceClip, RegisteredReference
 from sleuthd.judgment.drift import attach_drift, find_drift
 from sleuthd.judgment.options import ResolvedOptions
 from sleuthd.judgment.pool import SpeakerPool
@@ -91,8 +91,8 @@ class Dialogue(Protocol):
     @property
     def kept_audio_bytes(self) -> int:
         """Decoded audio the dialogue keeps between turns, bytes (the LALM judge hears earlier turns again): a
-        stream counts it in the process's audio budget. (The encoders' band matching holds the turns it keeps in
-        a keeper of its own: sleuthd.judgment.band_matching.)"""
+        stream counts it in the process's audio budget. (The encoders' channel matching holds the turns it keeps in
+        a keeper of its own: sleuthd.judgment.channel_matching.)"""
 
     async def add_turns(self, turns: Sequence[TurnAudio], deadline: float | None) -> None:
         """Hear completed turns (together, as one request's audio) and add them, without judging yet."""
@@ -151,6 +151,7 @@ class _Turn:
     detail: str  # why the clip is unusable; "" when usable
     usable: bool
     bandwidth_hz: float | None = None  # ClipEmbedding.bandwidth_hz
+    plateau: float | None = None  # ClipEmbedding.plateau
 
 
 @dataclass
@@ -168,8 +169,8 @@ class EncoderDialogue:
 
     A turn keeps only its embedding and seconds (about 1 KB), plus its share of its speaker's cosine
     matrix and sorted pairs (24 bytes per pair of the speaker's turns): no window embeddings. Under the fused
-    encoder's auto, a speaker whose clips span different bandwidths is judged at a common band
-    (sleuthd.judgment.band_matching), which keeps turns' audio until it has narrowed them."""
+    encoder's auto, a speaker whose clips differ in channel (bandwidth, clipping) is judged on like copies of them
+    (sleuthd.judgment.channel_matching), which keeps turns' audio to make them."""
 
     def __init__(
         self,
@@ -178,18 +179,17 @@ class EncoderDialogue:
         references: dict[str, np.ndarray],
         observer: EngineObserver,
         embed: Embed | None = None,
-        narrow: Narrow | None = None,
-        reference_clips: Mapping[str, tuple[AudioInput, float | None]] | None = None,
+        copies: Copies | None = None,
+        reference_clips: Mapping[str, ReferenceClip] | None = None,
         registered: Mapping[str, RegisteredReference] | None = None,
         keeper: Keeper | None = None,
         max_kept_audio_bytes: int = 0,
     ) -> None:
-        """``embed``: the listener (None: turns are added as embeddings, :meth:`add_clip`). ``narrow``: the
-        listener of narrowband copies (None: no band matching); ``reference_clips``: speaker -> the reference
-        clip's audio and bandwidth, for the references sent as audio; ``registered``: speaker -> the registered
-        voice that is its reference (its bandwidths and narrowband embedding); ``keeper`` and
-        ``max_kept_audio_bytes``: a stream's, where it holds the turns' audio kept for band matching and how much
-        it may (None: CheckDialogue)."""
+        """``embed``: the listener (None: turns are added as embeddings, :meth:`add_clip`). ``copies``: the
+        listener of clips' copies (None: no channel matching); ``reference_clips``: speaker -> the reference
+        sent as audio, with its channel; ``registered``: speaker -> the registered voice that is its reference
+        (its bandwidths and narrowband embedding); ``keeper`` and ``max_kept_audio_bytes``: a stream's, where it
+        holds the turns' audio kept for channel matching and how much it may (None: CheckDialogue)."""
         self.dialogue_id = dialogue_id
         self.opts = opts
         self.references = references
@@ -198,11 +198,12 @@ class EncoderDialogue:
         self._turns: dict[str, _Turn] = {}
         self._speakers: dict[str, _Speaker] = {}
         self._drift: dict[str, DriftResult | None] = {}  # searched turns only
-        self._bands: BandMatcher | None = None
-        if narrow is not None and opts.judgment.band_matching:  # the one place that decides it
-            self._bands = BandMatcher(
-                narrow,
+        self._channels: ChannelMatcher | None = None
+        if copies is not None and opts.judgment.channel_matching:  # the one place that decides it
+            self._channels = ChannelMatcher(
+                copies,
                 opts.judgment.band_match_octaves,
+                opts.judgment.clip_match_spread,
                 opts.judgment.components,
                 reference_clips or {},
                 registered or {},
@@ -212,11 +213,11 @@ class EncoderDialogue:
 
     @property
     def kept_audio_bytes(self) -> int:
-        return 0  # band matching holds what it keeps in its keeper (passive memory, not the decoding budget)
+        return 0  # channel matching holds what it keeps in its keeper (passive memory, not the decoding budget)
 
     def close(self) -> None:
-        if self._bands is not None:
-            self._bands.close()
+        if self._channels is not None:
+            self._channels.close()
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -228,10 +229,10 @@ class EncoderDialogue:
         embedded = await self._embed([(t.audio, t.label) for t in turns], deadline)
         for turn, clips in zip(turns, embedded, strict=True):
             self.add_clip(turn.turn_id, turn.speaker, turn.position, clips[0], clips[1] if len(clips) > 1 else None)
-            if self._bands is not None and clips[0].usable:
-                self._bands.heard(turn.turn_id, turn.speaker, turn.position, turn.audio, clips[0].bandwidth_hz)
-        if self._bands is not None:
-            await self._bands.ensure(deadline)
+            if self._channels is not None and clips[0].usable:
+                self._channels.heard(turn.turn_id, turn.speaker, turn.position, turn.audio, clips[0])
+        if self._channels is not None:
+            await self._channels.ensure(deadline)
 
     async def finish_turn(self, turn: TurnAudio, deadline: float | None) -> list[TurnUpdate]:
         await self.add_turns([turn], deadline)
@@ -258,6 +259,7 @@ class EncoderDialogue:
             # Measured by the fused encoder's shared decode; a single encoder's clip may carry it from the cache
             # (the fusion's component entry), and is reported without it, whichever came first.
             clip.bandwidth_hz if self.opts.judgment.components else None,
+            clip.plateau if self.opts.judgment.components else None,
         )
         self._turns[turn_id] = turn
         entry = self._speakers.get(speaker)
@@ -278,13 +280,15 @@ class EncoderDialogue:
             self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
 
     def _score(self) -> tuple[list[str], dict[str, SpeakerScores]]:
-        """Speakers in order of first appearance, and their verdict arrays (a band-matched speaker's from the
-        narrowband pools: BandMatcher.matched)."""
+        """Speakers in order of first appearance, and their verdict arrays (a channel-matched speaker's from the
+        pools of its copies, against the other speakers' copies of the same kind: ChannelMatcher.matched)."""
         order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
         scores = score_speakers({s: self._speakers[s].pool for s in order}, self.opts.judgment)
-        if self._bands is not None and (matched := [s for s in self._bands.matched() if s in scores]):
-            narrow = score_speakers(self._bands.pools(order), self.opts.judgment)
-            scores.update({s: v for s, v in narrow.items() if s in matched})
+        if self._channels is not None:
+            matched = {s: c for s, c in self._channels.matched().items() if s in scores}
+            for copy in dict.fromkeys(matched.values()):
+                judged = score_speakers(self._channels.pools(copy, order), self.opts.judgment)
+                scores.update({s: v for s, v in judged.items() if matched.get(s) == copy})
         return order, scores
 
     def _statuses(self, speaker: str, scores: dict[str, SpeakerScores]) -> list[tuple[str, TurnStatus]]:
@@ -299,7 +303,7 @@ class EncoderDialogue:
         """Verdict objects of ``turns`` (made only for these: a long dialogue's other turns cost nothing)."""
         out = []
         before: dict[str, np.ndarray] = {}  # speaker -> usable turns up to each of their turns
-        matched = self._bands.matched() if self._bands is not None else {}
+        matched = self._channels.matched() if self._channels is not None else {}
         for t in turns:
             entry = self._speakers[t.speaker]
             if t.speaker not in before:
@@ -316,7 +320,8 @@ class EncoderDialogue:
                     k,
                     self.opts.judgment,
                     t.bandwidth_hz,
-                    *(self._bands.note(t.speaker, matched) if self._bands is not None else (None, "")),
+                    t.plateau,
+                    *(self._channels.note(t.speaker, matched) if self._channels is not None else (None, "")),
                 )
             )
         if self.opts.detect_drift and self.opts.entry.drift is not None:

@@ -107,10 +107,15 @@ class ResolvedOptions:
 
 
 def resolve(
-    options: CheckOptions, entries: Mapping[str, EncoderEntry], default_encoder: str, band_match_octaves: float = 0.0
+    options: CheckOptions,
+    entries: Mapping[str, EncoderEntry],
+    default_encoder: str,
+    band_match_octaves: float = 0.0,
+    clip_match_spread: float = 0.0,
 ) -> ResolvedOptions:
     """Apply defaults to ``options``; raise with what to change when they cannot be served.
-    ``band_match_octaves``: the server's --band-match-octaves (Judgment.band_match_octaves)."""
+    ``band_match_octaves``, ``clip_match_spread``: the server's --band-match-octaves and --clip-match-spread
+    (Judgment's)."""
     name = options.encoder or default_encoder
     if name not in entries:
         raise UnknownName(f"unknown encoder {name!r}; this server has: {', '.join(sorted(entries))}")
@@ -155,5 +160,7 @@ def resolve(
     if isinstance(entry.encoder, FusedEncoder):
         components = entry.encoder.layout
     evidence = entry.evidence if usable_calibration is not None and components else None
-    judgment = Judgment(method, threshold, usable_calibration, components, evidence, band_match_octaves)
+    judgment = Judgment(
+        method, threshold, usable_calibration, components, evidence, band_match_octaves, clip_match_spread
+    )
     return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift, options.similarity_matrix)

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
 from sleuthd.domain import EncoderScores, FlagReason, SpeakerResult, TurnResult, TurnStatus, UncertainReason
+from sleuthd.encoders.clips import ChannelCopy
 from sleuthd.judgment import scoring
 from sleuthd.judgment.calibration import Calibration, features
 from sleuthd.judgment.evidence import OUT_OF_SUPPORT, OWN_TURNS_DISSIMILAR, EvidenceCalibration, Verdicts
@@ -37,13 +39,16 @@ class Judgment:
     # calibration's support and the stack of today's and the per-encoder evidence outside it, where a turn
     # the stack does not flag may be UNCERTAIN. Needs ``components``.
     evidence: EvidenceCalibration | None = None
-    # Compare a speaker whose clips span more than this many octaves of bandwidth at the common band
-    # (sleuthd.judgment.dialogue.EncoderDialogue); 0 = never. Only where the blend judges (auto, fused).
+    # Compare a speaker whose clips span more than this many octaves of bandwidth at the common band, and one
+    # whose clips' plateau fractions differ by more than this spread on copies clipped alike
+    # (sleuthd.judgment.channel_matching); 0 = never. Only where the blend judges (auto, fused).
     band_match_octaves: float = 0.0
+    clip_match_spread: float = 0.0
 
     @property
-    def band_matching(self) -> bool:
-        return self.band_match_octaves > 0 and self.method is Method.AUTO and self.evidence is not None
+    def channel_matching(self) -> bool:
+        matching = self.band_match_octaves > 0 or self.clip_match_spread > 0
+        return matching and self.method is Method.AUTO and self.evidence is not None
 
 
 # Verdict codes, one per turn, so that a whole dialogue's statuses compare as arrays.
@@ -177,12 +182,13 @@ def turn_result(
     k: int,
     judgment: Judgment,
     bandwidth_hz: float | None = None,
-    compared_below_hz: float | None = None,
-    band_note: str = "",
+    plateau: float | None = None,
+    compared_on: ChannelCopy | None = None,
+    channel_note: str = "",
 ) -> TurnResult:
     """The verdict object of one turn: the k-th usable turn of its speaker, or (``scores`` None) a turn
-    without usable audio, whose ``detail`` says why. ``compared_below_hz``: the band its speaker was judged in
-    (band matching; ``band_note`` says why, and leads the detail). (Plain Python on scalars: CheckDialogue
+    without usable audio, whose ``detail`` says why. ``compared_on``: the copies its speaker was judged on
+    (channel matching; ``channel_note`` says why, and leads the detail). (Plain Python on scalars: CheckDialogue
     makes one per turn, so this is most of what judging a long dialogue costs beyond the vector work.)"""
     if scores is None:
         return TurnResult(
@@ -193,6 +199,7 @@ def turn_result(
             speech_seconds,
             detail=detail,
             bandwidth_hz=bandwidth_hz,
+            clipped_fraction=plateau,
         )
     code = int(scores.codes[k])
     score = threshold = None
@@ -220,8 +227,8 @@ def turn_result(
         detail = f"sounds closer to speaker {closest!r} than to {speaker!r} (cosine margin {margin:.3f}); {detail}"
     elif code in (UNSURE_SUPPORT, UNSURE_DISSIMILAR):
         detail = f"uncertain, listen to it: {scores.uncertain[k]}; {detail}"
-    if band_note:
-        detail = f"{band_note}; {detail}"
+    if channel_note:
+        detail = f"{channel_note}; {detail}"
     return TurnResult(
         turn_id=turn_id,
         speaker=speaker,
@@ -239,7 +246,9 @@ def turn_result(
         reason=REASON_OF_CODE[code],
         uncertain_reason=UNCERTAIN_REASON_OF_CODE[code],
         bandwidth_hz=bandwidth_hz,
-        compared_below_hz=compared_below_hz,
+        compared_below_hz=NARROW_CUTOFF_HZ if compared_on is not None and compared_on.narrow else None,
+        clipped_fraction=plateau,
+        compared_clipped_fraction=None if compared_on is None else compared_on.plateau,
         closest_speaker=closest,
         closest_speaker_margin=margin,
         encoder_scores=tuple(

@@ -29,7 +29,7 @@ _META_KEY = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
 EMBEDDING_DTYPES = ("float16", "float32", "float64")
 MAX_EMBEDDING_DIM = 8192
 # Suffix of the encoder key under which a voice's embedding of its clips' narrowband copies is stored (what band
-# matching compares a speaker heard through different channels with: sleuthd.judgment.band_matching).
+# matching compares a speaker heard through different channels with: sleuthd.judgment.channel_matching).
 NARROWBAND_SUFFIX = f"+band{NARROW_CUTOFF_HZ:.0f}"
 
 

@@ -8,7 +8,7 @@ Embeddings are stored per encoder *weights* (the model file's SHA-256) and only 
 weights: a voice enrolled before an encoder was re-exported is re-embedded from its stored clips on first
 use, or refused with the way to re-enrol it when its clips were not kept.
 
-For band matching (sleuthd.judgment.band_matching) a voice also records each clip's effective bandwidth and,
+For band matching (sleuthd.judgment.channel_matching) a voice also records each clip's effective bandwidth and,
 where the server band-matches, an embedding of its clips' copies low-passed at the common band, stored under
 the encoder key with a "+band3600" suffix (the same weights; made from the stored clips on first use when
 missing, as a re-embedding is).

@@ -168,6 +168,8 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
         "judge_answer_mass",
         "bandwidth_hz",
         "compared_below_hz",
+        "clipped_fraction",
+        "compared_clipped_fraction",
     ):
         value = getattr(t, name)
         if value is not None:

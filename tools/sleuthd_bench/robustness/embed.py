@@ -76,13 +76,13 @@ def measure_bandwidths(
     root: Path, paths: Sequence[str], progress: Callable[[str, int, int], None] | None = None
 ) -> dict[str, float]:
     """The bandwidths the cache lacks, measured and saved (about 10 ms a clip: a decode and a spectrum)."""
-    from sleuthd.api import clip_bandwidth
+    from sleuthd.api import clip_channel
     from sleuthd.domain import AudioInput
 
     known = load_bandwidths(root)
     todo = [p for p in paths if p not in known]
     for n, p in enumerate(todo, 1):
-        hz = clip_bandwidth(AudioInput((root / p).read_bytes()), MAX_SECONDS)
+        hz = clip_channel(AudioInput((root / p).read_bytes()), MAX_SECONDS)[0]
         known[p] = np.nan if hz is None else hz
         if progress and (n % 200 == 0 or n == len(todo)):
             progress("bandwidth", n, len(todo))

@@ -1,0 +1,407 @@
+"""Channel matching: a speaker heard through different channels is judged on like copies of their clips.
+
+Why: both speaker encoders read a change of channel as a change of voice.
+- **Bandwidth.** A low-bitrate Opus or MP3 turn, or a telephone one, keeps only the band below 4-6 kHz (in the
+  robustness matrix the turn flagged in a consistent speaker under Opus was that speaker's bandwidth outlier in
+  55 of 55 cases). A speaker whose usable turns and reference clip span more than ``band_match_octaves`` of
+  bandwidth is judged on copies of every clip low-passed at 3.6 kHz (Opus 71.8 -> 90.9 balanced accuracy).
+- **Clipping.** A clipped turn (rendered too loud) was the speaker's most-clipped turn in 26 of 28 false alarms
+  under clipping. A speaker whose pieces differ in plateau fraction (sleuthd.audio.clipping: the share of samples
+  at the peak) by more than ``clip_match_spread`` is judged on copies of every clip clipped as hard as its
+  most-clipped piece (d-clip 80.9 -> 91.4).
+A speaker mixed both ways is judged on copies clipped, then low-passed (sleuthd.encoders.clips.channel_copy): its
+copies follow what differs in its clips, not more (copies that were always both cost real speech 9 points:
+docs/research/robustness.md, "Screen 4"). Its cohort is the other speakers' copies made the same way; the other
+speakers are judged as they are. A speaker whose reference is a registered voice counts the bandwidths its clips
+were registered with and is compared with the voice's stored narrowband embedding; registered voices are not
+clip-matched (their clips' clipping is not recorded, and a clipped copy of them would have to be made per target).
+
+A :class:`ChannelMatcher` is the copying side of one dialogue (sleuthd.judgment.dialogue.EncoderDialogue holds one
+under the fused encoder's auto). A speaker's clipping target is its most-clipped piece, so it moves when a more
+clipped turn arrives, and every copy is then made again at the new target: the matcher keeps each usable turn's
+audio (the request's own bytes) for the dialogue's life. A stream holds what it keeps in a process-wide
+:class:`Keeper` (memory, not decoding work); one that would keep more than ``max_kept_bytes``, or finds the keeper
+full, keeps no more audio: it makes every later turn's narrowband copy as it arrives, in the background (the turn's
+verdict waits for it only when a speaker is band-mixed), and a speaker whose clipped copies would need audio it
+no longer has is judged on its narrowband copies or as heard, and its turns say why. The pools of copies are
+built turn by turn like the heard ones, so the verdicts are CheckDialogue's either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
+from sleuthd.audio.clipping import PLATEAU_DECIMALS
+from sleuthd.domain import AudioInput
+from sleuthd.encoders.clips import NARROWBAND, ChannelCopy, ClipEmbedding
+from sleuthd.errors import InvalidRequest
+from sleuthd.judgment.pool import SpeakerPool
+
+# Hears clips' copies (sleuthd.encoders.embedder.ClipEmbedder.copies): one embedding each.
+Copies = Callable[[ChannelCopy, Sequence[tuple[AudioInput, str]], float | None], Awaitable[list[ClipEmbedding]]]
+
+_REF = "\0reference:"  # key prefix of a speaker's reference clip among the kept and copied clips
+
+
+@dataclass(frozen=True)
+class RegisteredReference:
+    """A speaker's reference that is a registered voice: the bandwidths its clips were registered with (empty:
+    not recorded, so the speaker's turns alone decide) and how to read its narrowband embedding (a store read;
+    made from the stored clips when missing). The embedding is read only if the speaker's clips turn out mixed."""
+
+    voice_id: str
+    widths: tuple[float, ...]
+    narrowband: Callable[[float | None], Awaitable[np.ndarray]]  # deadline -> the embedding
+
+
+@dataclass(frozen=True)
+class ReferenceClip:
+    """A speaker's reference sent as audio, with its channel as the fused decode measured it."""
+
+    audio: AudioInput
+    bandwidth_hz: float | None
+    plateau: float | None
+
+
+class Keeper(Protocol):
+    """Where streams hold the audio they keep for channel matching (sleuthd.engine.memory.KeptAudio)."""
+
+    def hold(self, n: int) -> bool:
+        """Hold ``n`` more bytes; False (nothing held) when there is no room."""
+
+    def release(self, n: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChannelMatch:
+    """Why a speaker is judged on copies: the bandwidths their clips span (Hz, lowest and highest; None: not
+    band-matched) and the plateau fractions (least and most clipped; None: not clip-matched)."""
+
+    band: tuple[float, float] | None
+    plateau: tuple[float, float] | None
+
+    @property
+    def copy(self) -> ChannelCopy:
+        """The copies this speaker is judged on: low-passed if band-mixed, clipped to its most-clipped piece."""
+        target = None if self.plateau is None else round(self.plateau[1], PLATEAU_DECIMALS)
+        return ChannelCopy(narrow=self.band is not None, plateau=target)
+
+    def _differs(self, copy: ChannelCopy) -> list[str]:
+        out = []
+        if copy.narrow and self.band is not None:
+            low, high = self.band
+            out.append(f"span {math.log2(high / low):.2f} octave of bandwidth ({low / 1000:.1f}-{high / 1000:.1f} kHz)")
+        if copy.plateau is not None and self.plateau is not None:
+            low, high = self.plateau
+            out.append(f"differ in clipping ({100 * low:.2f}-{100 * high:.2f} % of samples at the peak)")
+        return out
+
+    def note(self, speaker: str, used: ChannelCopy) -> str:
+        """What a turn's detail says: what the speaker was compared on and why (``used``: the copies it was
+        judged on, which are ``copy`` unless those could not be made)."""
+        how = []
+        if used.narrow:
+            how.append(f"below {NARROW_CUTOFF_HZ / 1000:.1f} kHz")
+        if used.plateau is not None:
+            how.append(f"on copies clipped to {100 * used.plateau:.2f} % at the peak")
+        return f"compared {' and '.join(how)}: the clips of speaker {speaker!r} {' and '.join(self._differs(used))}"
+
+    def missed(self, speaker: str, used: ChannelCopy | None, why: str) -> str:
+        """What a turn's detail says when the speaker's copies could not be had (``used``: the copies it was
+        judged on instead, its narrowband ones; None: as heard)."""
+        if used is None:
+            as_heard = "at full band" if self.copy == NARROWBAND else "as heard"
+            differs = " and ".join(self._differs(self.copy))
+            return f"compared {as_heard} although the clips of speaker {speaker!r} {differs}: {why}"
+        unclipped = self._differs(ChannelCopy(plateau=self.copy.plateau))
+        return f"{self.note(speaker, used)}; not clipped although they {' and '.join(unclipped)}: {why}"
+
+
+@dataclass
+class _Speaker:
+    widths: list[float] = field(default_factory=list)  # the usable turns' measured bandwidths, Hz
+    plateaus: list[float] = field(default_factory=list)  # the usable turns' plateau fractions
+    usable: int = 0  # usable turns heard
+
+
+@dataclass
+class _Pool:
+    """A speaker's pool of one kind of copy (reference first), and why it cannot stand in for their pool."""
+
+    pool: SpeakerPool
+    positions: list[int] = field(default_factory=list)  # dialogue positions of the turns in ``pool``
+    unusable: str = ""  # "": it can
+
+
+class ChannelMatcher:
+    """The copying side of one dialogue: the usable turns' channels, the audio kept, the copies' embeddings and
+    each speaker's pool of each kind of copy in use."""
+
+    def __init__(
+        self,
+        copies: Copies,
+        octaves: float,
+        spread: float,
+        components: Sequence[tuple[str, int, int]],
+        reference_clips: Mapping[str, ReferenceClip],
+        registered: Mapping[str, RegisteredReference] | None = None,
+        keeper: Keeper | None = None,
+        max_kept_bytes: int = 0,
+    ) -> None:
+        """``copies``: the listener of copies; ``octaves`` and ``spread``: the bandwidth (octaves) and plateau
+        fraction spreads above which a speaker is matched (0: that kind never); ``components``: the fused
+        encoder's parts (each pool keeps one per part); ``reference_clips``: speaker -> the reference sent as
+        audio; ``registered``: speaker -> the registered voice that is its reference; ``keeper`` and
+        ``max_kept_bytes``: a stream's, where it holds the audio it keeps and how much it may (None:
+        CheckDialogue, whose audio is its request's, already in memory and bounded by its size)."""
+        self._listen = copies
+        self._octaves = octaves
+        self._spread = spread
+        self._components = components
+        self._references = dict(reference_clips)
+        self._registered = dict(registered or {})
+        # A registered voice's narrowband embedding once read, or why it cannot be (speaker -> either).
+        self._registered_narrow: dict[str, np.ndarray | str] = {}
+        self._keeper = keeper
+        self._max_kept = max_kept_bytes
+        self._speakers: dict[str, _Speaker] = {}
+        self._turns: dict[str, tuple[str, int]] = {}  # turn id -> speaker, position
+        self._keys: list[str] = [_REF + s for s in self._references]  # every clip copies are made of, in order
+        self._kept: dict[str, AudioInput] = {}  # key -> its audio, for copies still to be made
+        self._held: dict[str, int] = {}  # the kept clips' bytes held in the keeper
+        self._held_bytes = 0
+        self._copies: dict[ChannelCopy, dict[str, ClipEmbedding]] = {}  # kind -> key -> its copy's embedding
+        self._pools: dict[ChannelCopy, dict[str, _Pool]] = {}  # kind -> speaker -> their pool of those copies
+        self._making: dict[tuple[ChannelCopy, str], asyncio.Task[None]] = {}  # background copies (streams)
+        self._eager = False  # a stream past its bound: every turn's narrowband copy is made as it arrives
+        self._cache: tuple[int, dict[str, ChannelMatch]] | None = None  # matches() at a number of turns heard
+        for s, reference in self._references.items():
+            self._keep(_REF + s, reference.audio)
+
+    def heard(self, turn_id: str, speaker: str, position: int, audio: AudioInput, clip: ClipEmbedding) -> None:
+        """A usable turn was added to the dialogue: note its channel and keep its audio."""
+        entry = self._speakers.setdefault(speaker, _Speaker())
+        entry.usable += 1
+        if clip.bandwidth_hz:
+            entry.widths.append(clip.bandwidth_hz)
+        if clip.plateau is not None:
+            entry.plateaus.append(clip.plateau)
+        self._turns[turn_id] = (speaker, position)
+        self._keys.append(turn_id)
+        self._keep(turn_id, audio)
+
+    def _keep(self, key: str, audio: AudioInput) -> None:
+        """Keep a clip's audio for the copies to come; a stream holds it in its keeper, and one past its bound (or
+        finding the keeper full) keeps each later clip only until its narrowband copy is made."""
+        self._kept[key] = audio
+        if self._keeper is None or self._eager:
+            return
+        n = len(audio.data)
+        if self._held_bytes + n > self._max_kept or not self._keeper.hold(n):
+            self._eager = True
+            return
+        self._held[key] = n
+        self._held_bytes += n
+
+    def _let_go(self, key: str) -> None:
+        self._kept.pop(key, None)
+        n = self._held.pop(key, 0)
+        if n and self._keeper is not None:
+            self._held_bytes -= n
+            self._keeper.release(n)
+
+    def close(self) -> None:
+        """The dialogue is over: let go of everything held, and stop making copies nobody will read."""
+        for task in set(self._making.values()):
+            task.cancel()
+        for key in list(self._kept):
+            self._let_go(key)
+
+    def matches(self) -> dict[str, ChannelMatch]:
+        """The speakers whose clips span more than ``octaves`` of bandwidth or differ by more than ``spread`` in
+        plateau fraction."""
+        if self._cache is not None and self._cache[0] == len(self._turns):
+            return self._cache[1]
+        out = {}
+        for s, entry in self._speakers.items():
+            widths, plateaus = list(entry.widths), list(entry.plateaus)
+            reference = self._references.get(s)
+            if reference is not None:
+                widths += [reference.bandwidth_hz] if reference.bandwidth_hz else []
+                plateaus += [reference.plateau] if reference.plateau is not None else []
+            registered = self._registered.get(s)
+            if registered is not None:
+                widths.extend(registered.widths)
+                plateaus = []  # a registered voice's clipping is not recorded: not clip-matched
+            band = (min(widths), max(widths)) if len(widths) >= 2 else None
+            if band is None or not (self._octaves > 0 and math.log2(band[1] / band[0]) > self._octaves):
+                band = None
+            plateau = (min(plateaus), max(plateaus)) if len(plateaus) >= 2 else None
+            if plateau is None or not (self._spread > 0 and plateau[1] - plateau[0] > self._spread):
+                plateau = None
+            if band is not None or plateau is not None:
+                out[s] = ChannelMatch(band, plateau)
+        self._cache = (len(self._turns), out)  # turns are only ever added
+        return out
+
+    def _complete(self, copy: ChannelCopy, speaker: str) -> bool:
+        found = self._pools.get(copy, {}).get(speaker)
+        return found is not None and not found.unusable and found.pool.n == self._speakers[speaker].usable
+
+    def matched(self) -> dict[str, ChannelCopy]:
+        """The matched speakers and the copies they are judged on: their own kind where its pool can stand in for
+        their pool (every usable turn in it), else their narrowband copies where those can (a band- and
+        clip-mixed speaker of a stream that no longer has the audio to clip)."""
+        out = {}
+        for s, match in self.matches().items():
+            for copy in dict.fromkeys([match.copy, *([NARROWBAND] if match.band is not None else [])]):
+                if self._complete(copy, s):
+                    out[s] = copy
+                    break
+        return out
+
+    def pools(self, copy: ChannelCopy, order: Sequence[str]) -> dict[str, SpeakerPool]:
+        """The pools of these speakers' copies of this kind that exist, in that order (a matched speaker's
+        cohort)."""
+        pools = self._pools.get(copy, {})
+        return {s: pools[s].pool for s in order if s in pools}
+
+    def note(self, speaker: str, matched: Mapping[str, ChannelCopy]) -> tuple[ChannelCopy | None, str]:
+        """(the copies the speaker's turns were compared on, or None; what a turn's detail says of it)."""
+        match = self.matches().get(speaker)
+        if match is None:
+            return None, ""
+        used = matched.get(speaker)
+        if used == match.copy:
+            return used, match.note(speaker, used)
+        # Mixed, but their copies could not be judged: their narrowband copies, or as heard, and said so.
+        wanted = self._pools.get(match.copy, {}).get(speaker)
+        why = wanted.unusable if wanted is not None and wanted.unusable else self._why_missing(match.copy, speaker)
+        return used, match.missed(speaker, used, why)
+
+    def _why_missing(self, copy: ChannelCopy, speaker: str) -> str:
+        lost = [k for k in self._keys if self._owner(k) == speaker and k not in self._copies.get(copy, {})]
+        if lost and all(k not in self._kept for k in lost):
+            return "the stream no longer keeps its turns' audio (past --band-match-stream-mb)"
+        return f"a {copy.describe()} is missing"
+
+    def _owner(self, key: str) -> str:
+        return key[len(_REF) :] if key.startswith(_REF) else self._turns[key][0]
+
+    async def ensure(self, deadline: float | None) -> None:
+        """Have the copies the verdicts need: every clip's copy of each kind some matched speaker is judged on
+        (each speaker's own, and the others' for its cohort); drop the kinds nobody is judged on any more (a
+        clipping target that moved); in a stream past its bound, make every new clip's narrowband copy in the
+        background."""
+        wanted = {m.copy for m in self.matches().values()}
+        bands = any(m.band is not None for m in self.matches().values())
+        if self._eager:
+            wanted |= {NARROWBAND} if bands else set()  # the fallback of a band- and clip-mixed speaker
+        for copy in [c for c in self._copies if c not in wanted and not (self._eager and c == NARROWBAND)]:
+            self._drop(copy)
+        if self._eager and NARROWBAND not in wanted:
+            waiting = [k for k in self._kept if (NARROWBAND, k) not in self._making and not self._has(NARROWBAND, k)]
+            if waiting:
+                task = asyncio.ensure_future(self._make(NARROWBAND, waiting, deadline))
+                task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+                self._making.update({(NARROWBAND, k): task for k in waiting})
+        if wanted:
+            # Wait for the background copies (one that failed is made again below), then the rest.
+            pending = set(self._making.values())
+            if pending:
+                await asyncio.wait(pending)
+            for copy in sorted(wanted, key=lambda c: (c.narrow, c.plateau or 0.0)):
+                await self._make(copy, [k for k in self._kept if not self._has(copy, k)], deadline)
+        if self._eager:  # a clip not held is kept until its copies are made
+            for key in [k for k in self._kept if k not in self._held and self._has(NARROWBAND, k)]:
+                if all(self._has(copy, key) for copy in wanted):
+                    self._let_go(key)
+
+    def _has(self, copy: ChannelCopy, key: str) -> bool:
+        return key in self._copies.get(copy, {})
+
+    def _drop(self, copy: ChannelCopy) -> None:
+        for key, task in [(k, t) for k, t in self._making.items() if k[0] == copy]:
+            task.cancel()
+            self._making.pop(key, None)
+        self._copies.pop(copy, None)
+        self._pools.pop(copy, None)
+
+    async def _make(self, copy: ChannelCopy, keys: list[str], deadline: float | None) -> None:
+        """Embed these kept clips' copies of one kind and add them to their speakers' pools of that kind."""
+        keys = [k for k in keys if k in self._kept]
+        if not keys:
+            return
+        try:
+            clips = await self._listen(copy, [(self._kept[k], _label(k)) for k in keys], deadline)
+        finally:
+            for k in keys:
+                self._making.pop((copy, k), None)
+        made = self._copies.setdefault(copy, {})
+        added = []
+        for k, clip in zip(keys, clips, strict=True):
+            if k in made:  # made meanwhile by another call: each turn joins its pool once
+                continue
+            made[k] = clip
+            added.append(k)
+        turns = sorted((k for k in added if not k.startswith(_REF)), key=lambda k: self._turns[k][1])
+        # A registered speaker's narrowband pool starts from the voice's narrowband embedding: read it first.
+        if copy == NARROWBAND:
+            for s in dict.fromkeys(self._turns[k][0] for k in turns):
+                if s in self._registered and s not in self._registered_narrow:
+                    self._registered_narrow[s] = await self._read_registered(s, deadline)
+        for k in turns:
+            self._add(copy, k)
+
+    async def _read_registered(self, speaker: str, deadline: float | None) -> np.ndarray | str:
+        """The registered voice's narrowband embedding, or why it cannot be had (the speaker is then judged at
+        full band, and its turns say why)."""
+        voice = self._registered[speaker]
+        try:
+            return await voice.narrowband(deadline)
+        except InvalidRequest as exc:  # no such embedding and no clips kept to make it; deleted meanwhile
+            return f"registered voice {voice.voice_id!r} has no narrowband embedding ({exc})"
+
+    def _add(self, copy: ChannelCopy, turn_id: str) -> None:
+        """A turn's copy into its speaker's pool of that kind (at its place in dialogue order)."""
+        speaker, position = self._turns[turn_id]
+        pools = self._pools.setdefault(copy, {})
+        entry = pools.get(speaker)
+        if entry is None:
+            reference, why = self._reference(copy, speaker)
+            entry = pools[speaker] = _Pool(SpeakerPool(reference, self._components), unusable=why)
+        clip = self._copies[copy][turn_id]
+        if clip.embedding is None:
+            entry.unusable = entry.unusable or f"turn {turn_id!r}'s {copy.describe()}: {clip.detail}"
+            return
+        at = bisect.bisect(entry.positions, position)
+        entry.pool.add(at, clip.embedding, clip.speech_seconds)
+        entry.positions.insert(at, position)
+
+    def _reference(self, copy: ChannelCopy, speaker: str) -> tuple[np.ndarray | None, str]:
+        """The reference embedding of the speaker's pool of these copies (None: none) and, where the reference
+        exists but its copy does not, why the pool cannot stand in for theirs."""
+        if speaker in self._registered:
+            if copy != NARROWBAND:
+                return None, "a registered voice is not clip-matched"
+            found = self._registered_narrow.get(speaker, "its narrowband embedding was not read")
+            return (None, found) if isinstance(found, str) else (found, "")
+        if speaker not in self._references:
+            return None, ""
+        reference = self._copies.get(copy, {}).get(_REF + speaker)
+        if reference is None or reference.embedding is None:
+            why = f"its {copy.describe()} was not made" if reference is None else reference.detail
+            return None, f"the reference clip's {copy.describe()} is unusable ({why})"
+        return reference.embedding, ""
+
+
+def _label(key: str) -> str:
+    return f"reference of speaker {key[len(_REF) :]!r}" if key.startswith(_REF) else f"turn {key!r}"
