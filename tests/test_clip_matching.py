@@ -1,0 +1,161 @@
+"""Clip matching (issue 27) through the real server: a speaker whose clips differ in clipping (one turn rendered
+too loud and hard-clipped among clean turns of the same voice) is judged on copies of every clip clipped as hard
+as its most-clipped one, so the clipping is not read as another voice; another voice in that slot is still
+found; a stream gives CheckDialogue's verdicts when the clipping target moves, and says so when it no longer has
+the audio to follow it."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+
+import grpc
+import numpy as np
+import pytest
+import soundfile as sf
+from sleuthd.audio import SAMPLE_RATE
+from sleuthd.audio.clipping import clip_to_plateau, plateau_fraction
+from sleuthd.audio.decode import decode_encoded, to_model_rate
+from sleuthd.client.results import TurnVerdict
+from sleuthd.engine.facade import Engine
+from sleuthd.rpc.server import RunningServer
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from .support import VOICE_B, VOICE_F, Speech
+from .test_band_matching import _stream, check_request
+
+# That module's engine and server that keep no stream audio (fixtures: imported under their own names).
+from .test_band_matching import narrowing_engine as narrowing_engine
+from .test_band_matching import narrowing_server as narrowing_server
+
+SLOT = 2
+
+
+def clipped(wav: bytes, gain_db: float) -> bytes:
+    """The clip raised ``gain_db`` above a -3 dBFS peak and hard-clipped at full scale, as 16-bit WAV: how the
+    robustness matrix's d-clip condition renders every clip (6-20 dB)."""
+    x = to_model_rate(decode_encoded(wav, 60.0)).samples
+    x = x / np.abs(x).max() * 10 ** ((gain_db - 3) / 20)
+    buf = io.BytesIO()
+    sf.write(buf, np.clip(x, -1, 1), SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def turns(speech: Speech, slot_voice: str, gain_db: float = 12.0) -> list[bytes]:
+    """Five WAV turns of VOICE_B; turn SLOT is a clip of ``slot_voice`` (VOICE_B's own of that slot, or another
+    voice's clip 0) clipped at ``gain_db``."""
+    out = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    out[SLOT] = clipped(speech.wav_bytes(slot_voice, SLOT if slot_voice == VOICE_B else 0), gain_db)
+    return out
+
+
+def test_the_plateau_fraction_is_the_clipped_share_and_a_copy_is_clipped_to_it() -> None:
+    rng = np.random.default_rng(0)
+    clean = (0.3 * rng.standard_normal(16000)).astype(np.float32)
+    assert plateau_fraction(clean) < 1e-3  # a clean clip's peak is a sample or two
+    hard = np.clip(clean, -0.2, 0.2)
+    share = float(np.mean(np.abs(clean) >= 0.99 * 0.2))  # on the ceiling, or within 1 % of it
+    assert plateau_fraction(hard) == pytest.approx(share)
+    copy = clip_to_plateau(clean, 0.1)
+    assert 0.1 <= plateau_fraction(copy) < 0.105  # the share clipped, and the few within 1 % below the ceiling
+    assert np.array_equal(clip_to_plateau(clean, 0.0), clean)  # nothing to match: left as it is
+    assert plateau_fraction(np.zeros(100, np.float32)) is None and plateau_fraction(np.zeros(0, np.float32)) is None
+
+
+async def test_a_clipped_turn_of_the_same_voice_is_compared_on_copies_clipped_alike(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without clip matching the clipped turn is flagged (probability ~0.9); judged on copies of every turn
+    clipped as hard as it is (3-4 % of samples at the peak), it is cleared. What it does on varied speech is
+    measured by the robustness matrix (d-clip S1 75 % -> 94 %, docs/research/robustness.md)."""
+    v = await stub.CheckDialogue(check_request(turns(speech, VOICE_B)), timeout=120)
+    hot = v.turns[SLOT]
+    others = [t for k, t in enumerate(v.turns) if k != SLOT]
+    # Every turn reports how clipped it is: the loud turn a few per cent of its samples, the others none.
+    assert 0.01 < hot.clipped_fraction < 0.2 and max(t.clipped_fraction for t in others) < 0.001
+    # The speaker's every turn is judged on copies clipped to the loud turn's share, and says so.
+    assert all(t.compared_clipped_fraction == pytest.approx(hot.clipped_fraction, abs=1e-4) for t in v.turns)
+    assert not any(t.HasField("compared_below_hz") for t in v.turns)  # one band: not band-matched
+    assert re.match(
+        r"compared on copies clipped to \d\.\d\d % at the peak: the clips of speaker 'B' differ in clipping "
+        r"\(0\.\d\d-\d\.\d\d % of samples at the peak\); auto",
+        hot.detail,
+    ), hot.detail
+    assert [t.status for t in v.turns] == [pb.CONSISTENT] * 5, [(t.score, t.detail) for t in v.turns]
+    typed = TurnVerdict.from_pb(hot)  # the client library reads both fields
+    assert typed.compared_clipped_fraction == pytest.approx(hot.compared_clipped_fraction)
+    assert typed.clipped_fraction == pytest.approx(hot.clipped_fraction)
+
+    # The same request with clip matching off (--clip-match-spread 0): the clipping is read as another voice.
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, clip_match_spread=0.0))
+    off = await stub.CheckDialogue(check_request(turns(speech, VOICE_B)), timeout=120)
+    assert off.turns[SLOT].status == pb.INCONSISTENT and off.turns[SLOT].score > 0.5
+    assert not any(t.HasField("compared_clipped_fraction") for t in off.turns)
+    assert hot.score < off.turns[SLOT].score - 0.3
+
+
+@pytest.mark.parametrize("gain_db", [12.0, 20.0])
+async def test_another_voice_in_the_clipped_slot_is_still_flagged(
+    stub: pb_grpc.SleuthStub, speech: Speech, gain_db: float
+) -> None:
+    v = await stub.CheckDialogue(check_request(turns(speech, VOICE_F, gain_db)), timeout=120)
+    assert v.turns[SLOT].HasField("compared_clipped_fraction")
+    assert list(v.speakers[0].inconsistent_turn_ids) == [f"t{SLOT}"], [(t.score, t.detail) for t in v.turns]
+    assert v.turns[SLOT].score > 0.9
+
+
+async def test_a_paper_method_and_a_single_encoder_are_never_clip_matched(
+    stub: pb_grpc.SleuthStub, speech: Speech
+) -> None:
+    for method, encoder in ((pb.METHOD_PAIRWISE, "fused"), (pb.METHOD_AUTO, "ge2e")):
+        v = await stub.CheckDialogue(check_request(turns(speech, VOICE_B), method, encoder), timeout=120)
+        assert not any(t.HasField("compared_clipped_fraction") for t in v.turns), (method, encoder)
+        assert all(t.HasField("clipped_fraction") == (encoder == "fused") for t in v.turns)
+
+
+async def test_a_stream_follows_a_moving_clipping_target_as_check_dialogue_does(
+    stub: pb_grpc.SleuthStub, engine: Engine, speech: Speech
+) -> None:
+    """Turn 1 is clipped a little (the speaker is matched from then on, at its share), turn 3 much harder: the
+    target moves, and every copy is made again at the new one from the audio the stream kept. The final
+    verdict is CheckDialogue's, bit for bit."""
+    audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    audio[1] = clipped(audio[1], 8.0)
+    audio[3] = clipped(audio[3], 20.0)
+    updates, final = await _stream(stub, audio)
+    unary = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert engine.kept_audio.held == 0  # the ended stream let go of what it kept
+    first = [u.verdict for u in updates if not u.revision]
+    targets = [t.compared_clipped_fraction if t.HasField("compared_clipped_fraction") else None for t in first]
+    assert targets[0] is None and targets[1] == targets[2] and targets[3] == targets[4] > targets[1] > 0, targets
+    assert targets[3] == pytest.approx(first[3].clipped_fraction, abs=1e-4)
+    fields = ("turn_id", "status", "score", "compared_clipped_fraction", "clipped_fraction", "detail")
+    assert [tuple(getattr(t, f) for f in fields) for t in final.turns] == [
+        tuple(getattr(t, f) for f in fields) for t in unary.turns
+    ]
+
+
+async def test_a_stream_past_its_bound_says_when_it_cannot_follow_a_moving_target(
+    narrowing_server: RunningServer, speech: Speech
+) -> None:
+    """A stream that keeps no turn audio (past --band-match-stream-mb) clip-matches while the target stays (each
+    turn's copy is made as it arrives) but cannot copy the turns it let go at a new target: the speaker is then
+    judged as heard, and every turn says why."""
+    audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    audio[1] = clipped(audio[1], 8.0)
+    audio[3] = clipped(audio[3], 20.0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{narrowing_server.port}") as channel:
+        updates, final = await _stream(pb_grpc.SleuthStub(channel), audio)
+    first = [u.verdict for u in updates if not u.revision]
+    assert first[2].HasField("compared_clipped_fraction")  # before the target moved
+    assert not any(t.HasField("compared_clipped_fraction") for t in final.turns)
+    assert all(
+        re.match(
+            r"compared as heard although the clips of speaker 'B' differ in clipping \(.*\): the stream no longer "
+            r"keeps its turns' audio \(past --band-match-stream-mb\); auto",
+            t.detail,
+        )
+        for t in final.turns
+    ), [t.detail for t in final.turns]
