@@ -256,7 +256,7 @@ async def test_the_offline_judges_band_match_as_the_server_does(
 
     def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
         embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        bandwidths = embed.measure_bandwidths(tmp_path, paths)
+        bandwidths, _ = embed.measure_channels(tmp_path, paths)
         narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
         fused = SpeakerEncoder.load(models_dir, encoder="fused")
         fused.close()

@@ -46,6 +46,7 @@ from sleuthd.domain import AudioInput, VoiceRef
 # Channel matching's inputs as the server makes them (a clip's bandwidth and plateau fraction; its copies at the
 # common band or clipping), so the offline judges (sleuthd_bench.robustness) read exactly what the server reads.
 from sleuthd.encoders.clips import (
+    NARROWBAND,
     ChannelCopy,
     ClipEmbedding,
     channel_copy,
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from sleuthd.client.requests import AudioLike
 
 __all__ = [
+    "NARROWBAND",
     "ChannelCopy",
     "ClipEmbedding",
     "Judge",

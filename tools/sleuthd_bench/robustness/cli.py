@@ -78,11 +78,23 @@ def cmd_embed(args: argparse.Namespace) -> int:
         return 2
     paths = [p for p in embed.manifest_paths(manifests) if (args.out / p).is_file()]
     progress = None if args.quiet else _progress("embed")
+    if args.narrowband and args.clipped:
+        print("error: --narrowband and --clipped are two runs: embed one, then the other", file=sys.stderr)
+        return 2
     if args.narrowband:
         paths = _mixed_clips(args.out, manifests, paths, args.band_match_octaves, progress)
         print(f"{len(paths)} clips belong to instances spanning more than {args.band_match_octaves:g} octave")
+    if args.clipped:
+        paths = _clipped_copies(args.out, manifests, paths, args.band_match_octaves, args.clip_match_spread, progress)
+        print(f"{len(paths)} clipped copies belong to instances differing by more than {args.clip_match_spread:g}")
     done = embed.embed_all(
-        args.out, paths, args.encoders.split(","), args.models_dir, progress=progress, narrowband=args.narrowband
+        args.out,
+        paths,
+        args.encoders.split(","),
+        args.models_dir,
+        progress=progress,
+        narrowband=args.narrowband,
+        clipped=args.clipped,
     )
     for name, e in done.items():
         usable = int((~__import__("numpy").isnan(e.vectors[:, 0])).sum())
@@ -96,7 +108,7 @@ def _mixed_clips(root: Path, manifests: list[Path], paths: list[str], octaves: f
     from sleuthd_bench.robustness import embed
     from sleuthd_bench.robustness.instances import load_instances
 
-    bandwidths = embed.measure_bandwidths(root, paths, progress)
+    bandwidths, _ = embed.measure_channels(root, paths, progress)
     embs = {e: embed.load(root, e) for e in embed.ENCODERS}
     mixed: dict[str, None] = {}
     for m in manifests:
@@ -109,20 +121,50 @@ def _mixed_clips(root: Path, manifests: list[Path], paths: list[str], octaves: f
     return [p for p in paths if p in mixed]
 
 
+def _clipped_copies(
+    root: Path, manifests: list[Path], paths: list[str], octaves: float, spread: float, progress: Any
+) -> list[str]:
+    """The copy keys (embed.copy_key) of the clips of every instance (both splits) whose clips differ in plateau
+    fraction by more than ``spread`` (measuring the channels the cache lacks first), at the instance's target and
+    band (low-passed too where it spans more than ``octaves``): what clip matching judges it on."""
+    from sleuthd_bench.instances import scenario_turns
+    from sleuthd_bench.manifest import read_manifest
+    from sleuthd_bench.robustness import embed
+    from sleuthd_bench.robustness.instances import load_instances
+
+    hz, plateaus = embed.measure_channels(root, paths, progress)
+    embs = {e: embed.load(root, e) for e in embed.ENCODERS}
+    keys: dict[str, None] = {}
+    for m in manifests:
+        split, _, condition = m.stem.partition("-")
+        lines = {x.dialogue_id: x for x in read_manifest(m)}
+        for inst in load_instances(root, split, [condition], embs, hz, None, plateaus):
+            target = inst.clip_target()
+            if target is None or inst.plateaus is None or not inst.plateaus[1] - inst.plateaus[0] > spread:
+                continue
+            line = lines[inst.dialogue_id]
+            band = 0 < octaves < inst.band_octaves
+            for p in (*scenario_turns(line, inst.scenario), line.reference):
+                keys.setdefault(embed.copy_key(p, band, target), None)
+    return list(keys)
+
+
 def _load_all(root: Path, split: str, conditions: list[str]) -> tuple[Any, Any]:
-    """The embeddings and the split's instances, with the bandwidths and narrowband embeddings band matching reads
-    when they were made (`robustness embed --narrowband`)."""
+    """The embeddings and the split's instances, with what channel matching reads when it was made (`robustness
+    embed --narrowband`, `--clipped`): the clips' bandwidths and plateau fractions, the copies' embeddings."""
     from sleuthd_bench.robustness import embed
     from sleuthd_bench.robustness.instances import load_instances
 
     embs = {e: embed.load(root, e) for e in embed.ENCODERS}
-    narrow_root = embed.narrow_root(root)
-    narrow = (
-        {e: embed.load(narrow_root, e) for e in embed.ENCODERS}
-        if all(embed.cache_path(narrow_root, e).is_file() for e in embed.ENCODERS)
-        else None
-    )
-    return embs, load_instances(root, split, conditions, embs, embed.load_bandwidths(root), narrow)
+
+    def copies(at: Path) -> dict[str, Any] | None:
+        if all(embed.cache_path(at, e).is_file() for e in embed.ENCODERS):
+            return {e: embed.load(at, e) for e in embed.ENCODERS}
+        return None
+
+    hz, plateaus = embed.load_channels(root)
+    narrow, clipped = copies(embed.narrow_root(root)), copies(embed.clipped_root(root))
+    return embs, load_instances(root, split, conditions, embs, hz, narrow, plateaus, clipped)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -155,7 +197,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         evidence[label or "evidence"] = EvidenceCalibration.from_json(
             block, {e: embs[e].weights_sha256 for e in ("ge2e", "campplus")}
         )
-    runs, uncertain = judges.judge_all(instances, thresholds, calibrations, evidence, args.band_match_octaves)
+    runs, uncertain = judges.judge_all(
+        instances, thresholds, calibrations, evidence, args.band_match_octaves, args.clip_match_spread
+    )
     focus = next(iter(evidence), None)
     out = {"conditions": {c: report.condition_report(c, instances, runs, uncertain, focus) for c in names}}
     shown = [
@@ -262,6 +306,12 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
         help="measure every clip's bandwidth, and embed the narrowband copies of the clips of instances that band "
         "matching judges on them (into <out>/narrow/)",
     )
+    e.add_argument(
+        "--clipped",
+        action="store_true",
+        help="measure every clip's plateau fraction, and embed the clipped copies of the clips of instances that "
+        "clip matching judges on them (into <out>/clipped/)",
+    )
     e.set_defaults(func=cmd_embed)
     rep.add_argument("--evidence", action="append", help="LABEL=FILE of an evidence calibration to judge with (repeat)")
     rep.add_argument("--json", type=Path, help="write the report as JSON")
@@ -274,6 +324,13 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
             default=EngineConfig().band_match_octaves,
             help="the blends' band matching, as the server's --band-match-octaves (default: the server's, "
             f"{EngineConfig().band_match_octaves:g}; 0 = off)",
+        )
+        sp.add_argument(
+            "--clip-match-spread",
+            type=float,
+            default=EngineConfig().clip_match_spread,
+            help="the blends' clip matching, as the server's --clip-match-spread (default: the server's, "
+            f"{EngineConfig().clip_match_spread:g}; 0 = off)",
         )
     add_verify_parser(rsub)
 
@@ -322,7 +379,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     # the offline `auto` compared with it is then the blend too, not today's calibration alone.
     served_blend = EvidenceCalibration.from_manifest(manifest.raw)
     blend = {"blend": served_blend} if served_blend is not None else {}
-    offline, _ = judges.judge_all(instances, thresholds, calibrations, blend, args.band_match_octaves)
+    offline, _ = judges.judge_all(
+        instances, thresholds, calibrations, blend, args.band_match_octaves, args.clip_match_spread
+    )
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]
     worst = 0
@@ -355,5 +414,11 @@ def add_verify_parser(rsub: Any) -> None:
         type=float,
         default=EngineConfig().band_match_octaves,
         help="the server's --band-match-octaves (default: its default; 0 = off)",
+    )
+    v.add_argument(
+        "--clip-match-spread",
+        type=float,
+        default=EngineConfig().clip_match_spread,
+        help="the server's --clip-match-spread (default: its default; 0 = off)",
     )
     v.set_defaults(func=cmd_verify)

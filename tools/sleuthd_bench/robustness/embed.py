@@ -7,10 +7,12 @@ clips the encoder found unusable), speech and audio seconds, and the encoder's w
 for other weights is refused, never mixed. The fused embedding is not cached: it is the components'
 embeddings joined as sleuthd.fusion joins them (each part scaled by 1/sqrt(2)).
 
-Band matching (sleuthd.judgment.dialogue.EncoderDialogue) needs two more things, cached under
-``<root>/narrow/``: every clip's effective bandwidth (``bandwidth.npz``, measured on the decoded clip as the
-server's fused decode measures it) and the embeddings of the clips' narrowband copies (``emb/<encoder>.npz``,
-the same format, made by the server's own ``narrowband_copy``) for the clips of instances that are matched.
+Channel matching (sleuthd.judgment.channel_matching) needs more, cached under ``<root>/narrow/``: every clip's
+effective bandwidth and plateau fraction (``bandwidth.npz``, measured on the decoded clip as the server's fused
+decode measures them) and the embeddings of the clips' narrowband copies (``emb/<encoder>.npz``, the same format,
+made by the server's own ``channel_copy``) for the clips of instances that are band-matched; and, under
+``<root>/clipped/``, the embeddings of the clipped copies of the clips of instances that are clip-matched, keyed
+``<path>#<copy>`` (:func:`copy_key`: one per target, since an instance's target is its most-clipped piece's).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Embeddings:
 
 
 NARROW = "narrow"
+CLIPPED = "clipped"
 MAX_SECONDS = 600.0  # longer than any clip of the matrix
 
 
@@ -59,40 +62,74 @@ def narrow_root(root: Path) -> Path:
     return root / NARROW
 
 
+def clipped_root(root: Path) -> Path:
+    """Where the clipped copies' embeddings of the clips under ``root`` are cached (keys: :func:`copy_key`)."""
+    return root / CLIPPED
+
+
+def copy_key(path: str, narrow: bool, plateau: float) -> str:
+    """The cache key of a clip's copy clipped to ``plateau`` (rounded as the server rounds a target), low-passed
+    too when ``narrow``."""
+    return f"{path}#{'narrow' if narrow else 'full'}-clip{plateau:.4f}"
+
+
+def parse_copy_key(key: str) -> tuple[str, bool, float]:
+    path, _, copy = key.rpartition("#")
+    band, _, clip = copy.partition("-clip")
+    return path, band == "narrow", float(clip)
+
+
 def bandwidth_path(root: Path) -> Path:
     return narrow_root(root) / "bandwidth.npz"
 
 
-def load_bandwidths(root: Path) -> dict[str, float]:
-    """Clip path -> effective bandwidth in Hz (NaN: too short or silent to tell); {} when never measured."""
+def load_channels(root: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """Clip path -> effective bandwidth in Hz, and -> plateau fraction (NaN: too short or silent to tell; a cache
+    from before plateaus were measured has none); ({}, {}) when never measured."""
     path = bandwidth_path(root)
     if not path.is_file():
-        return {}
+        return {}, {}
     with np.load(path, allow_pickle=False) as z:
-        return dict(zip(list(z["paths"]), z["hz"].tolist(), strict=True))
+        paths = list(z["paths"])
+        hz = dict(zip(paths, z["hz"].tolist(), strict=True))
+        plateau = dict(zip(paths, z["plateau"].tolist(), strict=True)) if "plateau" in z.files else {}
+        return hz, plateau
 
 
-def measure_bandwidths(
+def load_bandwidths(root: Path) -> dict[str, float]:
+    """Clip path -> effective bandwidth in Hz (NaN: too short or silent to tell); {} when never measured."""
+    return load_channels(root)[0]
+
+
+def measure_channels(
     root: Path, paths: Sequence[str], progress: Callable[[str, int, int], None] | None = None
-) -> dict[str, float]:
-    """The bandwidths the cache lacks, measured and saved (about 10 ms a clip: a decode and a spectrum)."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The bandwidths and plateau fractions the cache lacks, measured and saved (about 10 ms a clip: a decode and
+    a spectrum)."""
     from sleuthd.api import clip_channel
     from sleuthd.domain import AudioInput
 
-    known = load_bandwidths(root)
-    todo = [p for p in paths if p not in known]
+    hz, plateau = load_channels(root)
+    todo = [p for p in paths if p not in hz or p not in plateau]
     for n, p in enumerate(todo, 1):
-        hz = clip_channel(AudioInput((root / p).read_bytes()), MAX_SECONDS)[0]
-        known[p] = np.nan if hz is None else hz
+        width, share = clip_channel(AudioInput((root / p).read_bytes()), MAX_SECONDS)
+        hz[p] = np.nan if width is None else width
+        plateau[p] = np.nan if share is None else share
         if progress and (n % 200 == 0 or n == len(todo)):
-            progress("bandwidth", n, len(todo))
+            progress("channel", n, len(todo))
     if todo:
         path = bandwidth_path(root)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, paths=np.array(list(known)), hz=np.array(list(known.values()), np.float64))
+        keys = list(hz)
+        np.savez(
+            tmp,
+            paths=np.array(keys),
+            hz=np.array([hz[p] for p in keys], np.float64),
+            plateau=np.array([plateau.get(p, np.nan) for p in keys], np.float64),
+        )
         tmp.replace(path)
-    return known
+    return hz, plateau
 
 
 def load(root: Path, encoder: str) -> Embeddings:
@@ -140,16 +177,22 @@ def embed_all(
     chunk: int = 32,
     save_every_s: float = 120.0,
     narrowband: bool = False,
+    clipped: bool = False,
 ) -> dict[str, Embeddings]:
     """Embed the paths each encoder's cache lacks (saved every few minutes, so an interrupted run resumes).
-    ``narrowband``: embed the clips' narrowband copies into the cache under :func:`narrow_root` instead."""
-    from sleuthd.api import SpeakerEncoder, narrowband_copy
+    ``narrowband``: embed the clips' narrowband copies into the cache under :func:`narrow_root` instead;
+    ``clipped``: ``paths`` are :func:`copy_key` keys, whose copies go into the cache under :func:`clipped_root`."""
+    from sleuthd.api import NARROWBAND, ChannelCopy, SpeakerEncoder, channel_copy
     from sleuthd.domain import AudioInput
 
     def source(p: str) -> Path | AudioInput:
-        return narrowband_copy(AudioInput((root / p).read_bytes()), MAX_SECONDS) if narrowband else root / p
+        if clipped:
+            path, narrow, plateau = parse_copy_key(p)
+            copy = ChannelCopy(narrow=narrow, plateau=plateau)
+            return channel_copy(AudioInput((root / path).read_bytes()), MAX_SECONDS, copy)
+        return channel_copy(AudioInput((root / p).read_bytes()), MAX_SECONDS, NARROWBAND) if narrowband else root / p
 
-    cache_root = narrow_root(root) if narrowband else root
+    cache_root = clipped_root(root) if clipped else narrow_root(root) if narrowband else root
     out = {}
     for name in encoders:
         encoder = SpeakerEncoder.load(models_dir, encoder=name)

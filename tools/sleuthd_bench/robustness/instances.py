@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from sleuthd.audio.clipping import PLATEAU_DECIMALS
 
 from sleuthd_bench.instances import gold_turns, scenario_turns
 from sleuthd_bench.manifest import read_manifest
 from sleuthd_bench.metrics import SCENARIOS, Scenario
-from sleuthd_bench.robustness.embed import ENCODERS, Embeddings, fused
+from sleuthd_bench.robustness.embed import ENCODERS, Embeddings, copy_key, fused
 
 FUSED = "fused"
 ALL_ENCODERS = (*ENCODERS, FUSED)
@@ -48,6 +49,32 @@ class Instance:
     # the views of the clips' narrowband copies (empty when they were not embedded).
     band_octaves: float = 0.0
     narrow_views: dict[str, Turns] = field(default_factory=dict)
+    # Clip matching: the least and most clipped plateau fractions of the usable turns and the reference (None: not
+    # measured), and the views of the clips' copies clipped to the most-clipped one's (as the server rounds it),
+    # full band (False) and low-passed too (True), where they were embedded.
+    plateaus: tuple[float, float] | None = None
+    clip_views: dict[bool, dict[str, Turns]] = field(default_factory=dict)
+
+    def clip_matched(self, spread: float, narrow: bool) -> dict[str, Turns] | None:
+        """The views the server's clip matching at ``spread`` judges this instance on (``narrow``: it is also
+        band-mixed, so its copies are low-passed too), or None: it is not mixed, or a copy lost a usable turn or
+        the reference (the server then judges it on its narrowband copies, or as sent). Raises when it is mixed
+        and its copies were never embedded."""
+        if self.plateaus is None or not 0 < spread < self.plateaus[1] - self.plateaus[0]:
+            return None
+        if narrow not in self.clip_views:
+            raise LookupError(
+                f"{self.dialogue_id}/{self.scenario}: its clips differ in clipping "
+                f"({self.plateaus[0]:.4f}-{self.plateaus[1]:.4f}), and their clipped copies are not embedded: run "
+                "`sleuthd-bench robustness embed --clipped`"
+            )
+        views = self.clip_views[narrow]
+        ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
+        return views if ok else None
+
+    def clip_target(self) -> float | None:
+        """The plateau fraction its copies are clipped to when clip-matched (the server's rounding)."""
+        return None if self.plateaus is None else round(self.plateaus[1], PLATEAU_DECIMALS)
 
     def band_matched(self, octaves: float) -> bool:
         """Whether the server's band matching at ``octaves`` judges this instance on its narrowband copies: it
@@ -78,9 +105,13 @@ def load_instances(
     embs: Mapping[str, Embeddings],
     bandwidths: Mapping[str, float] | None = None,
     narrow: Mapping[str, Embeddings] | None = None,
+    plateaus: Mapping[str, float] | None = None,
+    clipped: Mapping[str, Embeddings] | None = None,
 ) -> list[Instance]:
     """Every instance of the split's manifests ``root/<split>-<condition>.jsonl``. ``bandwidths`` (clip ->
-    Hz) and ``narrow`` (the narrowband copies' embeddings) give each instance what band matching reads."""
+    Hz) and ``narrow`` (the narrowband copies' embeddings) give each instance what band matching reads;
+    ``plateaus`` (clip -> plateau fraction) and ``clipped`` (the clipped copies' embeddings, by copy_key) what
+    clip matching reads."""
     out = []
     for cond in conditions:
         path = root / f"{split}-{cond}.jsonl"
@@ -106,6 +137,18 @@ def load_instances(
                     inst.band_octaves = float(np.log2(max(hz) / min(hz))) if len(hz) >= 2 else 0.0
                 if narrow and all(p in narrow[e].index for e in ENCODERS for p in (*turns, ref_rel)):
                     inst.narrow_views = _views(turns, ref_rel, narrow)
+                if plateaus:
+                    # The server's rule (ChannelMatcher.matches): the usable turns' plateau fractions and the
+                    # reference's (measured even where it is unusable).
+                    usable = [turns[k] for k in inst.views[FUSED].index]
+                    share = [plateaus[p] for p in (*usable, ref_rel) if np.isfinite(plateaus[p])]
+                    inst.plateaus = (min(share), max(share)) if len(share) >= 2 else None
+                target = inst.clip_target()
+                if clipped and target is not None:
+                    for band in (False, True):
+                        keys = {p: copy_key(p, band, target) for p in (*turns, ref_rel)}
+                        if all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
+                            inst.clip_views[band] = _views([keys[p] for p in turns], keys[ref_rel], clipped)
                 out.append(inst)
     return out
 
