@@ -72,7 +72,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_embed(args: argparse.Namespace) -> int:
     from sleuthd_bench.robustness import embed
 
-    manifests = sorted(args.out.glob("*-*.jsonl"))
+    manifests = sorted(args.out.glob(f"{args.split or '*'}-*.jsonl"))
     if not manifests:
         print(f"error: no manifests under {args.out}: run `sleuthd-bench robustness build` first", file=sys.stderr)
         return 2
@@ -305,6 +305,9 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
         action="store_true",
         help="measure every clip's bandwidth, and embed the narrowband copies of the clips of instances that band "
         "matching judges on them (into <out>/narrow/)",
+    )
+    e.add_argument(
+        "--split", choices=("train", "eval"), help="only the clips of this split's manifests (default: both)"
     )
     e.add_argument(
         "--clipped",
