@@ -145,7 +145,7 @@ async def narrowing_engine(models_dir: Path) -> AsyncIterator[Engine]:
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def narrowing_server(narrowing_engine: Engine) -> AsyncIterator[RunningServer]:
-    running = await create_server(narrowing_engine, ServerConfig(port=0), ServiceMetrics())
+    running = await create_server(narrowing_engine, ServerConfig(port=0, metrics_port=0), ServiceMetrics())
     yield running
     await running.stop(grace=1.0)
 
