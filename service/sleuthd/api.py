@@ -39,12 +39,13 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
+# Channel matching's inputs as the server makes them (a clip's bandwidth and plateau fraction; its copies at the
+# common band or clipping, and the clipping target), so the offline judges (sleuthd_bench.robustness) read exactly
+# what the server reads.
+from sleuthd.audio.clipping import copy_target
 from sleuthd.audio.windows import WindowSpec
 from sleuthd.config import EngineConfig, RegistryConfig, default_models_dir
 from sleuthd.domain import AudioInput, VoiceRef
-
-# Channel matching's inputs as the server makes them (a clip's bandwidth and plateau fraction; its copies at the
-# common band or clipping), so the offline judges (sleuthd_bench.robustness) read exactly what the server reads.
 from sleuthd.encoders.clips import (
     NARROWBAND,
     ChannelCopy,
@@ -76,6 +77,7 @@ __all__ = [
     "WindowSpec",
     "channel_copy",
     "clip_channel",
+    "copy_target",
     "narrowband_copy",
 ]
 

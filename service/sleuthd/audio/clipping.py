@@ -33,6 +33,11 @@ def plateau_fraction(samples: np.ndarray) -> float | None:
     return float(np.count_nonzero(x >= PLATEAU_LEVEL * peak) / x.size)
 
 
+def copy_target(fraction: float) -> float:
+    """The plateau fraction copies are clipped to for a speaker whose most-clipped piece has ``fraction``."""
+    return round(fraction, PLATEAU_DECIMALS)
+
+
 def clip_to_plateau(samples: np.ndarray, fraction: float) -> np.ndarray:
     """A copy hard-clipped at the magnitude that ``fraction`` of its samples reach, so that about that share of
     it sits on the plateau (a clip already clipped harder is left as it is, up to its own ceiling)."""

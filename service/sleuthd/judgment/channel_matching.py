@@ -39,7 +39,7 @@ from typing import Protocol
 import numpy as np
 
 from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
-from sleuthd.audio.clipping import PLATEAU_DECIMALS
+from sleuthd.audio.clipping import copy_target
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.clips import NARROWBAND, ChannelCopy, ClipEmbedding
 from sleuthd.errors import InvalidRequest
@@ -91,7 +91,7 @@ class ChannelMatch:
     @property
     def copy(self) -> ChannelCopy:
         """The copies this speaker is judged on: low-passed if band-mixed, clipped to its most-clipped piece."""
-        target = None if self.plateau is None else round(self.plateau[1], PLATEAU_DECIMALS)
+        target = None if self.plateau is None else copy_target(self.plateau[1])
         return ChannelCopy(narrow=self.band is not None, plateau=target)
 
     def _differs(self, copy: ChannelCopy) -> list[str]:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from sleuthd.audio.clipping import PLATEAU_DECIMALS
 
 from sleuthd_bench.instances import gold_turns, scenario_turns
 from sleuthd_bench.manifest import read_manifest
@@ -74,7 +73,9 @@ class Instance:
 
     def clip_target(self) -> float | None:
         """The plateau fraction its copies are clipped to when clip-matched (the server's rounding)."""
-        return None if self.plateaus is None else round(self.plateaus[1], PLATEAU_DECIMALS)
+        from sleuthd.api import copy_target
+
+        return None if self.plateaus is None else copy_target(self.plateaus[1])
 
     def band_matched(self, octaves: float) -> bool:
         """Whether the server's band matching at ``octaves`` judges this instance on its narrowband copies: it
