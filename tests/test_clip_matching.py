@@ -71,8 +71,8 @@ def test_the_plateau_fraction_is_the_clipped_share_and_a_copy_is_clipped_to_it()
 async def test_a_clipped_turn_of_the_same_voice_is_compared_on_copies_clipped_alike(
     stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without clip matching the clipped turn is flagged (probability ~0.9); judged on copies of every turn
-    clipped as hard as it is (3-4 % of samples at the peak), it is cleared. What it does on varied speech is
+    """Without clip matching the clipped turn is flagged (probability 0.76); judged on copies of every turn
+    clipped as hard as it is (2.4 % of samples at the peak), it is cleared (0.08). What it does on varied speech is
     measured by the robustness matrix (d-clip S1 75 % -> 94 %, docs/research/robustness.md)."""
     v = await stub.CheckDialogue(check_request(turns(speech, VOICE_B)), timeout=120)
     hot = v.turns[SLOT]
