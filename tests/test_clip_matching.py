@@ -227,3 +227,22 @@ async def test_the_offline_judges_clip_match_as_the_server_does(
         assert offline == flagged, (inst.dialogue_id, inst.scenario, offline, [t.detail for t in served.turns])
         if inst.scenario != "S1":
             assert offline == inst.gold  # the intruder is found, and nothing else
+
+
+def test_a_bandwidth_cache_from_before_plateaus_has_them_measured(speech: Speech, tmp_path: Path) -> None:
+    """`robustness embed --narrowband` caches of earlier sessions hold bandwidths only; measuring channels for one
+    split's clips must not leave the other split's clips recorded as measured without a plateau."""
+    from sleuthd_bench.robustness import embed
+
+    paths = []
+    for k in range(3):
+        (tmp_path / f"b{k}.wav").write_bytes(clipped(speech.wav_bytes(VOICE_B, k), 6.0 * k))
+        paths.append(f"b{k}.wav")
+    old = embed.bandwidth_path(tmp_path)
+    old.parent.mkdir(parents=True)
+    np.savez(old, paths=np.array(paths), hz=np.full(3, 8000.0))  # the old format: no plateau
+    embed.measure_channels(tmp_path, paths[:1])  # one split's clips
+    assert set(embed.load_channels(tmp_path)[1]) == {"b0.wav"}  # the others still count as unmeasured
+    hz, plateaus = embed.measure_channels(tmp_path, paths)
+    assert set(plateaus) == set(paths) and plateaus["b0.wav"] < 1e-3 < plateaus["b2.wav"], plateaus
+    assert set(hz) == set(paths) and all(4000 < v <= 8000 for v in hz.values()), hz  # measured again beside

@@ -93,7 +93,9 @@ def load_channels(root: Path) -> tuple[dict[str, float], dict[str, float]]:
         paths = list(z["paths"])
         hz = dict(zip(paths, z["hz"].tolist(), strict=True))
         plateau = dict(zip(paths, z["plateau"].tolist(), strict=True)) if "plateau" in z.files else {}
-        return hz, plateau
+        # A clip whose bandwidth was measured before plateaus were is saved with a NaN plateau: not measured (a
+        # silent clip has NaN for both).
+        return hz, {p: v for p, v in plateau.items() if v == v or hz[p] != hz[p]}
 
 
 def load_bandwidths(root: Path) -> dict[str, float]:
