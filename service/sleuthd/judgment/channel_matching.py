@@ -301,10 +301,12 @@ class ChannelMatcher:
         (each speaker's own, and the others' for its cohort); drop the kinds nobody is judged on any more (a
         clipping target that moved); in a stream past its bound, make every new clip's narrowband copy in the
         background."""
-        wanted = {m.copy for m in self.matches().values()}
-        bands = any(m.band is not None for m in self.matches().values())
-        if self._eager:
-            wanted |= {NARROWBAND} if bands else set()  # the fallback of a band- and clip-mixed speaker
+        matches = self.matches().values()
+        wanted = {m.copy for m in matches}
+        # A speaker mixed both ways falls back to its narrowband copies when its clipped ones cannot be had (a copy
+        # too short to embed; in a stream past its bound, audio no longer kept): made beside them.
+        if any(m.band is not None and m.plateau is not None for m in matches):
+            wanted.add(NARROWBAND)
         for copy in [c for c in self._copies if c not in wanted and not (self._eager and c == NARROWBAND)]:
             self._drop(copy)
         if self._eager and NARROWBAND not in wanted:
