@@ -170,6 +170,10 @@ class TurnResult:
     # share its speaker's copies were clipped to when their clips differ in clipping (clip matching).
     clipped_fraction: float | None = None
     compared_clipped_fraction: float | None = None
+    # The turn's estimated SNR in dB (at most 20: cleaner counts as clean; measured under the fused encoder), and
+    # the SNR its speaker's copies were brought to when their clips differ in noise (noise matching).
+    snr_db: float | None = None
+    compared_snr_db: float | None = None
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ class TurnVerdict:
     compared_below_hz: float | None = None  # set when its speaker was judged on clips low-passed below this
     clipped_fraction: float | None = None  # share of the turn's samples at its peak, 0-1 (fused encoder)
     compared_clipped_fraction: float | None = None  # set when its speaker was judged on copies clipped to this
+    snr_db: float | None = None  # the turn's estimated SNR, dB, at most 20 (fused encoder)
+    compared_snr_db: float | None = None  # set when its speaker was judged on copies with noise added to this SNR
 
     @property
     def inconsistent(self) -> bool:
@@ -120,6 +122,8 @@ class TurnVerdict:
             compared_below_hz=_opt(t, "compared_below_hz"),
             clipped_fraction=_opt(t, "clipped_fraction"),
             compared_clipped_fraction=_opt(t, "compared_clipped_fraction"),
+            snr_db=_opt(t, "snr_db"),
+            compared_snr_db=_opt(t, "compared_snr_db"),
         )
 
 

@@ -128,6 +128,12 @@ class EngineConfig:
         "in plateau fraction (the share of a clip's samples at its peak: ~0 unclipped) is judged on copies of "
         "every clip clipped as hard as its most-clipped one, so clipping is not read as another voice; 0 = off",
     )
+    noise_match_db: float = option(
+        3.0,
+        help="under the fused encoder's auto, a speaker matched neither by band nor by clipping whose turns (and "
+        "reference clip) differ by more than this in estimated SNR (dB; 20 and cleaner count as clean) is judged on "
+        "copies of every clip with its noisiest clip's own noise added until each is as noisy; 0 = off",
+    )
     band_match_stream_mb: float = option(
         128.0,
         help="channel matching: a stream keeps its turns' audio until this many MiB, so that a speaker who becomes "
@@ -152,6 +158,7 @@ class EngineConfig:
         _at_least(self, "max_references", 0)
         _at_least(self, "band_match_octaves", 0)
         _at_least(self, "clip_match_spread", 0)
+        _at_least(self, "noise_match_db", 0)
         _at_least(self, "band_match_stream_mb", 0)
         _at_least(self, "band_match_kept_mb", 0)
         _at_least(self, "workers", 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from sleuthd.audio.decode import (
     probe,
     to_model_rate,
 )
+from sleuthd.audio.noise import add_noise, noise_bed, snr_db
 from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec, make_windows
 from sleuthd.domain import AudioInput, PcmEncoding, PcmSpec
@@ -45,6 +47,7 @@ class PreparedClip:
     detail: str = ""  # why the clip is not usable
     bandwidth_hz: float | None = None  # Speech.bandwidth_hz
     plateau: float | None = None  # Speech.plateau
+    snr_db: float | None = None  # Speech.snr_db
 
     @property
     def usable(self) -> bool:
@@ -121,6 +124,9 @@ class Speech:
     # Its plateau fraction (sleuthd.audio.clipping: the share of samples at its peak), measured beside the
     # bandwidth; None when not measured, or silent.
     plateau: float | None = None
+    # Its estimated SNR in dB, at most sleuthd.audio.noise.CAP_DB, measured beside the bandwidth; None when not
+    # measured, or too short or silent to tell.
+    snr_db: float | None = None
 
 
 def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, max_seconds: float) -> Speech:
@@ -129,14 +135,29 @@ def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, ma
     shared decode comes here). Raises AudioError for unusable bytes."""
     samples = decode(audio, max_seconds).samples
     speech = trim(samples, loudness_target_dbfs, vad)
-    return dataclasses.replace(speech, bandwidth_hz=effective_bandwidth_hz(samples), plateau=plateau_fraction(samples))
+    channel = measure_channel(samples)
+    return dataclasses.replace(
+        speech, bandwidth_hz=channel.bandwidth_hz, plateau=channel.plateau, snr_db=channel.snr_db
+    )
 
 
-def clip_channel(audio: AudioInput, max_seconds: float) -> tuple[float | None, float | None]:
-    """The clip's bandwidth and plateau fraction alone (Speech.bandwidth_hz, Speech.plateau), for a clip whose
-    embeddings were all cached, and for a registration."""
-    samples = decode(audio, max_seconds).samples
-    return effective_bandwidth_hz(samples), plateau_fraction(samples)
+class Channel(NamedTuple):
+    """What channel matching measures of a clip (Speech's fields of the same names)."""
+
+    bandwidth_hz: float | None
+    plateau: float | None
+    snr_db: float | None
+
+
+def measure_channel(samples: np.ndarray) -> Channel:
+    """A decoded clip's bandwidth, plateau fraction and SNR."""
+    return Channel(effective_bandwidth_hz(samples), plateau_fraction(samples), snr_db(samples))
+
+
+def clip_channel(audio: AudioInput, max_seconds: float) -> Channel:
+    """The clip's channel alone (Speech.bandwidth_hz, plateau, snr_db), for a clip whose embeddings were all
+    cached, and for a registration."""
+    return measure_channel(decode(audio, max_seconds).samples)
 
 
 @dataclass(frozen=True)
@@ -147,11 +168,16 @@ class ChannelCopy:
 
     narrow: bool = False
     plateau: float | None = None
+    # Noise added until the copy's estimated SNR is this (dB): the quiet frames of ``noise`` (the speaker's
+    # noisiest clip), tiled (sleuthd.audio.noise). Never combined with the two above (the rule screened).
+    snr_db: float | None = None
+    noise: AudioInput | None = None
 
     def describe(self) -> str:
         """What the copy is, for labels and details ("narrowband copy", "copy clipped to 4.2 %", ...)."""
         clipped = "" if self.plateau is None else f" clipped to {100 * self.plateau:.2f} % at the peak"
-        return f"{'narrowband ' if self.narrow else ''}copy{clipped}"
+        noisy = "" if self.snr_db is None else f" with noise added to {self.snr_db:.1f} dB SNR"
+        return f"{'narrowband ' if self.narrow else ''}copy{clipped}{noisy}"
 
 
 NARROWBAND = ChannelCopy(narrow=True)  # band matching's copy
@@ -165,6 +191,8 @@ def channel_copy(audio: AudioInput, max_seconds: float, copy: ChannelCopy) -> Au
     samples = decode(audio, max_seconds).samples
     if copy.plateau is not None:
         samples = clip_to_plateau(samples, copy.plateau)
+    if copy.snr_db is not None and copy.noise is not None:
+        samples = add_noise(samples, copy.snr_db, noise_bed(decode(copy.noise, max_seconds).samples))
     if copy.narrow:
         # The filter's ripple can overshoot a peak a little; decoding refuses float PCM beyond FLOAT_PEAK_LIMIT.
         samples = np.clip(low_pass(samples), -FLOAT_PEAK_LIMIT, FLOAT_PEAK_LIMIT)
@@ -201,6 +229,7 @@ def cut_placements(
             ),
             bandwidth_hz=speech.bandwidth_hz,
             plateau=speech.plateau,
+            snr_db=speech.snr_db,
         )
         return [unusable for _ in windows]
     kept_index = np.flatnonzero(speech.keep)
@@ -221,6 +250,7 @@ def cut_placements(
                 window_times=times,
                 bandwidth_hz=speech.bandwidth_hz,
                 plateau=speech.plateau,
+                snr_db=speech.snr_db,
             )
         )
     return out
@@ -238,6 +268,7 @@ class ClipEmbedding:
     detail: str = ""
     bandwidth_hz: float | None = None  # Speech.bandwidth_hz
     plateau: float | None = None  # Speech.plateau
+    snr_db: float | None = None  # Speech.snr_db
 
     @property
     def usable(self) -> bool:
@@ -279,6 +310,7 @@ def embedded_clip(clip: PreparedClip, window_embeddings: np.ndarray) -> ClipEmbe
         clip.window_times,
         bandwidth_hz=clip.bandwidth_hz,
         plateau=clip.plateau,
+        snr_db=clip.snr_db,
     )
 
 

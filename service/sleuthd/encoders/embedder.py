@@ -28,6 +28,7 @@ from sleuthd.domain import AudioInput
 from sleuthd.encoders.cache import LruCache, audio_digest, audio_key
 from sleuthd.encoders.clips import (
     NARROWBAND,
+    Channel,
     ChannelCopy,
     ClipEmbedding,
     Heard,
@@ -160,8 +161,8 @@ class ClipEmbedder:
 
         return await gather_or_cancel(one(a, label) for a, label in audios)
 
-    async def _channel(self, audio: AudioInput) -> tuple[float | None, float | None]:
-        """A clip's bandwidth and plateau fraction alone (a decode and a spectrum), on a worker thread."""
+    async def _channel(self, audio: AudioInput) -> Channel:
+        """A clip's channel alone (a decode and a spectrum), on a worker thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._prep_pool, clip_channel, audio, self.max_clip_seconds)
 
@@ -250,11 +251,13 @@ class ClipEmbedder:
         # The engine always asks for the manifest's placement (None) first; drift windows come beside it.
         at_manifest = [parts[0][placements.index(None)]] + [found[0] for found in parts[1:]]
         clip = encoder.combine([clip for clip, _ in at_manifest])
-        if clip.usable and (clip.bandwidth_hz is None or clip.plateau is None):
+        if clip.usable and clip.bandwidth_hz is None and clip.plateau is None and clip.snr_db is None:
             # Every part came from the cache, put there by requests to single encoders, which measure no channel;
             # channel matching needs it whatever the cache held (a decode and a spectrum, once per such request).
-            bandwidth, plateau = await self._channel(audio)
-            clip = dataclasses.replace(clip, bandwidth_hz=bandwidth, plateau=plateau)
+            channel = await self._channel(audio)
+            clip = dataclasses.replace(
+                clip, bandwidth_hz=channel.bandwidth_hz, plateau=channel.plateau, snr_db=channel.snr_db
+            )
         joined = (clip, all(cached for _, cached in at_manifest))
         return [joined if p is None else parts[0][i] for i, p in enumerate(placements)]
 
@@ -310,6 +313,14 @@ async def embed_prepared(encoder: WindowEncoder, clip: PreparedClip, deadline: f
     """A prepared clip through the encoder; an unusable one keeps its reason and gets no embedding."""
     if clip.windows is None:
         return ClipEmbedding(
-            clip.audio_seconds, clip.speech_seconds, None, None, None, clip.detail, clip.bandwidth_hz, clip.plateau
+            clip.audio_seconds,
+            clip.speech_seconds,
+            None,
+            None,
+            None,
+            clip.detail,
+            clip.bandwidth_hz,
+            clip.plateau,
+            clip.snr_db,
         )
     return embedded_clip(clip, await encoder.encode(clip.windows, deadline=deadline))

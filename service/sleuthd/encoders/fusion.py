@@ -86,6 +86,7 @@ class FusedEncoder:
         # Measured by whichever component decoded the clip (None when every part came from the cache).
         bandwidth = next((c.bandwidth_hz for c in clips if c.bandwidth_hz is not None), None)
         plateau = next((c.plateau for c in clips if c.plateau is not None), None)
+        snr = next((c.snr_db for c in clips if c.snr_db is not None), None)
         return ClipEmbedding(
             first.audio_seconds,
             first.speech_seconds,
@@ -94,6 +95,7 @@ class FusedEncoder:
             times,
             bandwidth_hz=bandwidth,
             plateau=plateau,
+            snr_db=snr,
         )
 
     def join(self, vectors: Sequence[np.ndarray]) -> np.ndarray:

@@ -132,7 +132,12 @@ class Engine:
     def resolve(self, options: CheckOptions) -> ResolvedOptions:
         config = self.config
         return resolve(
-            options, self.entries, self.models.default_encoder, config.band_match_octaves, config.clip_match_spread
+            options,
+            self.entries,
+            self.models.default_encoder,
+            config.band_match_octaves,
+            config.clip_match_spread,
+            config.noise_match_db,
         )
 
     def _judging(self, opts: ResolvedOptions) -> Judging:

@@ -104,7 +104,7 @@ class EncoderJudging:
         # The references sent as audio are copied as the turns are; a registered voice brings its clips'
         # bandwidths and its stored narrowband embedding (read only if its speaker turns out band-mixed).
         reference_clips = {
-            s: ReferenceClip(a, clips[s].bandwidth_hz, clips[s].plateau)
+            s: ReferenceClip(a, clips[s].bandwidth_hz, clips[s].plateau, clips[s].snr_db)
             for s, a in references.items()
             if isinstance(a, AudioInput)
         }

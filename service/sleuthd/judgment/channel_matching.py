@@ -9,6 +9,10 @@ Why: both speaker encoders read a change of channel as a change of voice.
   under clipping. A speaker whose pieces differ in plateau fraction (sleuthd.audio.clipping: the share of samples
   at the peak) by more than ``clip_match_spread`` is judged on copies of every clip clipped as hard as its
   most-clipped piece (d-clip 80.9 -> 91.4).
+- **Noise.** A speaker matched neither way whose pieces differ in estimated SNR (sleuthd.audio.noise) by more
+  than ``noise_match_db`` is judged on copies of every clip with its noisiest piece's own noise added until each
+  is as noisy (d-noise 77.7 -> 95.9). Never combined with the two above: the rule was screened on speakers
+  matched neither way, and a speaker matched by band or clipping keeps that.
 A speaker mixed both ways is judged on copies clipped, then low-passed (sleuthd.encoders.clips.channel_copy): its
 copies follow what differs in its clips, not more (copies that were always both cost real speech 9 points:
 docs/research/robustness.md, "Screen 4"). Its cohort is the other speakers' copies made the same way; the other
@@ -40,6 +44,7 @@ import numpy as np
 
 from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
 from sleuthd.audio.clipping import copy_target
+from sleuthd.audio.noise import copy_snr
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.clips import NARROWBAND, ChannelCopy, ClipEmbedding
 from sleuthd.errors import InvalidRequest
@@ -69,6 +74,7 @@ class ReferenceClip:
     audio: AudioInput
     bandwidth_hz: float | None
     plateau: float | None
+    snr_db: float | None = None
 
 
 class Keeper(Protocol):
@@ -87,10 +93,17 @@ class ChannelMatch:
 
     band: tuple[float, float] | None
     plateau: tuple[float, float] | None
+    # Noise matching (only where neither above): the least and most noisy SNR (dB, noisiest first) and the noisiest
+    # piece's audio (None: no longer kept, so its copies cannot be made).
+    snr: tuple[float, float] | None = None
+    noise: AudioInput | None = None
 
     @property
     def copy(self) -> ChannelCopy:
-        """The copies this speaker is judged on: low-passed if band-mixed, clipped to its most-clipped piece."""
+        """The copies this speaker is judged on: low-passed if band-mixed, clipped to its most-clipped piece, or
+        with its noisiest piece's noise added."""
+        if self.snr is not None:
+            return ChannelCopy(snr_db=copy_snr(self.snr[0]), noise=self.noise)
         target = None if self.plateau is None else copy_target(self.plateau[1])
         return ChannelCopy(narrow=self.band is not None, plateau=target)
 
@@ -102,6 +115,8 @@ class ChannelMatch:
         if copy.plateau is not None and self.plateau is not None:
             low, high = self.plateau
             out.append(f"differ in clipping ({100 * low:.2f}-{100 * high:.2f} % of samples at the peak)")
+        if copy.snr_db is not None and self.snr is not None:
+            out.append(f"differ in noise ({self.snr[0]:.1f}-{self.snr[1]:.1f} dB SNR)")
         return out
 
     def note(self, speaker: str, used: ChannelCopy) -> str:
@@ -112,6 +127,8 @@ class ChannelMatch:
             how.append(f"below {NARROW_CUTOFF_HZ / 1000:.1f} kHz")
         if used.plateau is not None:
             how.append(f"on copies clipped to {100 * used.plateau:.2f} % at the peak")
+        if used.snr_db is not None:
+            how.append(f"on copies with its noisiest clip's noise added to {used.snr_db:.1f} dB SNR")
         return f"compared {' and '.join(how)}: the clips of speaker {speaker!r} {' and '.join(self._differs(used))}"
 
     def missed(self, speaker: str, used: ChannelCopy | None, why: str) -> str:
@@ -129,6 +146,7 @@ class ChannelMatch:
 class _Speaker:
     widths: list[float] = field(default_factory=list)  # the usable turns' measured bandwidths, Hz
     plateaus: list[float] = field(default_factory=list)  # the usable turns' plateau fractions
+    snrs: list[tuple[int, float, str]] = field(default_factory=list)  # the usable turns' (position, SNR dB, id)
     usable: int = 0  # usable turns heard
 
 
@@ -150,14 +168,16 @@ class ChannelMatcher:
         copies: Copies,
         octaves: float,
         spread: float,
+        noise_db: float,
         components: Sequence[tuple[str, int, int]],
         reference_clips: Mapping[str, ReferenceClip],
         registered: Mapping[str, RegisteredReference] | None = None,
         keeper: Keeper | None = None,
         max_kept_bytes: int = 0,
     ) -> None:
-        """``copies``: the listener of copies; ``octaves`` and ``spread``: the bandwidth (octaves) and plateau
-        fraction spreads above which a speaker is matched (0: that kind never); ``components``: the fused
+        """``copies``: the listener of copies; ``octaves``, ``spread`` and ``noise_db``: the bandwidth (octaves),
+        plateau fraction and SNR (dB) spreads above which a speaker is matched (0: that kind never); ``components``:
+        the fused
         encoder's parts (each pool keeps one per part); ``reference_clips``: speaker -> the reference sent as
         audio; ``registered``: speaker -> the registered voice that is its reference; ``keeper`` and
         ``max_kept_bytes``: a stream's, where it holds the audio it keeps and how much it may (None:
@@ -165,6 +185,7 @@ class ChannelMatcher:
         self._listen = copies
         self._octaves = octaves
         self._spread = spread
+        self._noise_db = noise_db
         self._components = components
         self._references = dict(reference_clips)
         self._registered = dict(registered or {})
@@ -194,6 +215,8 @@ class ChannelMatcher:
             entry.widths.append(clip.bandwidth_hz)
         if clip.plateau is not None:
             entry.plateaus.append(clip.plateau)
+        if clip.snr_db is not None:
+            entry.snrs.append((position, clip.snr_db, turn_id))
         self._turns[turn_id] = (speaker, position)
         self._keys.append(turn_id)
         self._keep(turn_id, audio)
@@ -249,8 +272,28 @@ class ChannelMatcher:
                 plateau = None
             if band is not None or plateau is not None:
                 out[s] = ChannelMatch(band, plateau)
+            elif (noisy := self._noise(s, entry)) is not None:
+                out[s] = noisy
         self._cache = (len(self._turns), out)  # turns are only ever added
         return out
+
+    def _noise(self, speaker: str, entry: _Speaker) -> ChannelMatch | None:
+        """The speaker's noise match, if their pieces differ in SNR by more than ``noise_db`` (the usable turns in
+        dialogue order, then the reference sent as audio; the noisiest is the first of the lowest SNR)."""
+        if not self._noise_db > 0 or speaker in self._registered:  # a registered voice's noise is not recorded
+            return None
+        pieces = [(snr, key) for _, snr, key in sorted(entry.snrs)]
+        reference = self._references.get(speaker)
+        if reference is not None and reference.snr_db is not None:
+            pieces.append((reference.snr_db, _REF + speaker))
+        if len(pieces) < 2:
+            return None
+        low = min(p[0] for p in pieces)
+        high = max(p[0] for p in pieces)
+        if not high - low > self._noise_db:
+            return None
+        noisiest = next(key for snr, key in pieces if snr == low)
+        return ChannelMatch(None, None, (low, high), self._kept.get(noisiest))
 
     def _complete(self, copy: ChannelCopy, speaker: str) -> bool:
         found = self._pools.get(copy, {}).get(speaker)
@@ -288,6 +331,8 @@ class ChannelMatcher:
         return used, match.missed(speaker, used, why)
 
     def _why_missing(self, copy: ChannelCopy, speaker: str) -> str:
+        if copy.snr_db is not None and copy.noise is None:
+            return "the stream no longer keeps its noisiest turn's audio (past --band-match-stream-mb)"
         lost = [k for k in self._keys if self._owner(k) == speaker and k not in self._copies.get(copy, {})]
         if lost and all(k not in self._kept for k in lost):
             return "the stream no longer keeps its turns' audio (past --band-match-stream-mb)"
@@ -315,16 +360,18 @@ class ChannelMatcher:
                 task = asyncio.ensure_future(self._make(NARROWBAND, waiting, deadline))
                 task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
                 self._making.update({(NARROWBAND, k): task for k in waiting})
-        if wanted:
+        # Noise copies whose noisiest piece's audio is no longer kept cannot be made (note() says why).
+        makeable = {c for c in wanted if c.snr_db is None or c.noise is not None}
+        if makeable:
             # Wait for the background copies (one that failed is made again below), then the rest.
             pending = set(self._making.values())
             if pending:
                 await asyncio.wait(pending)
-            for copy in sorted(wanted, key=lambda c: (c.narrow, c.plateau or 0.0)):
+            for copy in sorted(makeable, key=lambda c: (c.narrow, c.plateau or 0.0, c.snr_db or 0.0)):
                 await self._make(copy, [k for k in self._kept if not self._has(copy, k)], deadline)
         if self._eager:  # a clip not held is kept until its copies are made
             for key in [k for k in self._kept if k not in self._held and self._has(NARROWBAND, k)]:
-                if all(self._has(copy, key) for copy in wanted):
+                if all(self._has(copy, key) for copy in makeable):
                     self._let_go(key)
 
     def _has(self, copy: ChannelCopy, key: str) -> bool:

@@ -152,6 +152,7 @@ class _Turn:
     usable: bool
     bandwidth_hz: float | None = None  # ClipEmbedding.bandwidth_hz
     plateau: float | None = None  # ClipEmbedding.plateau
+    snr_db: float | None = None  # ClipEmbedding.snr_db
 
 
 @dataclass
@@ -204,6 +205,7 @@ class EncoderDialogue:
                 copies,
                 opts.judgment.band_match_octaves,
                 opts.judgment.clip_match_spread,
+                opts.judgment.noise_match_db,
                 opts.judgment.components,
                 reference_clips or {},
                 registered or {},
@@ -260,6 +262,7 @@ class EncoderDialogue:
             # (the fusion's component entry), and is reported without it, whichever came first.
             clip.bandwidth_hz if self.opts.judgment.components else None,
             clip.plateau if self.opts.judgment.components else None,
+            clip.snr_db if self.opts.judgment.components else None,
         )
         self._turns[turn_id] = turn
         entry = self._speakers.get(speaker)
@@ -321,6 +324,7 @@ class EncoderDialogue:
                     self.opts.judgment,
                     t.bandwidth_hz,
                     t.plateau,
+                    t.snr_db,
                     *(self._channels.note(t.speaker, matched) if self._channels is not None else (None, "")),
                 )
             )

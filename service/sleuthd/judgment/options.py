@@ -112,10 +112,11 @@ def resolve(
     default_encoder: str,
     band_match_octaves: float = 0.0,
     clip_match_spread: float = 0.0,
+    noise_match_db: float = 0.0,
 ) -> ResolvedOptions:
     """Apply defaults to ``options``; raise with what to change when they cannot be served.
-    ``band_match_octaves``, ``clip_match_spread``: the server's --band-match-octaves and --clip-match-spread
-    (Judgment's)."""
+    ``band_match_octaves``, ``clip_match_spread``, ``noise_match_db``: the server's --band-match-octaves,
+    --clip-match-spread and --noise-match-db (Judgment's)."""
     name = options.encoder or default_encoder
     if name not in entries:
         raise UnknownName(f"unknown encoder {name!r}; this server has: {', '.join(sorted(entries))}")
@@ -161,6 +162,13 @@ def resolve(
         components = entry.encoder.layout
     evidence = entry.evidence if usable_calibration is not None and components else None
     judgment = Judgment(
-        method, threshold, usable_calibration, components, evidence, band_match_octaves, clip_match_spread
+        method,
+        threshold,
+        usable_calibration,
+        components,
+        evidence,
+        band_match_octaves,
+        clip_match_spread,
+        noise_match_db,
     )
     return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift, options.similarity_matrix)

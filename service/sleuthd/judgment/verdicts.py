@@ -44,10 +44,11 @@ class Judgment:
     # (sleuthd.judgment.channel_matching); 0 = never. Only where the blend judges (auto, fused).
     band_match_octaves: float = 0.0
     clip_match_spread: float = 0.0
+    noise_match_db: float = 0.0  # the same for SNR (dB)
 
     @property
     def channel_matching(self) -> bool:
-        matching = self.band_match_octaves > 0 or self.clip_match_spread > 0
+        matching = self.band_match_octaves > 0 or self.clip_match_spread > 0 or self.noise_match_db > 0
         return matching and self.method is Method.AUTO and self.evidence is not None
 
 
@@ -183,6 +184,7 @@ def turn_result(
     judgment: Judgment,
     bandwidth_hz: float | None = None,
     plateau: float | None = None,
+    snr: float | None = None,
     compared_on: ChannelCopy | None = None,
     channel_note: str = "",
 ) -> TurnResult:
@@ -200,6 +202,7 @@ def turn_result(
             detail=detail,
             bandwidth_hz=bandwidth_hz,
             clipped_fraction=plateau,
+            snr_db=snr,
         )
     code = int(scores.codes[k])
     score = threshold = None
@@ -249,6 +252,8 @@ def turn_result(
         compared_below_hz=NARROW_CUTOFF_HZ if compared_on is not None and compared_on.narrow else None,
         clipped_fraction=plateau,
         compared_clipped_fraction=None if compared_on is None else compared_on.plateau,
+        snr_db=snr,
+        compared_snr_db=None if compared_on is None else compared_on.snr_db,
         closest_speaker=closest,
         closest_speaker_margin=margin,
         encoder_scores=tuple(

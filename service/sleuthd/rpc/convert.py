@@ -170,6 +170,8 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
         "compared_below_hz",
         "clipped_fraction",
         "compared_clipped_fraction",
+        "snr_db",
+        "compared_snr_db",
     ):
         value = getattr(t, name)
         if value is not None:

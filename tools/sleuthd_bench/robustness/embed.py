@@ -114,7 +114,7 @@ def measure_channels(
     hz, plateau = load_channels(root)
     todo = [p for p in paths if p not in hz or p not in plateau]
     for n, p in enumerate(todo, 1):
-        width, share = clip_channel(AudioInput((root / p).read_bytes()), MAX_SECONDS)
+        width, share, _ = clip_channel(AudioInput((root / p).read_bytes()), MAX_SECONDS)
         hz[p] = np.nan if width is None else width
         plateau[p] = np.nan if share is None else share
         if progress and (n % 200 == 0 or n == len(todo)):
