@@ -30,7 +30,7 @@ from sleuthd_bench.robustness.cli import _load_all
 from sleuthd_bench.robustness.embed import ENCODERS, fused
 from sleuthd_bench.robustness.instances import FUSED, _view
 
-root = Path("data/robustness")
+root = Path(os.environ.get("NOISE_ROOT", "data/robustness"))  # data/devlarge: the dev benchmark's splits
 split, names = sys.argv[1], sys.argv[2].split(",")
 triggers = [float(x) for x in sys.argv[3].split(",")]
 source = sys.argv[4]
@@ -39,7 +39,7 @@ fcal = Calibration.from_manifest(raw, "fused"); ev = EvidenceCalibration.from_ma
 embs, instances = _load_all(root, split, names)
 lines = {l.dialogue_id: l for n in names for l in read_manifest(root / f"{split}-{n}.jsonl")}
 encoders = {e: SpeakerEncoder.load(Path("models"), encoder=e) for e in ENCODERS}
-cache_file = Path(f"/tmp/noisematch_{split}.pkl")
+cache_file = Path(f"/tmp/noisematch_{root.name}_{split}.pkl")
 emb_cache = pickle.loads(cache_file.read_bytes()) if cache_file.exists() else {}
 waves, snrs = {}, {}
 FRAME = 320
@@ -137,6 +137,10 @@ for cond in names:
                 flags.append(b); continue
             mi = replace(i, views=views, band_octaves=0.0, narrow_views={}, plateaus=None, clip_views={})
             flags.append(judges.evidence_flags(mi, ev, fcal, 0.0, 0.0)[0])
+        if os.environ.get("NOISE_DUMP"):  # per-instance flags, to compare with a server replay
+            with open(os.environ["NOISE_DUMP"], "a") as out_file:
+                for i, f in zip(insts, flags):
+                    out_file.write(f"{cond}\t{t}\t{i.dialogue_id}\t{i.scenario}\t{sorted(f)}\n")
         rm = [judges.record(i, f) for i, f in zip(insts, flags)]
         m = judges.metrics(rm)
         c = paired.compare("noise", rm, "served", rb)
