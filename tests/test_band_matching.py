@@ -256,7 +256,7 @@ async def test_the_offline_judges_band_match_as_the_server_does(
 
     def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
         embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        bandwidths, _ = embed.measure_channels(tmp_path, paths)
+        bandwidths = embed.measure_channels(tmp_path, paths).bandwidths
         narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
         fused = SpeakerEncoder.load(models_dir, encoder="fused")
         fused.close()
@@ -365,7 +365,7 @@ async def test_a_registered_voice_without_a_narrowband_embedding_gets_one_from_i
     assert all(
         re.match(
             r"compared at full band although the clips of speaker 'B' span 0\.\d\d octave of bandwidth "
-                r"\(\d\.\d-\d\.\d kHz\): registered "
+            r"\(\d\.\d-\d\.\d kHz\): registered "
             r"voice 'bare' has no narrowband embedding \(.*register it again",
             t.detail,
         )

@@ -79,9 +79,7 @@ async def test_paths_bytes_and_numpy_samples_give_the_same_verdict(client: Async
     floats = [sf.read(p, dtype="float32") for p in paths]
     assert {rate for _, rate in floats} == {16_000}
     by_float = await client.check([("Ann", x) for x, _ in floats], sample_rate=16_000)
-    by_int16 = await client.check(
-        [Turn("Ann", sf.read(p, dtype="int16")[0], sample_rate=16_000) for p in paths]
-    )
+    by_int16 = await client.check([Turn("Ann", sf.read(p, dtype="int16")[0], sample_rate=16_000) for p in paths])
     # Two identical channels downmix to the same samples.
     by_stereo = await client.check([("Ann", np.stack([x, x], axis=1)) for x, _ in floats], sample_rate=16_000)
     for other in (by_str, by_bytes, by_float, by_int16, by_stereo):

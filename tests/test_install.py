@@ -49,7 +49,7 @@ def test_the_export_extra_is_the_one_list_of_model_sources() -> None:
     export_stage = dockerfile.split(" AS export", 1)[1].split("\nFROM ", 1)[0]
     assert "export_models.sh" in export_stage and "pip install" not in export_stage
     script = (REPO / "scripts" / "export_models.sh").read_text()
-    installs = [line for line in script.splitlines() if "pip\" install" in line]
+    installs = [line for line in script.splitlines() if 'pip" install' in line]
     assert installs == ['"$venv/bin/pip" install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} '
                         '"$wheel[cpu,export]"']  # fmt: skip
     makefile = (REPO / "Makefile").read_text()

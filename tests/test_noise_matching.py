@@ -5,9 +5,13 @@ still found; a stream gives CheckDialogue's verdicts when the noisiest turn chan
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
+import json
 import re
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +24,7 @@ from sleuthd.engine.facade import Engine
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from .support import VOICE_B, VOICE_F, Speech
+from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc
 from .test_band_matching import _stream, check_request
 
 SLOT = 2
@@ -113,3 +117,58 @@ async def test_a_stream_follows_its_noisiest_turn_as_check_dialogue_does(
     assert [tuple(getattr(t, f) for f in fields) for t in final.turns] == [
         tuple(getattr(t, f) for f in fields) for t in unary.turns
     ]
+
+
+async def test_the_offline_judges_noise_match_as_the_server_does(
+    stub: pb_grpc.SleuthStub, speech: Speech, models_dir: Path, tmp_path: Path
+) -> None:
+    """`sleuthd-bench robustness report|verify` mirror noise matching: each clip's SNR (`robustness embed
+    --clipped` measures it beside the bandwidth and plateau) and the noisy copies' embeddings at the instance's
+    noisiest piece. On a dialogue with a noisy turn, under S1, S2 and S3, they flag exactly what the server
+    flags."""
+    from sleuthd.api import SpeakerEncoder
+    from sleuthd.judgment.calibration import Calibration
+    from sleuthd.judgment.evidence import EvidenceCalibration
+    from sleuthd_bench.instances import scenario_turns
+    from sleuthd_bench.manifest import read_manifest
+    from sleuthd_bench.robustness import embed, judges
+    from sleuthd_bench.robustness.cli import _clipped_copies
+    from sleuthd_bench.robustness.instances import Instance, load_instances
+
+    clips = {f"b{k}.wav": speech.wav_bytes(VOICE_B, k) for k in range(6)}
+    clips["b3-noise.wav"] = noisy(speech.wav_bytes(VOICE_B, 3), 10.0)
+    clips["f0.wav"], clips["a0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_A, 0)
+    for name, data in clips.items():
+        (tmp_path / name).write_bytes(data)
+    line = {"dialogue_id": "d0", "source": "test", "target_speaker": "B", "reference": "b5.wav",
+            "target_turns": ["b0.wav", "b1.wav", "b2.wav", "b3-noise.wav", "b4.wav"], "altered_turn": 2,
+            "s2_audio": "f0.wav", "s3_audio": "a0.wav"}  # fmt: skip
+    manifest = tmp_path / "eval-x.jsonl"
+    manifest.write_text(json.dumps(line) + "\n")
+    paths = embed.manifest_paths([manifest])
+
+    def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
+        embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
+        hz, plateaus, snrs = embed.measure_channels(tmp_path, paths)
+        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, None)
+        copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
+        fused = SpeakerEncoder.load(models_dir, encoder="fused")
+        fused.close()
+        return load_instances(tmp_path, "eval", ["x"], embs, hz, None, plateaus, copies, snrs), fused.manifest.raw
+
+    instances, raw = await asyncio.to_thread(offline_inputs)
+    blend = EvidenceCalibration.from_manifest(raw)
+    assert blend is not None
+    calibration = Calibration.from_manifest(raw, "fused")
+    (manifest_line,) = read_manifest(manifest)
+    for inst in instances:
+        assert inst.noise_matched(3.0) is not None and inst.noise is not None
+        offline, _, _ = judges.evidence_flags(inst, blend, calibration, 0.3, 0.005, 3.0)
+        request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(manifest_line, inst.scenario)])
+        request.references.add(speaker="B", audio=enc(clips["b5.wav"]))
+        served = await stub.CheckDialogue(request, timeout=120)
+        assert all(t.compared_snr_db == pytest.approx(round(inst.noise[0], 1)) for t in served.turns)
+        flagged = {k for k, t in enumerate(served.turns) if t.status == pb.INCONSISTENT}
+        assert offline == flagged, (inst.scenario, offline, [t.detail for t in served.turns])
+        if inst.scenario != "S1":
+            assert offline == inst.gold

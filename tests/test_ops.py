@@ -428,8 +428,11 @@ async def test_at_shutdown_queued_work_is_handed_back_and_streams_get_their_verd
                 while not stop.is_set():
                     req = pb.CheckDialogueRequest(dialogue_id=f"u{n}")
                     for t in range(6):
-                        req.turns.add(turn_id=f"t{t}", speaker="AB"[t % 2],
-                                      audio=fresh_pcm(speech, (VOICE_A, VOICE_F)[t % 2], t % 4, 1000 * n + 10 * k + t))
+                        req.turns.add(
+                            turn_id=f"t{t}",
+                            speaker="AB"[t % 2],
+                            audio=fresh_pcm(speech, (VOICE_A, VOICE_F)[t % 2], t % 4, 1000 * n + 10 * k + t),
+                        )
                     k += 1
                     try:
                         await s.CheckDialogue(req, timeout=120)

@@ -48,12 +48,17 @@ def pg() -> Iterator[pgcluster.PgCluster]:
 
 
 def test_redacted_urls_keep_where_and_drop_the_password() -> None:
-    assert redact_url("postgresql://bob:s3cret@db.internal:5433/voices") == "postgresql://bob:***@db.internal:5433/voices"
+    assert (
+        redact_url("postgresql://bob:s3cret@db.internal:5433/voices") == "postgresql://bob:***@db.internal:5433/voices"
+    )
     assert redact_url("postgres://bob@[::1]/v?password=s3cret&sslmode=require") == (
         "postgres://bob@[::1]/v?password=***&sslmode=require"
     )
     assert redact_url("postgresql://:s3cret@[::1]:5432/v") == "postgresql://:***@[::1]:5432/v"
-    assert redact_url("postgresql://postgres@/db?host=/tmp/x&port=5432") == "postgresql://postgres@/db?host=/tmp/x&port=5432"
+    assert (
+        redact_url("postgresql://postgres@/db?host=/tmp/x&port=5432")
+        == "postgresql://postgres@/db?host=/tmp/x&port=5432"
+    )
     assert redact_url("postgresql://bob:s3cret@host:notaport/v") == "postgresql://*** (not a valid URL)"
 
 

@@ -52,8 +52,11 @@ class Replica:
     def unary_in_flight(self) -> float:
         """Work RPCs running now that are not streams (from its /metrics)."""
         text = urllib.request.urlopen(self.metrics_url, timeout=5).read().decode()
-        gauges = dict(line.split() for line in text.splitlines() if line.startswith(("sleuthd_rpcs_in_flight ",
-                                                                                      "sleuthd_streams_active ")))
+        gauges = dict(
+            line.split()
+            for line in text.splitlines()
+            if line.startswith(("sleuthd_rpcs_in_flight ", "sleuthd_streams_active "))
+        )
         return float(gauges["sleuthd_rpcs_in_flight"]) - float(gauges["sleuthd_streams_active"])
 
     def access_lines(self) -> list[dict[str, object]]:

@@ -273,4 +273,3 @@ async def test_check_rank_and_health_dial_a_tls_and_token_server(
         code, _, err = await _sleuthd("check", str(dialogue), "--target", f"127.0.0.1:{plain.port}", "--tls-root-ca",
                                       str(pki.ca))  # fmt: skip
         assert code == 2 and "the server may not speak TLS: connect without --tls" in err, err
-

@@ -43,6 +43,7 @@ import numpy as np
 # common band or clipping, and the clipping target), so the offline judges (sleuthd_bench.robustness) read exactly
 # what the server reads.
 from sleuthd.audio.clipping import copy_target
+from sleuthd.audio.noise import copy_snr
 from sleuthd.audio.windows import WindowSpec
 from sleuthd.config import EngineConfig, RegistryConfig, default_models_dir
 from sleuthd.domain import AudioInput, VoiceRef
@@ -77,6 +78,7 @@ __all__ = [
     "WindowSpec",
     "channel_copy",
     "clip_channel",
+    "copy_snr",
     "copy_target",
     "narrowband_copy",
 ]

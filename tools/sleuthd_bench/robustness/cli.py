@@ -85,8 +85,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
         paths = _mixed_clips(args.out, manifests, paths, args.band_match_octaves, progress)
         print(f"{len(paths)} clips belong to instances spanning more than {args.band_match_octaves:g} octave")
     if args.clipped:
-        paths = _clipped_copies(args.out, manifests, paths, args.band_match_octaves, args.clip_match_spread, progress)
-        print(f"{len(paths)} clipped copies belong to instances differing by more than {args.clip_match_spread:g}")
+        spreads = (args.band_match_octaves, args.clip_match_spread, args.noise_match_db)
+        paths = _clipped_copies(args.out, manifests, paths, *spreads, progress)
+        print(f"{len(paths)} clipped or noisy copies belong to instances whose clips differ in clipping or noise")
     done = embed.embed_all(
         args.out,
         paths,
@@ -108,7 +109,7 @@ def _mixed_clips(root: Path, manifests: list[Path], paths: list[str], octaves: f
     from sleuthd_bench.robustness import embed
     from sleuthd_bench.robustness.instances import load_instances
 
-    bandwidths, _ = embed.measure_channels(root, paths, progress)
+    bandwidths = embed.measure_channels(root, paths, progress).bandwidths
     embs = {e: embed.load(root, e) for e in embed.ENCODERS}
     mixed: dict[str, None] = {}
     for m in manifests:
@@ -122,30 +123,41 @@ def _mixed_clips(root: Path, manifests: list[Path], paths: list[str], octaves: f
 
 
 def _clipped_copies(
-    root: Path, manifests: list[Path], paths: list[str], octaves: float, spread: float, progress: Any
+    root: Path,
+    manifests: list[Path],
+    paths: list[str],
+    octaves: float,
+    spread: float,
+    noise_db: float,
+    progress: Any,
 ) -> list[str]:
     """The copy keys (embed.copy_key) of the clips of every instance (both splits) whose clips differ in plateau
     fraction by more than ``spread`` (measuring the channels the cache lacks first), at the instance's target and
-    band (low-passed too where it spans more than ``octaves``): what clip matching judges it on."""
+    band (low-passed too where it spans more than ``octaves``): what clip matching judges it on; and the noisy copy
+    keys (embed.noise_key) of the instances matched neither way whose clips differ in SNR by more than
+    ``noise_db``: what noise matching judges them on."""
     from sleuthd_bench.instances import scenario_turns
     from sleuthd_bench.manifest import read_manifest
     from sleuthd_bench.robustness import embed
     from sleuthd_bench.robustness.instances import load_instances
 
-    hz, plateaus = embed.measure_channels(root, paths, progress)
+    hz, plateaus, snrs = embed.measure_channels(root, paths, progress)
     embs = {e: embed.load(root, e) for e in embed.ENCODERS}
     keys: dict[str, None] = {}
     for m in manifests:
         split, _, condition = m.stem.partition("-")
         lines = {x.dialogue_id: x for x in read_manifest(m)}
-        for inst in load_instances(root, split, [condition], embs, hz, None, plateaus):
-            target = inst.clip_target()
-            if target is None or inst.plateaus is None or not inst.plateaus[1] - inst.plateaus[0] > spread:
-                continue
+        for inst in load_instances(root, split, [condition], embs, hz, None, plateaus, None, snrs):
             line = lines[inst.dialogue_id]
+            turns = scenario_turns(line, inst.scenario)
             band = 0 < octaves < inst.band_octaves
-            for p in (*scenario_turns(line, inst.scenario), line.reference):
-                keys.setdefault(embed.copy_key(p, band, target), None)
+            target = inst.clip_target()
+            if target is not None and inst.plateaus is not None and inst.plateaus[1] - inst.plateaus[0] > spread > 0:
+                for p in (*turns, line.reference):
+                    keys.setdefault(embed.copy_key(p, band, target), None)
+            elif not band and inst.noise is not None and inst.noise[1] - inst.noise[0] > noise_db > 0:
+                noisy = inst.noise_copy_keys(turns, line.reference)
+                keys.update(dict.fromkeys(noisy.values() if noisy else ()))
     return list(keys)
 
 
@@ -162,9 +174,9 @@ def _load_all(root: Path, split: str, conditions: list[str]) -> tuple[Any, Any]:
             return {e: embed.load(at, e) for e in embed.ENCODERS}
         return None
 
-    hz, plateaus = embed.load_channels(root)
+    hz, plateaus, snrs = embed.load_channels(root)
     narrow, clipped = copies(embed.narrow_root(root)), copies(embed.clipped_root(root))
-    return embs, load_instances(root, split, conditions, embs, hz, narrow, plateaus, clipped)
+    return embs, load_instances(root, split, conditions, embs, hz, narrow, plateaus, clipped, snrs)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -198,7 +210,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             block, {e: embs[e].weights_sha256 for e in ("ge2e", "campplus")}
         )
     runs, uncertain = judges.judge_all(
-        instances, thresholds, calibrations, evidence, args.band_match_octaves, args.clip_match_spread
+        instances,
+        thresholds,
+        calibrations,
+        evidence,
+        args.band_match_octaves,
+        args.clip_match_spread,
+        args.noise_match_db,
     )
     focus = next(iter(evidence), None)
     out = {"conditions": {c: report.condition_report(c, instances, runs, uncertain, focus) for c in names}}
@@ -312,8 +330,8 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
     e.add_argument(
         "--clipped",
         action="store_true",
-        help="measure every clip's plateau fraction, and embed the clipped copies of the clips of instances that "
-        "clip matching judges on them (into <out>/clipped/)",
+        help="measure every clip's plateau fraction and SNR, and embed the clipped and noisy copies of the clips of "
+        "instances that clip or noise matching judges on them (into <out>/clipped/)",
     )
     e.set_defaults(func=cmd_embed)
     rep.add_argument("--evidence", action="append", help="LABEL=FILE of an evidence calibration to judge with (repeat)")
@@ -334,6 +352,13 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
             default=EngineConfig().clip_match_spread,
             help="the blends' clip matching, as the server's --clip-match-spread (default: the server's, "
             f"{EngineConfig().clip_match_spread:g}; 0 = off)",
+        )
+        sp.add_argument(
+            "--noise-match-db",
+            type=float,
+            default=EngineConfig().noise_match_db,
+            help="the blends' noise matching, as the server's --noise-match-db (default: the server's, "
+            f"{EngineConfig().noise_match_db:g}; 0 = off)",
         )
     add_verify_parser(rsub)
 
@@ -383,7 +408,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     served_blend = EvidenceCalibration.from_manifest(manifest.raw)
     blend = {"blend": served_blend} if served_blend is not None else {}
     offline, _ = judges.judge_all(
-        instances, thresholds, calibrations, blend, args.band_match_octaves, args.clip_match_spread
+        instances, thresholds, calibrations, blend, args.band_match_octaves, args.clip_match_spread, args.noise_match_db
     )
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]
@@ -423,5 +448,11 @@ def add_verify_parser(rsub: Any) -> None:
         type=float,
         default=EngineConfig().clip_match_spread,
         help="the server's --clip-match-spread (default: its default; 0 = off)",
+    )
+    v.add_argument(
+        "--noise-match-db",
+        type=float,
+        default=EngineConfig().noise_match_db,
+        help="the server's --noise-match-db (default: its default; 0 = off)",
     )
     v.set_defaults(func=cmd_verify)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -67,56 +68,81 @@ def clipped_root(root: Path) -> Path:
     return root / CLIPPED
 
 
+def noise_key(path: str, snr_db: float, noisiest: str) -> str:
+    """The cache key of a clip's copy with ``noisiest``'s noise added to ``snr_db`` (rounded as the server rounds
+    it)."""
+    return f"{path}#noise{snr_db:.1f}@{noisiest}"
+
+
 def copy_key(path: str, narrow: bool, plateau: float) -> str:
     """The cache key of a clip's copy clipped to ``plateau`` (rounded as the server rounds a target), low-passed
     too when ``narrow``."""
     return f"{path}#{'narrow' if narrow else 'full'}-clip{plateau:.4f}"
 
 
-def parse_copy_key(key: str) -> tuple[str, bool, float]:
+def parse_copy_key(key: str) -> tuple[str, Any]:
+    """(the clip's path, the sleuthd.api.ChannelCopy its key names; a noisy copy's carries its noise's audio)."""
+    from sleuthd.api import ChannelCopy
+
+    if "#noise" in key:
+        path, _, copy = key.partition("#noise")
+        snr, _, noisiest = copy.partition("@")
+        return path, (float(snr), noisiest)
     path, _, copy = key.rpartition("#")
     band, _, clip = copy.partition("-clip")
-    return path, band == "narrow", float(clip)
+    return path, ChannelCopy(narrow=band == "narrow", plateau=float(clip))
 
 
 def bandwidth_path(root: Path) -> Path:
     return narrow_root(root) / "bandwidth.npz"
 
 
-def load_channels(root: Path) -> tuple[dict[str, float], dict[str, float]]:
-    """Clip path -> effective bandwidth in Hz, and -> plateau fraction (NaN: too short or silent to tell; a cache
-    from before plateaus were measured has none); ({}, {}) when never measured."""
+class Channels(NamedTuple):
+    """Clip path -> effective bandwidth (Hz), plateau fraction, SNR (dB); NaN: too short or silent to tell."""
+
+    bandwidths: dict[str, float]
+    plateaus: dict[str, float]
+    snrs: dict[str, float]
+
+
+def load_channels(root: Path) -> Channels:
+    """The clips' channels as measured so far (a cache from before plateaus or SNRs were measured lacks them);
+    empty when never measured."""
     path = bandwidth_path(root)
     if not path.is_file():
-        return {}, {}
+        return Channels({}, {}, {})
     with np.load(path, allow_pickle=False) as z:
         paths = list(z["paths"])
         hz = dict(zip(paths, z["hz"].tolist(), strict=True))
-        plateau = dict(zip(paths, z["plateau"].tolist(), strict=True)) if "plateau" in z.files else {}
-        # A clip whose bandwidth was measured before plateaus were is saved with a NaN plateau: not measured (a
-        # silent clip has NaN for both).
-        return hz, {p: v for p, v in plateau.items() if v == v or hz[p] != hz[p]}
+
+        def measured(field: str) -> dict[str, float]:
+            # A clip measured before this field was is saved with NaN there: not measured (a silent clip has NaN
+            # for its bandwidth too).
+            got = dict(zip(paths, z[field].tolist(), strict=True)) if field in z.files else {}
+            return {p: v for p, v in got.items() if v == v or hz[p] != hz[p]}
+
+        return Channels(hz, measured("plateau"), measured("snr"))
 
 
 def load_bandwidths(root: Path) -> dict[str, float]:
     """Clip path -> effective bandwidth in Hz (NaN: too short or silent to tell); {} when never measured."""
-    return load_channels(root)[0]
+    return load_channels(root).bandwidths
 
 
 def measure_channels(
     root: Path, paths: Sequence[str], progress: Callable[[str, int, int], None] | None = None
-) -> tuple[dict[str, float], dict[str, float]]:
-    """The bandwidths and plateau fractions the cache lacks, measured and saved (about 10 ms a clip: a decode and
-    a spectrum)."""
+) -> Channels:
+    """The channels the cache lacks, measured and saved (about 10 ms a clip: a decode and a spectrum)."""
     from sleuthd.api import clip_channel
     from sleuthd.domain import AudioInput
 
-    hz, plateau = load_channels(root)
-    todo = [p for p in paths if p not in hz or p not in plateau]
+    hz, plateau, snr = load_channels(root)
+    todo = [p for p in paths if p not in hz or p not in plateau or p not in snr]
     for n, p in enumerate(todo, 1):
-        width, share, _ = clip_channel(AudioInput((root / p).read_bytes()), MAX_SECONDS)
-        hz[p] = np.nan if width is None else width
-        plateau[p] = np.nan if share is None else share
+        channel = clip_channel(AudioInput((root / p).read_bytes()), MAX_SECONDS)
+        hz[p] = np.nan if channel.bandwidth_hz is None else channel.bandwidth_hz
+        plateau[p] = np.nan if channel.plateau is None else channel.plateau
+        snr[p] = np.nan if channel.snr_db is None else channel.snr_db
         if progress and (n % 200 == 0 or n == len(todo)):
             progress("channel", n, len(todo))
     if todo:
@@ -129,9 +155,10 @@ def measure_channels(
             paths=np.array(keys),
             hz=np.array([hz[p] for p in keys], np.float64),
             plateau=np.array([plateau.get(p, np.nan) for p in keys], np.float64),
+            snr=np.array([snr.get(p, np.nan) for p in keys], np.float64),
         )
         tmp.replace(path)
-    return hz, plateau
+    return Channels(hz, plateau, snr)
 
 
 def load(root: Path, encoder: str) -> Embeddings:
@@ -183,14 +210,17 @@ def embed_all(
 ) -> dict[str, Embeddings]:
     """Embed the paths each encoder's cache lacks (saved every few minutes, so an interrupted run resumes).
     ``narrowband``: embed the clips' narrowband copies into the cache under :func:`narrow_root` instead;
-    ``clipped``: ``paths`` are :func:`copy_key` keys, whose copies go into the cache under :func:`clipped_root`."""
+    ``clipped``: ``paths`` are :func:`copy_key` or :func:`noise_key` keys, whose copies go into the cache under
+    :func:`clipped_root`."""
     from sleuthd.api import NARROWBAND, ChannelCopy, SpeakerEncoder, channel_copy
     from sleuthd.domain import AudioInput
 
     def source(p: str) -> Path | AudioInput:
         if clipped:
-            path, narrow, plateau = parse_copy_key(p)
-            copy = ChannelCopy(narrow=narrow, plateau=plateau)
+            path, copy = parse_copy_key(p)
+            if isinstance(copy, tuple):  # a noisy copy: its noise is the noisiest clip's
+                snr, noisiest = copy
+                copy = ChannelCopy(snr_db=snr, noise=AudioInput((root / noisiest).read_bytes()))
             return channel_copy(AudioInput((root / path).read_bytes()), MAX_SECONDS, copy)
         return channel_copy(AudioInput((root / p).read_bytes()), MAX_SECONDS, NARROWBAND) if narrowband else root / p
 

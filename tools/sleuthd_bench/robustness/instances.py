@@ -18,7 +18,7 @@ import numpy as np
 from sleuthd_bench.instances import gold_turns, scenario_turns
 from sleuthd_bench.manifest import read_manifest
 from sleuthd_bench.metrics import SCENARIOS, Scenario
-from sleuthd_bench.robustness.embed import ENCODERS, Embeddings, copy_key, fused
+from sleuthd_bench.robustness.embed import ENCODERS, Embeddings, copy_key, fused, noise_key
 
 FUSED = "fused"
 ALL_ENCODERS = (*ENCODERS, FUSED)
@@ -53,6 +53,33 @@ class Instance:
     # full band (False) and low-passed too (True), where they were embedded.
     plateaus: tuple[float, float] | None = None
     clip_views: dict[bool, dict[str, Turns]] = field(default_factory=dict)
+    # Noise matching: the noisiest and cleanest SNR of the usable turns and the reference (dB) and the noisiest
+    # piece's path (None: not measured), and the views of the copies with its noise added, where embedded.
+    noise: tuple[float, float, str] | None = None
+    noise_views: dict[str, Turns] = field(default_factory=dict)
+
+    def noise_matched(self, db: float) -> dict[str, Turns] | None:
+        """The views the server's noise matching at ``db`` judges this instance on (only asked when neither band
+        nor clip matching applies), or None: its SNRs do not differ that much, or a copy lost a usable turn or the
+        reference. Raises when they differ and the copies were never embedded."""
+        if self.noise is None or not 0 < db < self.noise[1] - self.noise[0]:
+            return None
+        if not self.noise_views:
+            raise LookupError(
+                f"{self.dialogue_id}/{self.scenario}: its clips differ in SNR ({self.noise[0]:.1f}-{self.noise[1]:.1f} "
+                "dB), and their noisy copies are not embedded: run `sleuthd-bench robustness embed --clipped`"
+            )
+        views = self.noise_views
+        ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
+        return views if ok else None
+
+    def noise_copy_keys(self, turns: Sequence[str], reference: str) -> dict[str, str] | None:
+        """Each clip's noisy copy key (embed.noise_key), or None when the SNRs were not measured."""
+        from sleuthd.api import copy_snr
+
+        if self.noise is None:
+            return None
+        return {p: noise_key(p, copy_snr(self.noise[0]), self.noise[2]) for p in (*turns, reference)}
 
     def clip_matched(self, spread: float, narrow: bool) -> dict[str, Turns] | None:
         """The views the server's clip matching at ``spread`` judges this instance on (``narrow``: it is also
@@ -108,11 +135,13 @@ def load_instances(
     narrow: Mapping[str, Embeddings] | None = None,
     plateaus: Mapping[str, float] | None = None,
     clipped: Mapping[str, Embeddings] | None = None,
+    snrs: Mapping[str, float] | None = None,
 ) -> list[Instance]:
     """Every instance of the split's manifests ``root/<split>-<condition>.jsonl``. ``bandwidths`` (clip ->
     Hz) and ``narrow`` (the narrowband copies' embeddings) give each instance what band matching reads;
     ``plateaus`` (clip -> plateau fraction) and ``clipped`` (the clipped copies' embeddings, by copy_key) what
-    clip matching reads."""
+    clip matching reads; ``snrs`` (clip -> SNR dB; the noisy copies are among ``clipped``) what noise matching
+    reads."""
     out = []
     for cond in conditions:
         path = root / f"{split}-{cond}.jsonl"
@@ -144,6 +173,18 @@ def load_instances(
                     usable = [turns[k] for k in inst.views[FUSED].index]
                     share = [plateaus[p] for p in (*usable, ref_rel) if np.isfinite(plateaus[p])]
                     inst.plateaus = (min(share), max(share)) if len(share) >= 2 else None
+                if snrs:
+                    # The server's rule (ChannelMatcher._noise): the usable turns in dialogue order, then the
+                    # reference; the noisiest is the first of the lowest SNR.
+                    usable = [turns[k] for k in inst.views[FUSED].index]
+                    pieces = [(snrs[p], p) for p in (*usable, ref_rel) if np.isfinite(snrs[p])]
+                    if len(pieces) >= 2:
+                        low = min(v for v, _ in pieces)
+                        noisiest = next(p for v, p in pieces if v == low)
+                        inst.noise = (low, max(v for v, _ in pieces), noisiest)
+                        keys = inst.noise_copy_keys(turns, ref_rel)
+                        if clipped and keys and all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
+                            inst.noise_views = _views([keys[p] for p in turns], keys[ref_rel], clipped)
                 target = inst.clip_target()
                 if clipped and target is not None:
                     for band in (False, True):

@@ -83,20 +83,26 @@ def evidence_flags(
     auto: Calibration | None = None,
     band_match_octaves: float = 0.0,
     clip_match_spread: float = 0.0,
+    noise_match_db: float = 0.0,
 ) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
     """(flagged positions, uncertain positions, per-turn probabilities over the usable turns). With ``auto``
     (today's fused calibration) and a calibration that has a blend, the blend judges, as the server's fused
     `auto` does; else the evidence model alone. With the blend and ``band_match_octaves`` (the server's
     --band-match-octaves), an instance whose clips span more bandwidth is judged on its narrowband copies, as
     the server judges such a speaker; with ``clip_match_spread`` (--clip-match-spread), one whose clips differ
-    in clipping on its copies clipped alike (low-passed too where it is also band-mixed), else as above."""
+    in clipping on its copies clipped alike (low-passed too where it is also band-mixed), else as above; with
+    ``noise_match_db`` (--noise-match-db), one matched neither way whose clips differ in SNR on its copies with its
+    noisiest clip's noise added."""
     if auto is not None and calibration.blend is not None:
         band_mixed = 0 < band_match_octaves < inst.band_octaves
+        clip_mixed = inst.plateaus is not None and 0 < clip_match_spread < inst.plateaus[1] - inst.plateaus[0]
         clipped = inst.clip_matched(clip_match_spread, band_mixed)
         if clipped is not None:
             inst = replace(inst, views=clipped)
         elif inst.band_matched(band_match_octaves):
             inst = replace(inst, views=inst.narrow_views)
+        elif not band_mixed and not clip_mixed and (noisy := inst.noise_matched(noise_match_db)) is not None:
+            inst = replace(inst, views=noisy)
     grams, has_ref, seconds, index = evidence_inputs(inst)
     logits = None
     if auto is not None and calibration.blend is not None and len(seconds) and (len(seconds) > 1 or has_ref):
@@ -171,10 +177,12 @@ def judge_all(
     evidence: Mapping[str, EvidenceCalibration] | None = None,
     band_match_octaves: float = 0.0,
     clip_match_spread: float = 0.0,
+    noise_match_db: float = 0.0,
 ) -> tuple[dict[str, list[DetectionRecord]], dict[str, list[int]]]:
     """Records per run name (``<encoder>:<method>@<set>``, ``<encoder>:auto``, ``evidence[:<label>]``) and,
     per evidence run, for each instance 1 when its verdict is uncertain (nothing flagged, a turn uncertain).
-    ``band_match_octaves``, ``clip_match_spread``: the blends' channel matching (:func:`evidence_flags`); 0 = off."""
+    ``band_match_octaves``, ``clip_match_spread``, ``noise_match_db``: the blends' channel matching
+    (:func:`evidence_flags`); 0 = off."""
     runs: dict[str, list[DetectionRecord]] = {}
     uncertain: dict[str, list[int]] = {}
     for inst in instances:
@@ -189,7 +197,7 @@ def judge_all(
                 runs.setdefault(f"{enc}:auto", []).append(record(inst, auto_flags(v, calibrations[enc])))
         for name, cal in (evidence or {}).items():
             flagged, unsure, _ = evidence_flags(
-                inst, cal, calibrations.get("fused"), band_match_octaves, clip_match_spread
+                inst, cal, calibrations.get("fused"), band_match_octaves, clip_match_spread, noise_match_db
             )
             runs.setdefault(name, []).append(record(inst, flagged))
             uncertain.setdefault(name, []).append(int(not flagged and bool(unsure)))
