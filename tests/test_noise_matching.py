@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import soundfile as sf
@@ -21,11 +22,16 @@ from sleuthd.audio.decode import decode_encoded, to_model_rate
 from sleuthd.audio.noise import CAP_DB, add_noise, noise_bed, snr_db
 from sleuthd.client.results import TurnVerdict
 from sleuthd.engine.facade import Engine
+from sleuthd.rpc.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc
 from .test_band_matching import _stream, check_request
+
+# That module's engine and server that keep no stream audio (fixtures: imported under their own names).
+from .test_band_matching import narrowing_engine as narrowing_engine
+from .test_band_matching import narrowing_server as narrowing_server
 
 SLOT = 2
 
@@ -172,3 +178,24 @@ async def test_the_offline_judges_noise_match_as_the_server_does(
         assert offline == flagged, (inst.scenario, offline, [t.detail for t in served.turns])
         if inst.scenario != "S1":
             assert offline == inst.gold
+
+
+async def test_a_stream_past_its_bound_keeps_noise_matching_while_its_noisiest_turn_stays(
+    narrowing_server: RunningServer, speech: Speech
+) -> None:
+    """A stream that keeps no turn audio (past --band-match-stream-mb) still has the noise of its speaker's noisiest
+    turn (kept apart, a clip or a few per speaker), so each later turn's noisy copy is made as it arrives: the final
+    verdict is CheckDialogue's."""
+    audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    audio[1] = noisy(audio[1], 8.0)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{narrowing_server.port}") as channel:
+        narrowing = pb_grpc.SleuthStub(channel)
+        _, final = await _stream(narrowing, audio)
+        # On the same server: its embedding cache then holds the copies the stream made (another server's would
+        # embed them in other batches, which CAM++ rounds differently in the last bits).
+        unary = await narrowing.CheckDialogue(check_request(audio), timeout=120)
+    assert all(t.HasField("compared_snr_db") for t in final.turns), [t.detail for t in final.turns]
+    fields = ("turn_id", "status", "score", "compared_snr_db", "detail")
+    assert [tuple(getattr(t, f) for f in fields) for t in final.turns] == [
+        tuple(getattr(t, f) for f in fields) for t in unary.turns
+    ]

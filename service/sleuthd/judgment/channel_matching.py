@@ -204,6 +204,9 @@ class ChannelMatcher:
         self._making: dict[tuple[ChannelCopy, str], asyncio.Task[None]] = {}  # background copies (streams)
         self._eager = False  # a stream past its bound: every turn's narrowband copy is made as it arrives
         self._cache: tuple[int, dict[str, ChannelMatch]] | None = None  # matches() at a number of turns heard
+        # The audio of every piece that has been a speaker's noisiest (a few per speaker): its noise is what the
+        # speaker's noisy copies get, so it outlives the kept audio of a stream past its bound.
+        self._noise_sources: dict[str, AudioInput] = {}
         for s, reference in self._references.items():
             self._keep(_REF + s, reference.audio)
 
@@ -293,7 +296,10 @@ class ChannelMatcher:
         if not high - low > self._noise_db:
             return None
         noisiest = next(key for snr, key in pieces if snr == low)
-        return ChannelMatch(None, None, (low, high), self._kept.get(noisiest))
+        source = self._noise_sources.get(noisiest) or self._kept.get(noisiest)
+        if source is not None:
+            self._noise_sources[noisiest] = source
+        return ChannelMatch(None, None, (low, high), source)
 
     def _complete(self, copy: ChannelCopy, speaker: str) -> bool:
         found = self._pools.get(copy, {}).get(speaker)
