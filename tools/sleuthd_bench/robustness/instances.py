@@ -21,6 +21,7 @@ from sleuthd_bench.metrics import SCENARIOS, Scenario
 from sleuthd_bench.robustness.embed import ENCODERS, Embeddings, copy_key, fused, noise_key
 
 FUSED = "fused"
+_MEASURE = "run `sleuthd-bench robustness embed --clipped --split <this split>` first"
 ALL_ENCODERS = (*ENCODERS, FUSED)
 
 
@@ -57,11 +58,16 @@ class Instance:
     # piece's path (None: not measured), and the views of the copies with its noise added, where embedded.
     noise: tuple[float, float, str] | None = None
     noise_views: dict[str, Turns] = field(default_factory=dict)
+    # Which measures some clip of the instance lacks (a cache measured for the other split only): judging with
+    # that kind of matching on then raises instead of silently judging as unmatched.
+    unmeasured: frozenset[str] = frozenset()
 
     def noise_matched(self, db: float) -> dict[str, Turns] | None:
         """The views the server's noise matching at ``db`` judges this instance on (only asked when neither band
         nor clip matching applies), or None: its SNRs do not differ that much, or a copy lost a usable turn or the
         reference. Raises when they differ and the copies were never embedded."""
+        if db > 0 and "snr" in self.unmeasured:
+            raise LookupError(f"{self.dialogue_id}: clips without an SNR: {_MEASURE}")
         if self.noise is None or not 0 < db < self.noise[1] - self.noise[0]:
             return None
         if not self.noise_views:
@@ -86,6 +92,8 @@ class Instance:
         band-mixed, so its copies are low-passed too), or None: it is not mixed, or a copy lost a usable turn or
         the reference (the server then judges it on its narrowband copies, or as sent). Raises when it is mixed
         and its copies were never embedded."""
+        if spread > 0 and "plateau" in self.unmeasured:
+            raise LookupError(f"{self.dialogue_id}: clips without a plateau fraction: {_MEASURE}")
         if self.plateaus is None or not 0 < spread < self.plateaus[1] - self.plateaus[0]:
             return None
         if narrow not in self.clip_views:
@@ -171,13 +179,17 @@ def load_instances(
                     # The server's rule (ChannelMatcher.matches): the usable turns' plateau fractions and the
                     # reference's (measured even where it is unusable).
                     usable = [turns[k] for k in inst.views[FUSED].index]
-                    share = [plateaus[p] for p in (*usable, ref_rel) if np.isfinite(plateaus[p])]
+                    if any(p not in plateaus for p in (*usable, ref_rel)):
+                        inst.unmeasured |= {"plateau"}
+                    share = [v for p in (*usable, ref_rel) if np.isfinite(v := plateaus.get(p, np.nan))]
                     inst.plateaus = (min(share), max(share)) if len(share) >= 2 else None
                 if snrs:
                     # The server's rule (ChannelMatcher._noise): the usable turns in dialogue order, then the
                     # reference; the noisiest is the first of the lowest SNR.
                     usable = [turns[k] for k in inst.views[FUSED].index]
-                    pieces = [(snrs[p], p) for p in (*usable, ref_rel) if np.isfinite(snrs[p])]
+                    if any(p not in snrs for p in (*usable, ref_rel)):
+                        inst.unmeasured |= {"snr"}
+                    pieces = [(v, p) for p in (*usable, ref_rel) if np.isfinite(v := snrs.get(p, np.nan))]
                     if len(pieces) >= 2:
                         low = min(v for v, _ in pieces)
                         noisiest = next(p for v, p in pieces if v == low)
