@@ -119,7 +119,7 @@ class VoiceRegistry:
                 )
         names = sorted(self.encoders)
         labelled = [(c, f"clip #{k}") for k, c in enumerate(request.clips)]
-        per_encoder, narrow, widths = await asyncio.gather(
+        found = await asyncio.gather(
             asyncio.gather(*(self._embed_clips(self.encoders[n], request.clips, deadline) for n in names)),
             asyncio.gather(
                 *(self._embed_clips(self.encoders[n], request.clips, deadline, narrow=True) for n in names)
@@ -127,7 +127,14 @@ class VoiceRegistry:
                 else ()
             ),
             self.embedder.bandwidths(labelled),
+            return_exceptions=True,
         )
+        # The clips as sent first: a clip unusable as sent is reported as such, not as "its narrowband copy",
+        # whichever of the two finished first.
+        for outcome in found:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        per_encoder, narrow, widths = found
         embeddings = [
             Embedding(name, self.encoders[name].manifest.sha256, vector)
             for name, (vector, _) in zip(names, per_encoder, strict=True)
