@@ -291,7 +291,7 @@ def cmd_fit_evidence(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any, calibrate_sub: Any) -> None:
-    from sleuthd.config import EngineConfig, default_models_dir
+    from sleuthd.config import default_models_dir
 
     r = sub.add_parser(
         "robustness",
@@ -339,27 +339,7 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
     rep.add_argument("--md", type=Path, help="write the report as markdown")
     rep.set_defaults(func=cmd_report)
     for sp in (e, rep):
-        sp.add_argument(
-            "--band-match-octaves",
-            type=float,
-            default=EngineConfig().band_match_octaves,
-            help="the blends' band matching, as the server's --band-match-octaves (default: the server's, "
-            f"{EngineConfig().band_match_octaves:g}; 0 = off)",
-        )
-        sp.add_argument(
-            "--clip-match-spread",
-            type=float,
-            default=EngineConfig().clip_match_spread,
-            help="the blends' clip matching, as the server's --clip-match-spread (default: the server's, "
-            f"{EngineConfig().clip_match_spread:g}; 0 = off)",
-        )
-        sp.add_argument(
-            "--noise-match-db",
-            type=float,
-            default=EngineConfig().noise_match_db,
-            help="the blends' noise matching, as the server's --noise-match-db (default: the server's, "
-            f"{EngineConfig().noise_match_db:g}; 0 = off)",
-        )
+        add_matching_options(sp)
     add_verify_parser(rsub)
 
     f = calibrate_sub.add_parser(
@@ -425,8 +405,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if worst == 0 else 1
 
 
+def add_matching_options(parser: argparse.ArgumentParser) -> None:
+    """The server's channel-matching options, for the offline judges (default: the server's defaults)."""
+    from sleuthd.config import EngineConfig
+
+    defaults = EngineConfig()
+    for flag, kind in (
+        ("--band-match-octaves", "band"),
+        ("--clip-match-spread", "clip"),
+        ("--noise-match-db", "noise"),
+    ):
+        value = getattr(defaults, flag.removeprefix("--").replace("-", "_"))
+        parser.add_argument(
+            flag,
+            type=float,
+            default=value,
+            help=f"the blends' {kind} matching, as the server's {flag} (default: the server's, {value:g}; 0 = off)",
+        )
+
+
 def add_verify_parser(rsub: Any) -> None:
-    from sleuthd.config import EngineConfig, default_models_dir
+    from sleuthd.config import default_models_dir
 
     v = rsub.add_parser(
         "verify",
@@ -437,22 +436,5 @@ def add_verify_parser(rsub: Any) -> None:
     v.add_argument("--encoder", default="fused", help="the encoder the replay used (default: fused)")
     v.add_argument("--out", type=Path, default=DEFAULT_ROOT, help="data folder (default: data/robustness)")
     v.add_argument("--models-dir", type=Path, default=default_models_dir(), help="folder of model manifests")
-    v.add_argument(
-        "--band-match-octaves",
-        type=float,
-        default=EngineConfig().band_match_octaves,
-        help="the server's --band-match-octaves (default: its default; 0 = off)",
-    )
-    v.add_argument(
-        "--clip-match-spread",
-        type=float,
-        default=EngineConfig().clip_match_spread,
-        help="the server's --clip-match-spread (default: its default; 0 = off)",
-    )
-    v.add_argument(
-        "--noise-match-db",
-        type=float,
-        default=EngineConfig().noise_match_db,
-        help="the server's --noise-match-db (default: its default; 0 = off)",
-    )
+    add_matching_options(v)
     v.set_defaults(func=cmd_verify)
