@@ -130,9 +130,9 @@ class Speech:
 
 
 def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, max_seconds: float) -> Speech:
-    """Decode, resample, normalise and find the speech of one clip, and measure its channel: bandwidth and
-    plateau fraction (about 1 ms per second of audio: only the fused encoder's judgment reads them, so only its
-    shared decode comes here). Raises AudioError for unusable bytes."""
+    """Decode, resample, normalise and find the speech of one clip, and measure its channel: bandwidth, plateau
+    fraction and SNR (about 0.5 ms of CPU per second of audio: only the fused encoder's judgment reads them, so only
+    its shared decode comes here). Raises AudioError for unusable bytes."""
     samples = decode(audio, max_seconds).samples
     speech = trim(samples, loudness_target_dbfs, vad)
     channel = measure_channel(samples)
@@ -183,16 +183,27 @@ class ChannelCopy:
 NARROWBAND = ChannelCopy(narrow=True)  # band matching's copy
 
 
-def channel_copy(audio: AudioInput, max_seconds: float, copy: ChannelCopy) -> AudioInput:
-    """The clip decoded to 16 kHz, clipped and/or low-passed as ``copy`` says (sleuthd.audio.clipping,
-    sleuthd.audio.bandwidth.low_pass), as 16 kHz float32 PCM: what a speaker whose clips differ in channel is
-    compared on. It goes through the same listener as any client clip, so the embedding cache and single flight
-    apply to it. Raises AudioError for unusable bytes."""
+def copy_noise(copy: ChannelCopy, max_seconds: float) -> np.ndarray | None:
+    """The noise a noisy copy gets (its ``noise`` clip's quiet frames), or None for a copy that gets none: decoded
+    once for a batch of copies (ClipEmbedder.copies), not once per copy."""
+    if copy.snr_db is None or copy.noise is None:
+        return None
+    return noise_bed(decode(copy.noise, max_seconds).samples)
+
+
+def channel_copy(audio: AudioInput, max_seconds: float, copy: ChannelCopy, bed: np.ndarray | None = None) -> AudioInput:
+    """The clip decoded to 16 kHz, clipped, made noisier and/or low-passed as ``copy`` says (sleuthd.audio.clipping,
+    sleuthd.audio.noise, sleuthd.audio.bandwidth.low_pass), as 16 kHz float32 PCM: what a speaker whose clips
+    differ in channel is compared on. ``bed``: :func:`copy_noise` of ``copy`` when the caller has it. It goes
+    through the same listener as any client clip, so the embedding cache and single flight apply to it. Raises
+    AudioError for unusable bytes."""
     samples = decode(audio, max_seconds).samples
     if copy.plateau is not None:
         samples = clip_to_plateau(samples, copy.plateau)
-    if copy.snr_db is not None and copy.noise is not None:
-        samples = add_noise(samples, copy.snr_db, noise_bed(decode(copy.noise, max_seconds).samples))
+    if bed is None:
+        bed = copy_noise(copy, max_seconds)
+    if copy.snr_db is not None and bed is not None:
+        samples = add_noise(samples, copy.snr_db, bed)
     if copy.narrow:
         # The filter's ripple can overshoot a peak a little; decoding refuses float PCM beyond FLOAT_PEAK_LIMIT.
         samples = np.clip(low_pass(samples), -FLOAT_PEAK_LIMIT, FLOAT_PEAK_LIMIT)

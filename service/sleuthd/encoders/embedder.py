@@ -37,6 +37,7 @@ from sleuthd.encoders.clips import (
     channel_copy,
     check_request_audio,
     clip_channel,
+    copy_noise,
     cut_placements,
     decode_and_prepare,
     decode_and_trim,
@@ -127,15 +128,21 @@ class ClipEmbedder:
         deadline: float | None = None,
     ) -> list[ClipEmbedding]:
         """:meth:`embed_audio` of each clip's copy made as ``how`` says (:func:`channel_copy`, on a worker thread):
-        what a speaker whose clips differ in channel (bandwidth, clipping) is judged on. AudioError names the
+        what a speaker whose clips differ in channel (bandwidth, clipping, noise) is judged on. AudioError names the
         label."""
         loop = asyncio.get_running_loop()
         if deadline is not None and loop.time() >= deadline:
             raise DeadlineExceeded(f"the deadline passed before the clips' {how.describe()} could be made")
 
+        # A noisy copy's noise is decoded once for the batch (it is the same clip's for every copy).
+        bed = None
+        if how.snr_db is not None:
+            bed = await loop.run_in_executor(self._prep_pool, copy_noise, how, self.max_clip_seconds)
+
         async def copy(audio: AudioInput, label: str) -> tuple[AudioInput, str]:
             try:
-                made = await loop.run_in_executor(self._prep_pool, channel_copy, audio, self.max_clip_seconds, how)
+                job = functools.partial(channel_copy, audio, self.max_clip_seconds, how, bed)
+                made = await loop.run_in_executor(self._prep_pool, job)
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
             return made, f"{label} ({how.describe()})"
