@@ -21,6 +21,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,13 @@ from sleuthd.encoders.clips import prepare_waveform
 from sleuthd.encoders.manifest import load_encoder_manifest
 from sleuthd.export import parity as par
 
+FEATURES = "unsqueeze_50"  # the front end's output: log-mel features, mean-normalised (the 2-D head's input)
+HEAD_END = "reshape_150"  # the 2-D head's output, the TDNN's input
+OPENVINO_VARIANTS = {
+    "float32": [(None, None, "f32")],
+    "bf16 after the front end": [(None, FEATURES, "f32"), (FEATURES, None, "bf16")],
+    "bf16 TDNN only": [(None, FEATURES, "f32"), (FEATURES, HEAD_END, "f32"), (HEAD_END, None, "bf16")],
+}
 CLIPS = Path(__file__).resolve().parents[1] / "service" / "sleuthd" / "export" / "parity_clips"
 LEVELS = {
     "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -57,6 +65,48 @@ def session(path: Path, level: ort.GraphOptimizationLevel = ort.GraphOptimizatio
     if save is not None:
         so.optimized_model_filepath = str(save)
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def openvino_model(
+    path: Path, segments: list[tuple[str | None, str | None, str]], threads: int = 0
+) -> Callable[[np.ndarray], np.ndarray]:
+    """CAM++ through OpenVINO's CPU plugin, cut at named tensors into segments (start, end, precision: "f32" or
+    "bf16"), each compiled with its own inference precision; (batch, samples) -> (batch, 192), unit rows."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    core = ov.Core()
+
+    def tensor(model: ov.Model, name: str) -> ov.Output:
+        for op in model.get_ordered_ops():
+            for out in op.outputs():
+                if name in out.get_names():
+                    return out
+        raise KeyError(name)
+
+    config: dict[str, object] = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+    requests = []
+    for start, end, precision in segments:
+        model = core.read_model(str(path))
+        params = model.get_parameters()
+        if start is not None:
+            src = tensor(model, start)
+            param = ops.parameter(src.get_partial_shape(), ov.Type.f32, name="segment_input")
+            for target in list(src.get_target_inputs()):
+                target.replace_source_output(param.output(0))
+            params = [param]
+        results = model.get_results() if end is None else [ops.result(tensor(model, end))]
+        compiled = core.compile_model(
+            ov.Model(results, params), "CPU", {**config, "INFERENCE_PRECISION_HINT": precision}
+        )
+        requests.append(compiled.create_infer_request())
+
+    def run(x: np.ndarray) -> np.ndarray:
+        for request in requests:
+            x = request.infer({0: x})[0].copy()
+        return x
+
+    return run
 
 
 def embed(s: ort.InferenceSession, windows: np.ndarray, batch: int = 8) -> np.ndarray:
@@ -81,6 +131,7 @@ def main() -> int:
     ap.add_argument("--models", type=Path, default=Path("models"))
     ap.add_argument("--calibration", type=Path, default=Path("data/dev/large/corpus/synth"))
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--openvino-only", action="store_true", help="only the float model and the OpenVINO rows")
     args = ap.parse_args()
     manifest = load_encoder_manifest(args.models / "campplus")
     vad = EnergyVad()
@@ -110,6 +161,34 @@ def main() -> int:
 
     print("| variant | min cosine, raw windows | min cosine, served windows | CPU ms/window, batch 1 "
           "| CPU ms/window, batch 8 | parity >= 0.999 |\n| --- | ---: | ---: | ---: | ---: | :--- |")  # fmt: skip
+    report("float, ALL (served)", float_session)
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        print("(no openvino: its rows are skipped; pip install openvino)", flush=True)
+    else:
+        for name, segments in OPENVINO_VARIANTS.items():
+            model = openvino_model(manifest.path, segments, threads=1)
+
+            def ov_embed(w: np.ndarray, model: Callable[[np.ndarray], np.ndarray] = model) -> np.ndarray:
+                out = np.concatenate([model(w[i : i + 8]) for i in range(0, len(w), 8)])
+                return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+            def wall_ms(batch: int, model: Callable[[np.ndarray], np.ndarray] = model) -> float:
+                x = np.resize(served, (batch, served.shape[1])).astype(np.float32)
+                model(x)
+                best = float("inf")
+                for _ in range(args.rounds):
+                    t0 = time.perf_counter()
+                    model(x)
+                    best = min(best, time.perf_counter() - t0)
+                return 1e3 * best / batch
+
+            cos = [float(np.min(np.sum(ov_embed(w) * r, axis=1))) for w, r in zip((raw, served), ref, strict=True)]
+            print(f"| OpenVINO {name} (wall clock) | {cos[0]:.5f} | {cos[1]:.5f} | {wall_ms(1):.1f} | {wall_ms(8):.1f} "
+                  f"| {'yes' if min(cos) >= par.MIN_COSINE else 'no'} |", flush=True)  # fmt: skip
+    if args.openvino_only:
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name, level in LEVELS.items():
