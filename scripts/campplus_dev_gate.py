@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from campplus_variants import OPENVINO_VARIANTS, openvino_model  # scripts/, beside this file
-from sleuthd.api import NARROWBAND, ChannelCopy, channel_copy
 from sleuthd.audio.vad import EnergyVad
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.clips import cut_placements, decode, pool, trim
@@ -77,16 +76,8 @@ def clip_embedder(variant: str, manifest: EncoderManifest) -> Callable[[AudioInp
     return embed_clip
 
 
-def source(base: Path, kind: str, key: str) -> AudioInput:
-    """The audio a cache entry was embedded from, as ``sleuthd_bench.robustness.embed.embed_all`` makes it."""
-    if kind == "clipped":
-        path, copy = embed.parse_copy_key(key)
-        if isinstance(copy, tuple):
-            snr, noisiest = copy
-            copy = ChannelCopy(snr_db=snr, noise=AudioInput((base / noisiest).read_bytes()))
-        return channel_copy(AudioInput((base / path).read_bytes()), embed.MAX_SECONDS, copy)
-    audio = AudioInput((base / key).read_bytes())
-    return channel_copy(audio, embed.MAX_SECONDS, NARROWBAND) if kind == "narrow" else audio
+def as_audio(source: Path | AudioInput) -> AudioInput:
+    return AudioInput(source.read_bytes()) if isinstance(source, Path) else source
 
 
 def build(variant: str, base: Path, out: Path, models: Path) -> None:
@@ -112,7 +103,7 @@ def build(variant: str, base: Path, out: Path, models: Path) -> None:
         rows, speech, audio, cosines = [], [], [], []
         t0 = time.monotonic()
         for k, key in enumerate(cached.paths):
-            vector, s, a = embed_clip(source(base, kind, key))
+            vector, s, a = embed_clip(as_audio(embed.clip_source(base, key, kind == "narrow", kind == "clipped")))
             rows.append(vector)
             speech.append(s)
             audio.append(a)

@@ -197,6 +197,22 @@ def manifest_paths(manifests: Iterable[Path]) -> list[str]:
     return list(seen)
 
 
+def clip_source(root: Path, key: str, narrowband: bool = False, clipped: bool = False) -> Any:
+    """What a cache entry is embedded from: the clip's file; with ``narrowband`` its narrowband copy; with
+    ``clipped`` the copy its :func:`copy_key` or :func:`noise_key` names (a noisy copy's noise is the noisiest clip's),
+    made by the server's own ``channel_copy``."""
+    from sleuthd.api import NARROWBAND, ChannelCopy, channel_copy
+    from sleuthd.domain import AudioInput
+
+    if clipped:
+        path, copy = parse_copy_key(key)
+        if isinstance(copy, tuple):
+            snr, noisiest = copy
+            copy = ChannelCopy(snr_db=snr, noise=AudioInput((root / noisiest).read_bytes()))
+        return channel_copy(AudioInput((root / path).read_bytes()), MAX_SECONDS, copy)
+    return channel_copy(AudioInput((root / key).read_bytes()), MAX_SECONDS, NARROWBAND) if narrowband else root / key
+
+
 def embed_all(
     root: Path,
     paths: Sequence[str],
@@ -212,17 +228,10 @@ def embed_all(
     ``narrowband``: embed the clips' narrowband copies into the cache under :func:`narrow_root` instead;
     ``clipped``: ``paths`` are :func:`copy_key` or :func:`noise_key` keys, whose copies go into the cache under
     :func:`clipped_root`."""
-    from sleuthd.api import NARROWBAND, ChannelCopy, SpeakerEncoder, channel_copy
-    from sleuthd.domain import AudioInput
+    from sleuthd.api import SpeakerEncoder
 
-    def source(p: str) -> Path | AudioInput:
-        if clipped:
-            path, copy = parse_copy_key(p)
-            if isinstance(copy, tuple):  # a noisy copy: its noise is the noisiest clip's
-                snr, noisiest = copy
-                copy = ChannelCopy(snr_db=snr, noise=AudioInput((root / noisiest).read_bytes()))
-            return channel_copy(AudioInput((root / path).read_bytes()), MAX_SECONDS, copy)
-        return channel_copy(AudioInput((root / p).read_bytes()), MAX_SECONDS, NARROWBAND) if narrowband else root / p
+    def source(p: str) -> Any:
+        return clip_source(root, p, narrowband, clipped)
 
     cache_root = clipped_root(root) if clipped else narrow_root(root) if narrowband else root
     out = {}
