@@ -1,4 +1,10 @@
-"""Screen 7 (2026-11-27, session 20): the stack's own decision threshold (outside the gate; inside it today's 0.5 stays), swept on a split. Run from the repository root: PYTHONPATH=service:tools:. python docs/research/robustness-phase3/stack-threshold/stack_threshold_screen.py train [TAU]"""
+"""Screen 7 (2026-11-27, session 20): the stack's own decision threshold (outside the gate; inside it today's 0.5
+stays), swept on a split; with MATCHED_ONLY=1, for channel-matched speakers only (the others keep 0.5). Run from the
+repository root:
+
+    [MATCHED_ONLY=1] PYTHONPATH=service:tools:. python docs/research/robustness-phase3/stack-threshold/stack_threshold_screen.py train [TAU]
+"""
+import os
 import sys, numpy as np
 from dataclasses import replace
 from pathlib import Path
@@ -26,21 +32,24 @@ def per_instance(split):
         if clipped is not None: i = replace(i, views=clipped)
         elif i.band_matched(cfg.band_match_octaves): i = replace(i, views=i.narrow_views)
         elif not band_mixed and not clip_mixed and (noisy := i.noise_matched(cfg.noise_match_db)) is not None: i = replace(i, views=noisy)
+        matched = i is not inst
         grams, has_ref, seconds, index = judges.evidence_inputs(i)
         logits = judges.auto_logits(i.views["fused"], auto) if len(seconds) and (len(seconds) > 1 or has_ref) else None
         v = ev.judge(grams, has_ref, seconds, auto_logit=logits)
-        out.append((inst, v, index))
+        out.append((inst, v, index, matched))
     return conds, out
 
-def flags_at(v, index, tau):
+MATCHED_ONLY = os.environ.get("MATCHED_ONLY") == "1"
+
+def flags_at(v, index, tau, matched):
     if v is None: return frozenset()
-    t = 0.5 if v.inside else tau
+    t = 0.5 if v.inside or (MATCHED_ONLY and not matched) else tau
     return frozenset(int(k) for k in index[v.probability > t])
 
 def table(conds, rows, tau):
     recs = {c: [] for c in conds}
-    for inst, v, index in rows:
-        recs[inst.condition].append(judges.record(inst, flags_at(v, index, tau)))
+    for inst, v, index, matched in rows:
+        recs[inst.condition].append(judges.record(inst, flags_at(v, index, tau, matched)))
     return recs
 
 res = {}
