@@ -22,10 +22,13 @@ SILENCE = 1e-9  # frames this far below the speech power (90 dB) are digital sil
 PEAK_LIMIT = 1.99  # a noisy copy is clipped inside the decoder's float PCM limit (FLOAT_PEAK_LIMIT, 2.0)
 
 
+def _frames(x: np.ndarray) -> np.ndarray:
+    """(n, FRAME): the clip's whole 20 ms frames (a partial last one is left out)."""
+    return x[: len(x) // FRAME * FRAME].reshape(-1, FRAME)
+
+
 def _frame_powers(samples: np.ndarray) -> np.ndarray:
-    x = np.asarray(samples, np.float64)
-    frames = x[: len(x) // FRAME * FRAME].reshape(-1, FRAME)
-    return np.sort((frames**2).mean(axis=1))
+    return np.sort((_frames(np.asarray(samples, np.float64)) ** 2).mean(axis=1))
 
 
 def _powers(samples: np.ndarray) -> tuple[float, float] | None:
@@ -56,8 +59,7 @@ def copy_snr(value: float) -> float:
 
 def noise_bed(samples: np.ndarray) -> np.ndarray:
     """The clip's quietest tenth of 20 ms frames, in order: its noise, to be tiled into another clip."""
-    x = np.asarray(samples, np.float32)
-    frames = x[: len(x) // FRAME * FRAME].reshape(-1, FRAME)
+    frames = _frames(np.asarray(samples, np.float32))
     e = (frames**2).mean(axis=1)
     return frames[e <= np.quantile(e, 1 / QUIET_PARTS)].reshape(-1)
 

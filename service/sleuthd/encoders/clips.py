@@ -135,10 +135,7 @@ def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, ma
     its shared decode comes here). Raises AudioError for unusable bytes."""
     samples = decode(audio, max_seconds).samples
     speech = trim(samples, loudness_target_dbfs, vad)
-    channel = measure_channel(samples)
-    return dataclasses.replace(
-        speech, bandwidth_hz=channel.bandwidth_hz, plateau=channel.plateau, snr_db=channel.snr_db
-    )
+    return dataclasses.replace(speech, **measure_channel(samples)._asdict())
 
 
 class Channel(NamedTuple):

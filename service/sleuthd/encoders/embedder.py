@@ -261,10 +261,7 @@ class ClipEmbedder:
         if clip.usable and clip.bandwidth_hz is None and clip.plateau is None and clip.snr_db is None:
             # Every part came from the cache, put there by requests to single encoders, which measure no channel;
             # channel matching needs it whatever the cache held (a decode and a spectrum, once per such request).
-            channel = await self._channel(audio)
-            clip = dataclasses.replace(
-                clip, bandwidth_hz=channel.bandwidth_hz, plateau=channel.plateau, snr_db=channel.snr_db
-            )
+            clip = dataclasses.replace(clip, **(await self._channel(audio))._asdict())
         joined = (clip, all(cached for _, cached in at_manifest))
         return [joined if p is None else parts[0][i] for i, p in enumerate(placements)]
 

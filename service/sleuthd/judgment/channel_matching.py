@@ -177,9 +177,8 @@ class ChannelMatcher:
     ) -> None:
         """``copies``: the listener of copies; ``octaves``, ``spread`` and ``noise_db``: the bandwidth (octaves),
         plateau fraction and SNR (dB) spreads above which a speaker is matched (0: that kind never); ``components``:
-        the fused
-        encoder's parts (each pool keeps one per part); ``reference_clips``: speaker -> the reference sent as
-        audio; ``registered``: speaker -> the registered voice that is its reference; ``keeper`` and
+        the fused encoder's parts (each pool keeps one per part); ``reference_clips``: speaker -> the reference sent
+        as audio; ``registered``: speaker -> the registered voice that is its reference; ``keeper`` and
         ``max_kept_bytes``: a stream's, where it holds the audio it keeps and how much it may (None:
         CheckDialogue, whose audio is its request's, already in memory and bounded by its size)."""
         self._listen = copies

@@ -150,12 +150,12 @@ def _clipped_copies(
         for inst in load_instances(root, split, [condition], embs, hz, None, plateaus, None, snrs):
             line = lines[inst.dialogue_id]
             turns = scenario_turns(line, inst.scenario)
-            band = 0 < octaves < inst.band_octaves
+            band = inst.band_mixed(octaves)
             target = inst.clip_target()
-            if target is not None and inst.plateaus is not None and inst.plateaus[1] - inst.plateaus[0] > spread > 0:
+            if target is not None and inst.clip_mixed(spread):
                 for p in (*turns, line.reference):
                     keys.setdefault(embed.copy_key(p, band, target), None)
-            elif not band and inst.noise is not None and inst.noise[1] - inst.noise[0] > noise_db > 0:
+            elif not band and inst.noise_mixed(noise_db):
                 noisy = inst.noise_copy_keys(turns, line.reference)
                 keys.update(dict.fromkeys(noisy.values() if noisy else ()))
     return list(keys)

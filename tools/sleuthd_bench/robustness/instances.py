@@ -62,14 +62,25 @@ class Instance:
     # that kind of matching on then raises instead of silently judging as unmatched.
     unmeasured: frozenset[str] = frozenset()
 
+    # Whether the server would call the instance mixed (ChannelMatcher.matches), whatever copies were embedded.
+    def band_mixed(self, octaves: float) -> bool:
+        return 0 < octaves < self.band_octaves
+
+    def clip_mixed(self, spread: float) -> bool:
+        return self.plateaus is not None and 0 < spread < self.plateaus[1] - self.plateaus[0]
+
+    def noise_mixed(self, db: float) -> bool:
+        return self.noise is not None and 0 < db < self.noise[1] - self.noise[0]
+
     def noise_matched(self, db: float) -> dict[str, Turns] | None:
         """The views the server's noise matching at ``db`` judges this instance on (only asked when neither band
         nor clip matching applies), or None: its SNRs do not differ that much, or a copy lost a usable turn or the
         reference. Raises when they differ and the copies were never embedded."""
         if db > 0 and "snr" in self.unmeasured:
             raise LookupError(f"{self.dialogue_id}: clips without an SNR: {_MEASURE}")
-        if self.noise is None or not 0 < db < self.noise[1] - self.noise[0]:
+        if not self.noise_mixed(db):
             return None
+        assert self.noise is not None
         if not self.noise_views:
             raise LookupError(
                 f"{self.dialogue_id}/{self.scenario}: its clips differ in SNR ({self.noise[0]:.1f}-{self.noise[1]:.1f} "
@@ -94,8 +105,9 @@ class Instance:
         and its copies were never embedded."""
         if spread > 0 and "plateau" in self.unmeasured:
             raise LookupError(f"{self.dialogue_id}: clips without a plateau fraction: {_MEASURE}")
-        if self.plateaus is None or not 0 < spread < self.plateaus[1] - self.plateaus[0]:
+        if not self.clip_mixed(spread):
             return None
+        assert self.plateaus is not None
         if narrow not in self.clip_views:
             raise LookupError(
                 f"{self.dialogue_id}/{self.scenario}: its clips differ in clipping "
@@ -116,7 +128,7 @@ class Instance:
         """Whether the server's band matching at ``octaves`` judges this instance on its narrowband copies: it
         is mixed, and the copies keep every usable turn and the reference usable (else the server judges the
         clips as sent). Raises when it is mixed and the copies were never embedded."""
-        if not 0 < octaves < self.band_octaves:
+        if not self.band_mixed(octaves):
             return False
         if not self.narrow_views:
             raise LookupError(

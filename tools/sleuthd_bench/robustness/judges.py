@@ -77,6 +77,25 @@ def evidence_inputs(
     return grams, has_ref, joint.seconds, joint.index
 
 
+def channel_matched(
+    inst: Instance, band_match_octaves: float, clip_match_spread: float, noise_match_db: float
+) -> Instance:
+    """The instance with the views the server's channel matching judges it on (the same instance when it is judged
+    as sent): its clipped copies (low-passed too where it is also band-mixed), else its narrowband copies, else,
+    matched neither way, its noisy copies."""
+    band_mixed = inst.band_mixed(band_match_octaves)
+    clipped = inst.clip_matched(clip_match_spread, band_mixed)
+    if clipped is not None:
+        return replace(inst, views=clipped)
+    if inst.band_matched(band_match_octaves):
+        return replace(inst, views=inst.narrow_views)
+    if not band_mixed and not inst.clip_mixed(clip_match_spread):
+        noisy = inst.noise_matched(noise_match_db)
+        if noisy is not None:
+            return replace(inst, views=noisy)
+    return inst
+
+
 def evidence_flags(
     inst: Instance,
     calibration: EvidenceCalibration,
@@ -94,15 +113,7 @@ def evidence_flags(
     ``noise_match_db`` (--noise-match-db), one matched neither way whose clips differ in SNR on its copies with its
     noisiest clip's noise added."""
     if auto is not None and calibration.blend is not None:
-        band_mixed = 0 < band_match_octaves < inst.band_octaves
-        clip_mixed = inst.plateaus is not None and 0 < clip_match_spread < inst.plateaus[1] - inst.plateaus[0]
-        clipped = inst.clip_matched(clip_match_spread, band_mixed)
-        if clipped is not None:
-            inst = replace(inst, views=clipped)
-        elif inst.band_matched(band_match_octaves):
-            inst = replace(inst, views=inst.narrow_views)
-        elif not band_mixed and not clip_mixed and (noisy := inst.noise_matched(noise_match_db)) is not None:
-            inst = replace(inst, views=noisy)
+        inst = channel_matched(inst, band_match_octaves, clip_match_spread, noise_match_db)
     grams, has_ref, seconds, index = evidence_inputs(inst)
     logits = None
     if auto is not None and calibration.blend is not None and len(seconds) and (len(seconds) > 1 or has_ref):

@@ -6,7 +6,6 @@ repository root:
 """
 import os
 import sys, numpy as np
-from dataclasses import replace
 from pathlib import Path
 from sleuthd.api import SpeakerEncoder
 from sleuthd.config import EngineConfig
@@ -25,13 +24,7 @@ def per_instance(split):
     _, insts = _load_all(ROOT, split, conds)
     out = []
     for inst in insts:
-        i = inst
-        band_mixed = 0 < cfg.band_match_octaves < i.band_octaves
-        clip_mixed = i.plateaus is not None and 0 < cfg.clip_match_spread < i.plateaus[1] - i.plateaus[0]
-        clipped = i.clip_matched(cfg.clip_match_spread, band_mixed)
-        if clipped is not None: i = replace(i, views=clipped)
-        elif i.band_matched(cfg.band_match_octaves): i = replace(i, views=i.narrow_views)
-        elif not band_mixed and not clip_mixed and (noisy := i.noise_matched(cfg.noise_match_db)) is not None: i = replace(i, views=noisy)
+        i = judges.channel_matched(inst, cfg.band_match_octaves, cfg.clip_match_spread, cfg.noise_match_db)
         matched = i is not inst
         grams, has_ref, seconds, index = judges.evidence_inputs(i)
         logits = judges.auto_logits(i.views["fused"], auto) if len(seconds) and (len(seconds) > 1 or has_ref) else None
