@@ -293,6 +293,45 @@ def _verdicts(v: pb.DialogueVerdict) -> list[tuple[str, int, float, float, str]]
     return [(t.turn_id, t.status, t.score, t.compared_below_hz, t.detail) for t in v.turns]
 
 
+@dataclasses.dataclass
+class Registered:
+    """One dialogue judged with speaker B's reference three ways: a registered voice whose audio was kept, the
+    same clip sent as audio, and a voice registered from it without its audio."""
+
+    kept: pb.DialogueVerdict
+    sent: pb.DialogueVerdict
+    bare: pb.DialogueVerdict
+
+
+async def judged_with_registered(
+    engine: Engine, tmp_path: Path, clip: bytes, dialogues: list[list[bytes]]
+) -> tuple[Any, list[Registered]]:
+    """Register ``clip`` as voice 'kept' (keep_audio on) and 'bare' (off) on a server of its own, judge each
+    dialogue (speaker B's turns) with each reference, and return the kept voice as GetVoice reads it."""
+    from sleuthd.client import AsyncSleuthClient
+
+    from tests.test_voices import start_voice_server
+
+    server = await start_voice_server(engine, str(tmp_path / f"voices-{len(list(tmp_path.iterdir()))}.sqlite3"))
+    try:
+        async with AsyncSleuthClient(server.target, timeout=120) as client:
+            for voice_id, keep in (("kept", True), ("bare", False)):
+                await client.register_voice(voice_id, clip, keep_audio=keep)
+            voice = await client.get_voice("kept")
+        out = []
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            stub = pb_grpc.SleuthStub(channel)
+            for audio in dialogues:
+                by = [
+                    await stub.CheckDialogue(_with_reference(audio, **source), timeout=120)
+                    for source in ({"voice_id": "kept"}, {"audio": enc(clip)}, {"voice_id": "bare"})
+                ]
+                out.append(Registered(*by))
+        return voice, out
+    finally:
+        await server.stop()
+
+
 async def test_a_registered_voice_is_band_matched_as_its_clip_sent_as_reference(
     engine: Engine, speech: Speech, tmp_path: Path
 ) -> None:

@@ -28,7 +28,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc
-from .test_band_matching import _stream, check_request, lowest_bitrate_opus
+from .test_band_matching import _stream, check_request, judged_with_registered, lowest_bitrate_opus
 
 # That module's engine and server that keep no stream audio (fixtures: imported under their own names).
 from .test_band_matching import narrowing_engine as narrowing_engine
@@ -246,3 +246,44 @@ def test_a_bandwidth_cache_from_before_plateaus_has_them_measured(speech: Speech
     hz, plateaus, _ = embed.measure_channels(tmp_path, paths)
     assert set(plateaus) == set(paths) and plateaus["b0.wav"] < 1e-3 < plateaus["b2.wav"], plateaus
     assert set(hz) == set(paths) and all(4000 < v <= 8000 for v in hz.values()), hz  # measured again beside
+
+
+def _compared(v: pb.DialogueVerdict) -> list[tuple[str, int, float, float, str]]:
+    return [(t.turn_id, t.status, t.score, t.compared_clipped_fraction, t.detail) for t in v.turns]
+
+
+async def test_a_registered_voice_is_clip_matched_as_its_clip_sent_as_reference(
+    engine: Engine, speech: Speech, tmp_path: Path
+) -> None:
+    """A registered voice records each clip's plateau fraction, and a speaker whose reference it is counts them as
+    a reference clip's: judged on copies of the voice's kept clips clipped per request, the dialogue's verdicts are
+    exactly those with the clip sent as audio, whether a turn is the most clipped piece (the same voice's, or
+    another voice's, which is still flagged) or the voice is (clean turns). A voice registered without its audio
+    cannot be copied: its speaker is judged as heard, and the turns say why and how to fix it."""
+    clean, hot = speech.wav_bytes(VOICE_B, 5), clipped(speech.wav_bytes(VOICE_B, 5), 12.0)
+    voice, (own, other) = await judged_with_registered(
+        engine, tmp_path, clean, [turns(speech, VOICE_B), turns(speech, VOICE_F)]
+    )
+    (stored,) = voice.clips
+    assert stored.clipped_fraction is not None and stored.clipped_fraction < 0.001 and stored.snr_db is not None
+    hot_voice, (clean_turns,) = await judged_with_registered(
+        engine, tmp_path, hot, [[speech.wav_bytes(VOICE_B, k) for k in range(5)]]
+    )
+    assert 0.01 < hot_voice.clips[0].clipped_fraction < 0.2
+    for case, flagged in ((own, []), (other, [f"t{SLOT}"]), (clean_turns, [])):
+        assert _compared(case.kept) == _compared(case.sent), flagged
+        assert all(t.HasField("compared_clipped_fraction") for t in case.kept.turns)
+        assert list(case.kept.speakers[0].inconsistent_turn_ids) == flagged, _compared(case.kept)
+    # The voice is the most clipped piece: every turn is clipped to its share.
+    expected = hot_voice.clips[0].clipped_fraction
+    assert all(t.compared_clipped_fraction == pytest.approx(expected, abs=1e-4) for t in clean_turns.kept.turns)
+    for case in (own, clean_turns):
+        assert not any(t.HasField("compared_clipped_fraction") for t in case.bare.turns)
+        for t in case.bare.turns:
+            assert re.match(
+                r"compared as heard although the clips of speaker 'B' differ in clipping \(.*\): registered voice "
+                r"'bare': its copy clipped to \d\.\d\d % at the peak is made from its clips, which were not kept "
+                r"\(keep_audio off\): register it again with its clips, keep_audio on and replace",
+                t.detail,
+            ), t.detail
+    assert own.bare.turns[SLOT].status == pb.INCONSISTENT  # as heard, the clipping reads as another voice

@@ -27,7 +27,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc
-from .test_band_matching import _stream, check_request
+from .test_band_matching import _stream, check_request, judged_with_registered
 
 # That module's engine and server that keep no stream audio (fixtures: imported under their own names).
 from .test_band_matching import narrowing_engine as narrowing_engine
@@ -199,3 +199,46 @@ async def test_a_stream_past_its_bound_keeps_noise_matching_while_its_noisiest_t
     assert [tuple(getattr(t, f) for f in fields) for t in final.turns] == [
         tuple(getattr(t, f) for f in fields) for t in unary.turns
     ]
+
+
+def _compared(v: pb.DialogueVerdict) -> list[tuple[str, int, float, float, str]]:
+    return [(t.turn_id, t.status, t.score, t.compared_snr_db, t.detail) for t in v.turns]
+
+
+async def test_a_registered_voice_is_noise_matched_as_its_clip_sent_as_reference(
+    engine: Engine, speech: Speech, tmp_path: Path
+) -> None:
+    """A registered voice records each clip's SNR, and a speaker whose reference it is counts them as a reference
+    clip's: judged on copies with the noisiest piece's noise added (the voice's own kept clip's when the voice is
+    the noisiest piece), the verdicts are exactly those with the clip sent as audio. A voice registered without its
+    audio that is the noisiest piece has no noise to give: its speaker is judged as heard, and the turns say why."""
+    clean, hiss = speech.wav_bytes(VOICE_B, 5), noisy(speech.wav_bytes(VOICE_B, 5), 10.0)
+    voice, (own, other) = await judged_with_registered(
+        engine, tmp_path, clean, [turns(speech, VOICE_B), turns(speech, VOICE_F)]
+    )
+    assert voice.clips[0].snr_db == CAP_DB
+    noisy_voice, (clean_turns,) = await judged_with_registered(
+        engine, tmp_path, hiss, [[speech.wav_bytes(VOICE_B, k) for k in range(5)]]
+    )
+    assert 8.0 < noisy_voice.clips[0].snr_db < 13.0
+    for case, flagged in ((own, []), (other, [f"t{SLOT}"]), (clean_turns, [])):
+        assert _compared(case.kept) == _compared(case.sent), flagged
+        assert all(t.HasField("compared_snr_db") for t in case.kept.turns)
+        assert list(case.kept.speakers[0].inconsistent_turn_ids) == flagged, _compared(case.kept)
+    # The voice is the noisiest piece: every turn gets its noise, to its SNR.
+    expected = noisy_voice.clips[0].snr_db
+    assert all(t.compared_snr_db == pytest.approx(expected, abs=0.05) for t in clean_turns.kept.turns)
+    for case in (own, clean_turns):
+        assert not any(t.HasField("compared_snr_db") for t in case.bare.turns)
+    for t in clean_turns.bare.turns:  # its noise cannot be read
+        assert re.match(
+            r"compared as heard although the clips of speaker 'B' differ in noise \(.*\): registered voice 'bare': "
+            r"its noise is made from its clips, which were not kept \(keep_audio off\)",
+            t.detail,
+        ), t.detail
+    for t in own.bare.turns:  # a turn's noise, but no copy of the voice
+        assert re.match(
+            r"compared as heard although the clips of speaker 'B' differ in noise \(.*\): registered voice 'bare': "
+            r"its copy with noise added to \d+\.\d dB SNR is made from its clips, which were not kept",
+            t.detail,
+        ), t.detail

@@ -340,35 +340,52 @@ def test_everything_survives_close_and_reopen(location: str) -> None:
     second.close()
 
 
-def test_a_version_1_registry_is_upgraded_in_place_and_keeps_its_voices(location: str) -> None:
-    """A registry written before clips' bandwidths were recorded (schema version 1) is upgraded when a sleuthd
-    opens it: its voices read as before, with no bandwidth; new voices record theirs. One that is newer than this
-    sleuthd is refused with what to do."""
+# The columns each schema version added to registry_clips, and a clip's fields they hold.
+_ADDED = {"2": ("bandwidth_hz",), "3": ("plateau", "snr_db")}
+
+
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_an_older_registry_is_upgraded_in_place_and_keeps_its_voices(location: str, version: str) -> None:
+    """A registry written before clips' channels were recorded (schema version 1: no bandwidth; 2: no plateau or
+    SNR) is upgraded when a sleuthd opens it: its voices read as before, without those figures; new voices record
+    them. One that is newer than this sleuthd is refused with what to do."""
     old = _open(location)
     assert isinstance(old, SqlStore)
     old.register("kim", clips_for(2), embeddings=[embedding_for("kim")])
-    with old._transaction(write=True) as cur:  # back to version 1's layout, as an older sleuthd left it
-        cur.execute("ALTER TABLE registry_clips DROP COLUMN bandwidth_hz")
-        cur.execute("UPDATE registry_meta SET value = '1' WHERE key = 'schema_version'")
+    dropped = [c for v, cols in _ADDED.items() if v > version for c in cols]
+    with old._transaction(write=True) as cur:  # back to that version's layout, as an older sleuthd left it
+        for column in dropped:
+            cur.execute(f"ALTER TABLE registry_clips DROP COLUMN {column}")
+        cur.execute("UPDATE registry_meta SET value = ? WHERE key = 'schema_version'", (version,))
     old.close()
 
     store = _open(location)
     assert isinstance(store, SqlStore)
     kim = store.get("kim", with_audio=True)
     assert [c.data for c in kim.clips] == [c.data for c in clips_for(2)]
-    assert [c.bandwidth_hz for c in kim.clips] == [None, None]
+    for column in dropped:
+        assert [getattr(c, column) for c in kim.clips] == [None, None], column
     np.testing.assert_array_equal(kim.embeddings[0].vector, vector_for("kim", WEIGHTS_A))
-    measured = [dataclasses.replace(c, bandwidth_hz=3900.0 + k) for k, c in enumerate(clips_for(2, start=5))]
-    assert [c.bandwidth_hz for c in store.register("lea", measured).clips] == [3900.0, 3901.0]
-    assert [c.bandwidth_hz for c in store.get("lea").clips] == [3900.0, 3901.0]
-    with pytest.raises(InvalidRequest, match="bandwidth_hz must be a positive number"):
-        store.register("max", [dataclasses.replace(clips_for(1)[0], bandwidth_hz=float("nan"))])
+    measured = [
+        dataclasses.replace(c, bandwidth_hz=3900.0 + k, plateau=0.01 * k, snr_db=12.5 + k)
+        for k, c in enumerate(clips_for(2, start=5))
+    ]
+    for got in (store.register("lea", measured), store.get("lea")):
+        assert [(c.bandwidth_hz, c.plateau, c.snr_db) for c in got.clips] == [(3900.0, 0.0, 12.5), (3901.0, 0.01, 13.5)]
+    clip = clips_for(1)[0]
+    for field, value, message in (
+        ("bandwidth_hz", float("nan"), "bandwidth_hz must be a positive number"),
+        ("plateau", 1.5, "plateau must be a fraction from 0 to 1"),
+        ("snr_db", float("inf"), "snr_db must be a finite number"),
+    ):
+        with pytest.raises(InvalidRequest, match=message):
+            store.register("max", [dataclasses.replace(clip, **{field: value})])
     with store._transaction(write=True) as cur:
         cur.execute("SELECT value FROM registry_meta WHERE key = 'schema_version'")
-        assert cur.fetchone()[0] == "2"
-        cur.execute("UPDATE registry_meta SET value = '3' WHERE key = 'schema_version'")
+        assert cur.fetchone()[0] == "3"
+        cur.execute("UPDATE registry_meta SET value = '4' WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(RegistryUnavailable, match="schema is version 3; this sleuthd reads version 2: upgrade sleuthd"):
+    with pytest.raises(RegistryUnavailable, match="schema is version 4; this sleuthd reads version 3: upgrade sleuthd"):
         _open(location)
 
 

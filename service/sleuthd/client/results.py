@@ -288,6 +288,10 @@ class VoiceClip:
     audio_seconds: float
     speech_seconds: float
     bandwidth_hz: float | None = None  # effective bandwidth; None for a clip registered before it was recorded
+    # Share of samples at the peak (0-1) and estimated SNR (dB); None for a clip registered before they were
+    # recorded, or too short or silent to tell.
+    clipped_fraction: float | None = None
+    snr_db: float | None = None
 
 
 @dataclass(frozen=True)
@@ -325,8 +329,8 @@ class VoiceInfo:
             audio_kept=v.audio_kept,
             clips=tuple(
                 VoiceClip(
-                    c.sha256, c.size_bytes, c.audio_seconds, c.speech_seconds,
-                    c.bandwidth_hz if c.HasField("bandwidth_hz") else None,
+                    c.sha256, c.size_bytes, c.audio_seconds, c.speech_seconds, _opt(c, "bandwidth_hz"),
+                    _opt(c, "clipped_fraction"), _opt(c, "snr_db"),
                 )
                 for c in v.clips
             ),

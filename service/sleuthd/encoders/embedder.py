@@ -156,13 +156,13 @@ class ClipEmbedder:
         """:meth:`copies` at the common band (band matching's copies; what a registration stores)."""
         return await self.copies(encoder, NARROWBAND, audios, deadline)
 
-    async def bandwidths(self, audios: Sequence[tuple[AudioInput, str]]) -> list[float | None]:
-        """Each clip's effective bandwidth (Hz; None where the clip is silent), measured on a worker thread, as the
-        fused encoder's shared decode measures it. AudioError names the label."""
+    async def channels(self, audios: Sequence[tuple[AudioInput, str]]) -> list[Channel]:
+        """Each clip's channel (bandwidth, plateau fraction, SNR), measured on a worker thread, as the fused
+        encoder's shared decode measures it (what a registration records). AudioError names the label."""
 
-        async def one(audio: AudioInput, label: str) -> float | None:
+        async def one(audio: AudioInput, label: str) -> Channel:
             try:
-                return (await self._channel(audio))[0]
+                return await self._channel(audio)
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
 

@@ -101,20 +101,25 @@ class EncoderJudging:
         embedded, clips = await self._reference_clips(references, opts.encoder, deadline)
         embed = functools.partial(self._embed, opts.encoder, opts.placements)
         copies = functools.partial(self._embedder.copies, opts.encoder)  # used if the judgment channel-matches
-        # The references sent as audio are copied as the turns are; a registered voice brings its clips'
-        # bandwidths and its stored narrowband embedding (read only if its speaker turns out band-mixed).
+        # The references sent as audio are copied as the turns are; a registered voice brings its clips' channels
+        # as registered and the reads of its copies (each made only if its speaker turns out mixed that way).
         reference_clips = {
             s: ReferenceClip(a, clips[s].bandwidth_hz, clips[s].plateau, clips[s].snr_db)
             for s, a in references.items()
             if isinstance(a, AudioInput)
         }
         registered = {}
-        if opts.judgment.channel_matching and opts.judgment.band_match_octaves > 0:
+        if opts.judgment.channel_matching:
             for s, r in references.items():
                 if isinstance(r, VoiceRef):
                     voices = self._voices()
-                    narrowband = functools.partial(voices.embedding, r.voice_id, opts.encoder, narrow=True)
-                    registered[s] = RegisteredReference(r.voice_id, await voices.bandwidths(r.voice_id), narrowband)
+                    registered[s] = RegisteredReference(
+                        r.voice_id,
+                        await voices.channels(r.voice_id),
+                        functools.partial(voices.embedding, r.voice_id, opts.encoder, narrow=True),
+                        functools.partial(voices.copy_embedding, r.voice_id, opts.encoder),
+                        functools.partial(voices.noisiest_clip, r.voice_id),
+                    )
         # A stream holds what it keeps in the process's keeper; a CheckDialogue's audio is its request's.
         keeper, bound = (self._kept, self._max_kept_stream_bytes) if stream else (None, 0)
         return EncoderDialogue(

@@ -16,9 +16,12 @@ Why: both speaker encoders read a change of channel as a change of voice.
 A speaker mixed both ways is judged on copies clipped, then low-passed (sleuthd.encoders.clips.channel_copy): its
 copies follow what differs in its clips, not more (copies that were always both cost real speech 9 points:
 docs/research/robustness.md, "Screen 4"). Its cohort is the other speakers' copies made the same way; the other
-speakers are judged as they are. A speaker whose reference is a registered voice counts the bandwidths its clips
-were registered with and is compared with the voice's stored narrowband embedding; registered voices are not
-clip-matched (their clips' clipping is not recorded, and a clipped copy of them would have to be made per target).
+speakers are judged as they are. A speaker whose reference is a registered voice counts the channels its clips
+were registered with (sleuthd.registry.voices) as the pieces of a reference sent as audio count: its narrowband
+copy is the voice's stored narrowband embedding; its clipped or noisy copies are made per request from the voice's
+kept clips, and its noisiest kept clip gives the noise when the voice is the speaker's noisiest piece. A voice
+registered without its audio cannot have those: its speaker is then judged as heard (or on its narrowband copies),
+and its turns say why.
 
 A :class:`ChannelMatcher` is the copying side of one dialogue (sleuthd.judgment.dialogue.EncoderDialogue holds one
 under the fused encoder's auto). A speaker's clipping target is its most-clipped piece, so it moves when a more
@@ -46,7 +49,7 @@ from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
 from sleuthd.audio.clipping import copy_target
 from sleuthd.audio.noise import copy_snr
 from sleuthd.domain import AudioInput
-from sleuthd.encoders.clips import NARROWBAND, ChannelCopy, ClipEmbedding
+from sleuthd.encoders.clips import NARROWBAND, Channel, ChannelCopy, ClipEmbedding
 from sleuthd.errors import InvalidRequest
 from sleuthd.judgment.pool import SpeakerPool
 
@@ -58,13 +61,23 @@ _REF = "\0reference:"  # key prefix of a speaker's reference clip among the kept
 
 @dataclass(frozen=True)
 class RegisteredReference:
-    """A speaker's reference that is a registered voice: the bandwidths its clips were registered with (empty:
-    not recorded, so the speaker's turns alone decide) and how to read its narrowband embedding (a store read;
-    made from the stored clips when missing). The embedding is read only if the speaker's clips turn out mixed."""
+    """A speaker's reference that is a registered voice: each of its clips' channel as registered (a field is None
+    where it was not recorded, and the speaker's other pieces alone decide that kind), and how to read what its
+    matching needs, each read only if the speaker's clips turn out mixed that way. Each read raises InvalidRequest
+    saying why it cannot be had (the voice's audio was not kept; deleted meanwhile)."""
 
     voice_id: str
-    widths: tuple[float, ...]
-    narrowband: Callable[[float | None], Awaitable[np.ndarray]]  # deadline -> the embedding
+    channels: tuple[Channel, ...]
+    # deadline -> its embedding of its clips' narrowband copies (stored; made from the kept clips when missing)
+    narrowband: Callable[[float | None], Awaitable[np.ndarray]]
+    # (copy, deadline) -> its embedding of its kept clips' copies made so (clipped or noisy: made per request)
+    copy: Callable[[ChannelCopy, float | None], Awaitable[np.ndarray]]
+    # -> the audio of its noisiest kept clip (the noise the speaker's copies get when the voice is its noisiest)
+    noisiest: Callable[[], Awaitable[AudioInput]]
+
+    def recorded(self, kind: str) -> list[float]:
+        """Its clips' recorded values of one Channel field ("bandwidth_hz", "plateau", "snr_db")."""
+        return [v for c in self.channels if (v := getattr(c, kind)) is not None]
 
 
 @dataclass(frozen=True)
@@ -188,8 +201,11 @@ class ChannelMatcher:
         self._components = components
         self._references = dict(reference_clips)
         self._registered = dict(registered or {})
-        # A registered voice's narrowband embedding once read, or why it cannot be (speaker -> either).
-        self._registered_narrow: dict[str, np.ndarray | str] = {}
+        # A registered voice's embedding of each kind of copy once read, or why it cannot be ((copy, speaker) ->
+        # either); why its noisiest clip's audio cannot be read (speaker -> why).
+        self._registered_copies: dict[tuple[ChannelCopy, str], np.ndarray | str] = {}
+        self._registered_noise: dict[str, str] = {}
+        self._noisiest: dict[str, str] = {}  # speaker -> the key of their noisiest piece (noise-matched speakers)
         self._keeper = keeper
         self._max_kept = max_kept_bytes
         self._speakers: dict[str, _Speaker] = {}
@@ -264,8 +280,8 @@ class ChannelMatcher:
                 plateaus += [reference.plateau] if reference.plateau is not None else []
             registered = self._registered.get(s)
             if registered is not None:
-                widths.extend(registered.widths)
-                plateaus = []  # a registered voice's clipping is not recorded: not clip-matched
+                widths += registered.recorded("bandwidth_hz")
+                plateaus += registered.recorded("plateau")
             band = (min(widths), max(widths)) if len(widths) >= 2 else None
             if band is None or not (self._octaves > 0 and math.log2(band[1] / band[0]) > self._octaves):
                 band = None
@@ -281,20 +297,24 @@ class ChannelMatcher:
 
     def _noise(self, speaker: str, entry: _Speaker) -> ChannelMatch | None:
         """The speaker's noise match, if their pieces differ in SNR by more than ``noise_db`` (the usable turns in
-        dialogue order, then the reference sent as audio; the noisiest is the first of the lowest SNR)."""
-        if not self._noise_db > 0 or speaker in self._registered:  # a registered voice's noise is not recorded
+        dialogue order, then the reference sent as audio or the registered voice's clips; the noisiest is the first
+        of the lowest SNR)."""
+        if not self._noise_db > 0:
             return None
         pieces = [(snr, key) for _, snr, key in sorted(entry.snrs)]
         reference = self._references.get(speaker)
         if reference is not None and reference.snr_db is not None:
             pieces.append((reference.snr_db, _REF + speaker))
+        registered = self._registered.get(speaker)
+        if registered is not None:  # its noise, when noisiest, is read from its kept clips (ensure)
+            pieces += [(snr, _REF + speaker) for snr in registered.recorded("snr_db")]
         if len(pieces) < 2:
             return None
         low = min(p[0] for p in pieces)
         high = max(p[0] for p in pieces)
         if not high - low > self._noise_db:
             return None
-        noisiest = next(key for snr, key in pieces if snr == low)
+        noisiest = self._noisiest[speaker] = next(key for snr, key in pieces if snr == low)
         source = self._noise_sources.get(noisiest) or self._kept.get(noisiest)
         if source is not None:
             self._noise_sources[noisiest] = source
@@ -337,7 +357,9 @@ class ChannelMatcher:
 
     def _why_missing(self, copy: ChannelCopy, speaker: str) -> str:
         if copy.snr_db is not None and copy.noise is None:
-            return "the stream no longer keeps its noisiest turn's audio (past --band-match-stream-mb)"
+            return self._registered_noise.get(
+                speaker, "the stream no longer keeps its noisiest turn's audio (past --band-match-stream-mb)"
+            )
         lost = [k for k in self._keys if self._owner(k) == speaker and k not in self._copies.get(copy, {})]
         if lost and all(k not in self._kept for k in lost):
             return "the stream no longer keeps its turns' audio (past --band-match-stream-mb)"
@@ -351,6 +373,7 @@ class ChannelMatcher:
         (each speaker's own, and the others' for its cohort); drop the kinds nobody is judged on any more (a
         clipping target that moved); in a stream past its bound, make every new clip's narrowband copy in the
         background."""
+        await self._read_registered_noise()
         matches = self.matches().values()
         wanted = {m.copy for m in matches}
         # A speaker mixed both ways falls back to its narrowband copies when its clipped ones cannot be had (a copy
@@ -388,6 +411,8 @@ class ChannelMatcher:
             self._making.pop(key, None)
         self._copies.pop(copy, None)
         self._pools.pop(copy, None)
+        for key in [k for k in self._registered_copies if k[0] == copy]:
+            del self._registered_copies[key]
 
     async def _make(self, copy: ChannelCopy, keys: list[str], deadline: float | None) -> None:
         """Embed these kept clips' copies of one kind and add them to their speakers' pools of that kind."""
@@ -407,22 +432,40 @@ class ChannelMatcher:
             made[k] = clip
             added.append(k)
         turns = sorted((k for k in added if not k.startswith(_REF)), key=lambda k: self._turns[k][1])
-        # A registered speaker's narrowband pool starts from the voice's narrowband embedding: read it first.
-        if copy == NARROWBAND:
-            for s in dict.fromkeys(self._turns[k][0] for k in turns):
-                if s in self._registered and s not in self._registered_narrow:
-                    self._registered_narrow[s] = await self._read_registered(s, deadline)
+        # A registered speaker's pool starts from the voice's embedding of the same copies: read it first.
+        for s in dict.fromkeys(self._turns[k][0] for k in turns):
+            if s in self._registered and (copy, s) not in self._registered_copies:
+                self._registered_copies[(copy, s)] = await self._read_registered(s, copy, deadline)
         for k in turns:
             self._add(copy, k)
 
-    async def _read_registered(self, speaker: str, deadline: float | None) -> np.ndarray | str:
-        """The registered voice's narrowband embedding, or why it cannot be had (the speaker is then judged at
-        full band, and its turns say why)."""
+    async def _read_registered(self, speaker: str, copy: ChannelCopy, deadline: float | None) -> np.ndarray | str:
+        """The registered voice's embedding of its clips' copies of this kind, or why it cannot be had (the speaker
+        is then judged as heard or on its narrowband copies, and its turns say why)."""
         voice = self._registered[speaker]
         try:
-            return await voice.narrowband(deadline)
-        except InvalidRequest as exc:  # no such embedding and no clips kept to make it; deleted meanwhile
-            return f"registered voice {voice.voice_id!r} has no narrowband embedding ({exc})"
+            if copy == NARROWBAND:
+                return await voice.narrowband(deadline)
+            return await voice.copy(copy, deadline)
+        except InvalidRequest as exc:  # no clips kept to make it from; deleted meanwhile
+            if copy == NARROWBAND:
+                return f"registered voice {voice.voice_id!r} has no narrowband embedding ({exc})"
+            return f"registered voice {voice.voice_id!r}: {exc}"
+
+    async def _read_registered_noise(self) -> None:
+        """Read the noisiest kept clip of each registered voice that is its speaker's noisiest piece (its noise is
+        what the speaker's copies get), once a dialogue; where it cannot be, note why (the copies are not made)."""
+        for s, match in self.matches().items():
+            voice = self._registered.get(s)
+            if voice is None or match.snr is None or match.noise is not None or s in self._registered_noise:
+                continue
+            if self._noisiest.get(s) != _REF + s:  # a turn no longer kept (a stream past its bound)
+                continue
+            try:
+                self._noise_sources[_REF + s] = await voice.noisiest()
+            except InvalidRequest as exc:
+                self._registered_noise[s] = f"registered voice {voice.voice_id!r}: {exc}"
+            self._cache = None  # matches() again, with the noise now at hand
 
     def _add(self, copy: ChannelCopy, turn_id: str) -> None:
         """A turn's copy into its speaker's pool of that kind (at its place in dialogue order)."""
@@ -444,9 +487,9 @@ class ChannelMatcher:
         """The reference embedding of the speaker's pool of these copies (None: none) and, where the reference
         exists but its copy does not, why the pool cannot stand in for theirs."""
         if speaker in self._registered:
-            if copy != NARROWBAND:
-                return None, "a registered voice is not clip-matched"
-            found = self._registered_narrow.get(speaker, "its narrowband embedding was not read")
+            found = self._registered_copies.get(
+                (copy, speaker), f"the registered voice's {copy.describe()} was not read"
+            )
             return (None, found) if isinstance(found, str) else (found, "")
         if speaker not in self._references:
             return None, ""

@@ -42,6 +42,8 @@ class ClipInput:
     audio_seconds: float  # length after decoding, seconds
     speech_seconds: float  # detected speech in it (VAD), seconds
     bandwidth_hz: float | None = None  # its effective bandwidth (sleuthd.audio.bandwidth); None: not measured
+    plateau: float | None = None  # its plateau fraction (sleuthd.audio.clipping); None: not measured, or silent
+    snr_db: float | None = None  # its estimated SNR (sleuthd.audio.noise); None: not measured, or too short to tell
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ class StoredClip:
     # Its effective bandwidth, what band matching compares a voice's turns with; None for a clip registered
     # before schema version 2 recorded it.
     bandwidth_hz: float | None = None
+    # Its plateau fraction and estimated SNR (dB), what clip and noise matching compare a voice's turns with; None
+    # for a clip registered before schema version 3 recorded them (or silent, or too short to tell).
+    plateau: float | None = None
+    snr_db: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,10 +229,16 @@ def check_clips(clips: Sequence[ClipInput], config: RegistryConfig) -> list[Stor
         if digest in seen:
             raise InvalidRequest(f"clip {k} has the same bytes as clip {seen[digest]}; send each clip once")
         seen[digest] = k
-        width = clip.bandwidth_hz
+        width, plateau, snr = clip.bandwidth_hz, clip.plateau, clip.snr_db
         if width is not None and not (math.isfinite(width) and width > 0):
             raise InvalidRequest(f"clip {k}: bandwidth_hz must be a positive number or None, got {width}")
-        stored.append(StoredClip(digest, len(data), clip.pcm, clip.audio_seconds, clip.speech_seconds, data, width))
+        if plateau is not None and not (math.isfinite(plateau) and 0 <= plateau <= 1):
+            raise InvalidRequest(f"clip {k}: plateau must be a fraction from 0 to 1 or None, got {plateau}")
+        if snr is not None and not math.isfinite(snr):
+            raise InvalidRequest(f"clip {k}: snr_db must be a finite number or None, got {snr}")
+        stored.append(
+            StoredClip(digest, len(data), clip.pcm, clip.audio_seconds, clip.speech_seconds, data, width, plateau, snr)
+        )
     return stored
 
 

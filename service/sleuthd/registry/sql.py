@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import logging
 from abc import ABC, abstractmethod
@@ -25,7 +26,7 @@ from sleuthd.registry.store import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, RegistryUna
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 _TOKEN_PREFIX = "v1."
 
 # {id}: the voice id column type (PostgreSQL pins the "C" collation so ids sort bytewise, as in SQLite);
@@ -52,6 +53,8 @@ SCHEMA = (
         speech_seconds DOUBLE PRECISION NOT NULL,
         data {blob},
         bandwidth_hz DOUBLE PRECISION,
+        plateau DOUBLE PRECISION,
+        snr_db DOUBLE PRECISION,
         PRIMARY KEY (voice_id, idx))""",
     """CREATE TABLE IF NOT EXISTS registry_embeddings (
         voice_id {id} NOT NULL REFERENCES registry_voices (voice_id) ON DELETE CASCADE,
@@ -74,11 +77,17 @@ SCHEMA = (
 MIGRATIONS = {
     # 1 -> 2: each clip's effective bandwidth (band matching); NULL for the clips registered before.
     "1": ("ALTER TABLE registry_clips ADD COLUMN bandwidth_hz DOUBLE PRECISION",),
+    # 2 -> 3: each clip's plateau fraction and SNR (clip and noise matching); NULL for the clips registered before.
+    "2": (
+        "ALTER TABLE registry_clips ADD COLUMN plateau DOUBLE PRECISION",
+        "ALTER TABLE registry_clips ADD COLUMN snr_db DOUBLE PRECISION",
+    ),
 }
 
 _VOICE_COLS = "voice_id, metadata, created_us, updated_us, revision, speech_seconds, audio_kept"
 _CLIP_COLS = (
-    "voice_id, sha256, n_bytes, pcm_encoding, sample_rate_hz, channels, audio_seconds, speech_seconds, bandwidth_hz"
+    "voice_id, sha256, n_bytes, pcm_encoding, sample_rate_hz, channels, audio_seconds, speech_seconds, bandwidth_hz, "
+    "plateau, snr_db"
 )
 _EMB_COLS = "voice_id, encoder, weights_sha256, dim, dtype, vector, created_us"
 
@@ -207,10 +216,10 @@ class SqlStore(ABC):
             for k, c in enumerate(stored):
                 cur.execute(
                     "INSERT INTO registry_clips (voice_id, idx, sha256, n_bytes, pcm_encoding, sample_rate_hz, "
-                    "channels, audio_seconds, speech_seconds, bandwidth_hz, data) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "channels, audio_seconds, speech_seconds, bandwidth_hz, plateau, snr_db, data) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (voice_id, k, c.sha256, c.n_bytes, *m.pcm_columns(c.pcm), c.audio_seconds, c.speech_seconds,
-                     c.bandwidth_hz, c.data if keep else None),
+                     c.bandwidth_hz, c.plateau, c.snr_db, c.data if keep else None),
                 )  # fmt: skip
             for e, v in zip(embeddings, vectors, strict=True):
                 self._upsert_embedding(cur, voice_id, e, v, t)
@@ -224,10 +233,7 @@ class SqlStore(ABC):
             revision=revision,
             speech_seconds=speech,
             audio_kept=keep,
-            clips=tuple(
-                m.StoredClip(c.sha256, c.n_bytes, c.pcm, c.audio_seconds, c.speech_seconds, None, c.bandwidth_hz)
-                for c in stored
-            ),
+            clips=tuple(dataclasses.replace(c, data=None) for c in stored),
             embeddings=tuple(
                 m.Embedding(e.encoder, e.weights_sha256, v.astype(v.dtype.newbyteorder("=")), m.from_micros(t))
                 # in the order a read returns them
@@ -329,11 +335,11 @@ class SqlStore(ABC):
             ids,
         )
         clips: dict[str, list[m.StoredClip]] = {i: [] for i in ids}
-        for vid, sha, n, enc, rate, ch, audio_s, speech_s, width, data in cur.fetchall():
+        for vid, sha, n, enc, rate, ch, audio_s, speech_s, width, plateau, snr, data in cur.fetchall():
             pcm = m.pcm_from_columns(enc, rate, ch)
             blob = None if data is None else bytes(data)
-            hz = None if width is None else float(width)
-            clips[vid].append(m.StoredClip(sha, int(n), pcm, float(audio_s), float(speech_s), blob, hz))
+            channel = (None if x is None else float(x) for x in (width, plateau, snr))
+            clips[vid].append(m.StoredClip(sha, int(n), pcm, float(audio_s), float(speech_s), blob, *channel))
         cur.execute(
             f"SELECT {_EMB_COLS} FROM registry_embeddings WHERE voice_id IN ({_in_list(len(ids))}) "
             "ORDER BY voice_id, encoder, weights_sha256",

@@ -8,10 +8,12 @@ Embeddings are stored per encoder *weights* (the model file's SHA-256) and only 
 weights: a voice enrolled before an encoder was re-exported is re-embedded from its stored clips on first
 use, or refused with the way to re-enrol it when its clips were not kept.
 
-For band matching (sleuthd.judgment.channel_matching) a voice also records each clip's effective bandwidth and,
-where the server band-matches, an embedding of its clips' copies low-passed at the common band, stored under
-the encoder key with a "+band3600" suffix (the same weights; made from the stored clips on first use when
-missing, as a re-embedding is).
+For channel matching (sleuthd.judgment.channel_matching) a voice also records each clip's channel (effective
+bandwidth, plateau fraction, SNR) and, where the server band-matches, an embedding of its clips' copies low-passed
+at the common band, stored under the encoder key with a "+band3600" suffix (the same weights; made from the
+stored clips on first use when missing, as a re-embedding is). Its clipped or noisy copies depend on the other
+clips of the dialogue it is a reference in (the target is the speaker's most clipped or noisiest piece), so they
+are made per request from the kept clips and not stored; a voice registered without its audio cannot have them.
 """
 
 from __future__ import annotations
@@ -25,12 +27,20 @@ import numpy as np
 
 from sleuthd.config import RegistryConfig
 from sleuthd.domain import AudioInput
-from sleuthd.encoders.clips import ClipEmbedding, pool
+from sleuthd.encoders.clips import NARROWBAND, Channel, ChannelCopy, ClipEmbedding, pool
 from sleuthd.encoders.embedder import ClipEmbedder
 from sleuthd.encoders.fusion import FusedEncoder
 from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.encoders.single_flight import SingleFlight
-from sleuthd.errors import DeadlineExceeded, Duplicate, InvalidRequest, LimitExceeded, OutOfSequence, UnknownName
+from sleuthd.errors import (
+    DeadlineExceeded,
+    Duplicate,
+    InvalidRequest,
+    LimitExceeded,
+    OutOfSequence,
+    UnknownName,
+    Unsupported,
+)
 from sleuthd.registry.model import (
     ClipInput,
     Embedding,
@@ -122,11 +132,11 @@ class VoiceRegistry:
         found = await asyncio.gather(
             asyncio.gather(*(self._embed_clips(self.encoders[n], request.clips, deadline) for n in names)),
             asyncio.gather(
-                *(self._embed_clips(self.encoders[n], request.clips, deadline, narrow=True) for n in names)
+                *(self._embed_clips(self.encoders[n], request.clips, deadline, NARROWBAND) for n in names)
                 if self.narrowband
                 else ()
             ),
-            self.embedder.bandwidths(labelled),
+            self.embedder.channels(labelled),
             return_exceptions=True,
         )
         # The clips as sent first: a clip unusable as sent is reported as such, not as "its narrowband copy",
@@ -134,7 +144,7 @@ class VoiceRegistry:
         for outcome in found:
             if isinstance(outcome, BaseException):
                 raise outcome
-        per_encoder, narrow, widths = found
+        per_encoder, narrow, channels = found
         embeddings = [
             Embedding(name, self.encoders[name].manifest.sha256, vector)
             for name, (vector, _) in zip(names, per_encoder, strict=True)
@@ -147,8 +157,8 @@ class VoiceRegistry:
         # Lengths as the default encoder's path measured them (its loudness target feeds the VAD).
         _, measured = per_encoder[names.index(self.default_encoder)]
         clips = [
-            ClipInput(a.data, a.pcm, c.audio_seconds, c.speech_seconds, hz)
-            for a, c, hz in zip(request.clips, measured, widths, strict=True)
+            ClipInput(a.data, a.pcm, c.audio_seconds, c.speech_seconds, *channel)
+            for a, c, channel in zip(request.clips, measured, channels, strict=True)
         ]
         return await self.store.register(
             request.voice_id,
@@ -177,17 +187,23 @@ class VoiceRegistry:
                 )
 
     async def _embed_clips(
-        self, encoder: WindowEncoder, clips: Sequence[AudioInput], deadline: float | None, narrow: bool = False
+        self,
+        encoder: WindowEncoder,
+        clips: Sequence[AudioInput],
+        deadline: float | None,
+        how: ChannelCopy | None = None,
     ) -> tuple[np.ndarray, list[ClipEmbedding]]:
         """The voice's embedding under ``encoder`` (windows of all clips pooled) and each clip's figures; with
-        ``narrow``, of the clips' narrowband copies (what a clip sent as reference audio is narrowed to)."""
+        ``how``, of the clips' copies made so (what a clip sent as reference audio is copied to)."""
         name = encoder.manifest.name
         labelled = [(c, f"clip #{k}") for k, c in enumerate(clips)]
-        embed = self.embedder.narrowband if narrow else self.embedder.embed_audio
-        embedded = await embed(encoder, labelled, deadline)
+        if how is None:
+            embedded = await self.embedder.embed_audio(encoder, labelled, deadline)
+        else:
+            embedded = await self.embedder.copies(encoder, how, labelled, deadline)
         for k, clip in enumerate(embedded):
             if clip.window_embeddings is None:
-                copy = " (its narrowband copy)" if narrow else ""
+                copy = "" if how is None else f" (its {how.describe()})"
                 raise InvalidRequest(f"clip #{k}{copy} cannot be enrolled with encoder {name}: {clip.detail}")
         windows = np.concatenate([c.window_embeddings for c in embedded if c.window_embeddings is not None])
         return pool(windows), embedded
@@ -228,7 +244,7 @@ class VoiceRegistry:
                 # Its message says what it was enrolled under and how to register it again.
                 return (await self.store.require_embedding(voice_id, key, sha)).vector
             audios = [AudioInput(c.data or b"", c.pcm) for c in voice.clips]
-            vector, _ = await self._embed_clips(encoder, audios, None, narrow)
+            vector, _ = await self._embed_clips(encoder, audios, None, NARROWBAND if narrow else None)
             try:
                 await self.store.put_embedding(voice_id, Embedding(key, sha, vector), revision=voice.revision)
             except OutOfSequence:
@@ -249,12 +265,44 @@ class VoiceRegistry:
     async def delete(self, voice_id: str) -> None:
         await self.store.delete(voice_id)
 
-    async def bandwidths(self, voice_id: str) -> tuple[float, ...]:
-        """The effective bandwidths of the voice's clips (Hz); empty when any clip's was not recorded (a voice
-        registered before schema version 2). UnknownName when no such voice."""
+    async def channels(self, voice_id: str) -> tuple[Channel, ...]:
+        """Each of the voice's clips' channel as registered (a field is None where it was not recorded: a voice
+        registered before schema version 2 or 3). UnknownName when no such voice."""
         voice = await self.store.get(voice_id)
-        widths = [c.bandwidth_hz for c in voice.clips]
-        return () if any(w is None for w in widths) else tuple(w for w in widths if w is not None)
+        return tuple(Channel(c.bandwidth_hz, c.plateau, c.snr_db) for c in voice.clips)
+
+    async def copy_embedding(
+        self, voice_id: str, encoder: WindowEncoder, how: ChannelCopy, deadline: float | None = None
+    ) -> np.ndarray:
+        """The voice's embedding under ``encoder`` of its kept clips' copies made as ``how`` says (clip and noise
+        matching; not stored: its target is the dialogue's). Unsupported when its clips were not kept."""
+        audios = await self._kept_clips(voice_id, how.describe())
+        if isinstance(encoder, FusedEncoder):  # per component, joined as a clip's would be
+            parts = [(await self._embed_clips(c, audios, deadline, how))[0] for c in encoder.components]
+            return encoder.join(parts)
+        return (await self._embed_clips(encoder, audios, deadline, how))[0]
+
+    async def noisiest_clip(self, voice_id: str) -> AudioInput:
+        """The audio of the voice's clip with the lowest recorded SNR (its noise is what a noise-matched speaker's
+        copies get when the voice is the speaker's noisiest piece). Unsupported when its clips were not kept."""
+        voice = await self.store.get(voice_id, with_audio=True)
+        audios = self._kept(voice, "noise")
+        measured = [(c.snr_db, k) for k, c in enumerate(voice.clips) if c.snr_db is not None]
+        if not measured:
+            raise Unsupported(f"voice {voice_id!r} has no clip whose SNR was recorded: register it again with replace")
+        return audios[min(measured)[1]]
+
+    async def _kept_clips(self, voice_id: str, what: str) -> tuple[AudioInput, ...]:
+        return self._kept(await self.store.get(voice_id, with_audio=True), what)
+
+    @staticmethod
+    def _kept(voice: Voice, what: str) -> tuple[AudioInput, ...]:
+        if not voice.audio_kept or any(c.data is None for c in voice.clips):
+            raise Unsupported(
+                f"its {what} is made from its clips, which were not kept (keep_audio off): register it again with "
+                "its clips, keep_audio on and replace"
+            )
+        return tuple(AudioInput(c.data or b"", c.pcm) for c in voice.clips)
 
     def loaded(self, encoder: str, weights_sha256: str) -> bool:
         """Whether this engine embeds with exactly these weights (a narrowband key counts as its encoder's)."""

@@ -305,6 +305,8 @@ def voice_to_pb(voice: Voice, registry: VoiceRegistry) -> pb.Voice:
                 audio_seconds=c.audio_seconds,
                 speech_seconds=c.speech_seconds,
                 bandwidth_hz=c.bandwidth_hz,
+                clipped_fraction=c.plateau,
+                snr_db=c.snr_db,
             )
             for c in voice.clips
         ],
