@@ -175,9 +175,12 @@ async def test_a_stream_holds_its_turns_audio_until_its_bound_and_lets_go_when_i
         assert eng.kept_audio.held == before and gauge() == before
 
 
-async def _stream(stub: pb_grpc.SleuthStub, audio: list[bytes]) -> tuple[list[pb.TurnUpdate], pb.DialogueVerdict]:
+async def _stream(
+    stub: pb_grpc.SleuthStub, audio: list[bytes], references: list[pb.SpeakerReference] | None = None
+) -> tuple[list[pb.TurnUpdate], pb.DialogueVerdict]:
     call = stub.StreamDialogue(timeout=180)
-    await call.write(Req(open=pb.StreamOpen(dialogue_id="band", options=pb.CheckOptions(encoder="fused"))))
+    opening = pb.StreamOpen(dialogue_id="band", options=pb.CheckOptions(encoder="fused"), references=references)
+    await call.write(Req(open=opening))
     updates = []
     for k, data in enumerate(audio):
         await call.write(Req(turn_start=pb.TurnStart(turn_id=f"t{k}", speaker="B", index=k)))
@@ -296,11 +299,13 @@ def _verdicts(v: pb.DialogueVerdict) -> list[tuple[str, int, float, float, str]]
 @dataclasses.dataclass
 class Registered:
     """One dialogue judged with speaker B's reference three ways: a registered voice whose audio was kept, the
-    same clip sent as audio, and a voice registered from it without its audio."""
+    same clip sent as audio, and a voice registered from it without its audio; and streamed with the kept voice
+    (its final verdict)."""
 
     kept: pb.DialogueVerdict
     sent: pb.DialogueVerdict
     bare: pb.DialogueVerdict
+    streamed: pb.DialogueVerdict
 
 
 async def judged_with_registered(
@@ -326,7 +331,8 @@ async def judged_with_registered(
                     await stub.CheckDialogue(_with_reference(audio, **source), timeout=120)
                     for source in ({"voice_id": "kept"}, {"audio": enc(clip)}, {"voice_id": "bare"})
                 ]
-                out.append(Registered(*by))
+                _, streamed = await _stream(stub, audio, [pb.SpeakerReference(speaker="B", voice_id="kept")])
+                out.append(Registered(*by, streamed))
         return voice, out
     finally:
         await server.stop()

@@ -259,10 +259,13 @@ async def test_a_registered_voice_is_clip_matched_as_its_clip_sent_as_reference(
     a reference clip's: judged on copies of the voice's kept clips clipped per request, the dialogue's verdicts are
     exactly those with the clip sent as audio, whether a turn is the most clipped piece (the same voice's, or
     another voice's, which is still flagged) or the voice is (clean turns). A voice registered without its audio
-    cannot be copied: its speaker is judged as heard, and the turns say why and how to fix it."""
+    cannot be copied: its speaker is judged as heard, and the turns say why and how to fix it. A stream gives
+    CheckDialogue's verdicts, also when its clipping target moves (the voice's copies are made again)."""
     clean, hot = speech.wav_bytes(VOICE_B, 5), clipped(speech.wav_bytes(VOICE_B, 5), 12.0)
-    voice, (own, other) = await judged_with_registered(
-        engine, tmp_path, clean, [turns(speech, VOICE_B), turns(speech, VOICE_F)]
+    moving = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    moving[1], moving[3] = clipped(moving[1], 8.0), clipped(moving[3], 20.0)
+    voice, (own, other, moved) = await judged_with_registered(
+        engine, tmp_path, clean, [turns(speech, VOICE_B), turns(speech, VOICE_F), moving]
     )
     (stored,) = voice.clips
     assert stored.clipped_fraction is not None and stored.clipped_fraction < 0.001 and stored.snr_db is not None
@@ -270,10 +273,11 @@ async def test_a_registered_voice_is_clip_matched_as_its_clip_sent_as_reference(
         engine, tmp_path, hot, [[speech.wav_bytes(VOICE_B, k) for k in range(5)]]
     )
     assert 0.01 < hot_voice.clips[0].clipped_fraction < 0.2
-    for case, flagged in ((own, []), (other, [f"t{SLOT}"]), (clean_turns, [])):
-        assert _compared(case.kept) == _compared(case.sent), flagged
+    for case, flagged in ((own, []), (other, [f"t{SLOT}"]), (clean_turns, []), (moved, None)):
+        assert _compared(case.kept) == _compared(case.sent) == _compared(case.streamed), flagged
         assert all(t.HasField("compared_clipped_fraction") for t in case.kept.turns)
-        assert list(case.kept.speakers[0].inconsistent_turn_ids) == flagged, _compared(case.kept)
+        if flagged is not None:  # (the moving target's 20 dB turn, 16 % at the peak, is flagged either way)
+            assert list(case.kept.speakers[0].inconsistent_turn_ids) == flagged, _compared(case.kept)
     # The voice is the most clipped piece: every turn is clipped to its share.
     expected = hot_voice.clips[0].clipped_fraction
     assert all(t.compared_clipped_fraction == pytest.approx(expected, abs=1e-4) for t in clean_turns.kept.turns)

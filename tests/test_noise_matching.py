@@ -211,7 +211,8 @@ async def test_a_registered_voice_is_noise_matched_as_its_clip_sent_as_reference
     """A registered voice records each clip's SNR, and a speaker whose reference it is counts them as a reference
     clip's: judged on copies with the noisiest piece's noise added (the voice's own kept clip's when the voice is
     the noisiest piece), the verdicts are exactly those with the clip sent as audio. A voice registered without its
-    audio that is the noisiest piece has no noise to give: its speaker is judged as heard, and the turns say why."""
+    audio that is the noisiest piece has no noise to give: its speaker is judged as heard, and the turns say why.
+    A stream gives CheckDialogue's verdicts."""
     clean, hiss = speech.wav_bytes(VOICE_B, 5), noisy(speech.wav_bytes(VOICE_B, 5), 10.0)
     voice, (own, other) = await judged_with_registered(
         engine, tmp_path, clean, [turns(speech, VOICE_B), turns(speech, VOICE_F)]
@@ -222,7 +223,7 @@ async def test_a_registered_voice_is_noise_matched_as_its_clip_sent_as_reference
     )
     assert 8.0 < noisy_voice.clips[0].snr_db < 13.0
     for case, flagged in ((own, []), (other, [f"t{SLOT}"]), (clean_turns, [])):
-        assert _compared(case.kept) == _compared(case.sent), flagged
+        assert _compared(case.kept) == _compared(case.sent) == _compared(case.streamed), flagged
         assert all(t.HasField("compared_snr_db") for t in case.kept.turns)
         assert list(case.kept.speakers[0].inconsistent_turn_ids) == flagged, _compared(case.kept)
     # The voice is the noisiest piece: every turn gets its noise, to its SNR.
