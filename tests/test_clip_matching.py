@@ -291,3 +291,40 @@ async def test_a_registered_voice_is_clip_matched_as_its_clip_sent_as_reference(
                 t.detail,
             ), t.detail
     assert own.bare.turns[SLOT].status == pb.INCONSISTENT  # as heard, the clipping reads as another voice
+
+
+async def test_a_voice_registered_before_its_channels_were_recorded_has_them_measured_from_its_kept_clips(
+    engine: Engine, speech: Speech, tmp_path: Path
+) -> None:
+    """A voice from a registry older than schema version 3 has no plateau fraction or SNR recorded. Where its clips
+    were kept, they are measured on its first use as a reference (and stored), so a speaker whose voice is the most
+    clipped piece is clip-matched at its share, exactly as with the clip sent as audio."""
+    import sqlite3
+
+    from sleuthd.client import AsyncSleuthClient
+
+    from tests.test_band_matching import _with_reference
+    from tests.test_voices import start_voice_server
+
+    hot = clipped(speech.wav_bytes(VOICE_B, 5), 12.0)
+    audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    location = str(tmp_path / "voices.sqlite3")
+    server = await start_voice_server(engine, location)
+    try:
+        async with AsyncSleuthClient(server.target, timeout=120) as client:
+            registered = (await client.register_voice("old", hot, keep_audio=True)).clips[0]
+            with sqlite3.connect(location) as db:  # as a registry of schema version 1 left it, upgraded
+                db.execute("UPDATE registry_clips SET bandwidth_hz = NULL, plateau = NULL, snr_db = NULL")
+            before = (await client.get_voice("old")).clips[0]
+            async with grpc.aio.insecure_channel(server.target) as channel:
+                stub = pb_grpc.SleuthStub(channel)
+                by_id = await stub.CheckDialogue(_with_reference(audio, voice_id="old"), timeout=120)
+                sent = await stub.CheckDialogue(_with_reference(audio, audio=enc(hot)), timeout=120)
+            after = (await client.get_voice("old")).clips[0]
+    finally:
+        await server.stop()
+    assert (before.bandwidth_hz, before.clipped_fraction, before.snr_db) == (None, None, None)
+    figures = (registered.bandwidth_hz, registered.clipped_fraction, registered.snr_db)
+    assert (after.bandwidth_hz, after.clipped_fraction, after.snr_db) == figures  # measured again, and stored
+    assert _compared(by_id) == _compared(sent)
+    assert all(t.compared_clipped_fraction == pytest.approx(after.clipped_fraction, abs=1e-4) for t in by_id.turns)

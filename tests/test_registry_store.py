@@ -366,6 +366,19 @@ def test_an_older_registry_is_upgraded_in_place_and_keeps_its_voices(location: s
     for column in dropped:
         assert [getattr(c, column) for c in kim.clips] == [None, None], column
     np.testing.assert_array_equal(kim.embeddings[0].vector, vector_for("kim", WEIGHTS_A))
+    # Measured later from its kept clips (sleuthd.registry.voices), they are recorded in place.
+    with pytest.raises(OutOfSequence, match="was replaced"):
+        store.put_channels("kim", [(4000.0, 0.0, 20.0)] * 2, revision=kim.revision + 1)
+    with pytest.raises(InvalidRequest, match="has 2 clips; 1 channels were sent"):
+        store.put_channels("kim", [(4000.0, 0.0, 20.0)], revision=kim.revision)
+    with pytest.raises(InvalidRequest, match="clip 1: plateau must be a fraction"):
+        store.put_channels("kim", [(4000.0, 0.0, 20.0), (4000.0, -0.5, 20.0)], revision=kim.revision)
+    with pytest.raises(UnknownName):
+        store.put_channels("nobody", [], revision=1)
+    store.put_channels("kim", [(4000.0, 0.0, 20.0), (7000.0, 0.02, 9.5)], revision=kim.revision)
+    got = store.get("kim", with_audio=True)
+    assert [(c.bandwidth_hz, c.plateau, c.snr_db) for c in got.clips] == [(4000.0, 0.0, 20.0), (7000.0, 0.02, 9.5)]
+    assert [c.data for c in got.clips] == [c.data for c in kim.clips] and got.revision == kim.revision
     measured = [
         dataclasses.replace(c, bandwidth_hz=3900.0 + k, plateau=0.01 * k, snr_db=12.5 + k)
         for k, c in enumerate(clips_for(2, start=5))

@@ -33,6 +33,11 @@ MAX_EMBEDDING_DIM = 8192
 NARROWBAND_SUFFIX = f"+band{NARROW_CUTOFF_HZ:.0f}"
 
 
+# A clip's channel as measured: bandwidth (Hz), plateau fraction, SNR (dB); None where not measured (the fields of
+# sleuthd.encoders.clips.Channel, which is one).
+ClipChannel = tuple[float | None, float | None, float | None]
+
+
 @dataclass(frozen=True)
 class ClipInput:
     """One enrolment clip as the server received and decoded it."""
@@ -229,17 +234,20 @@ def check_clips(clips: Sequence[ClipInput], config: RegistryConfig) -> list[Stor
         if digest in seen:
             raise InvalidRequest(f"clip {k} has the same bytes as clip {seen[digest]}; send each clip once")
         seen[digest] = k
-        width, plateau, snr = clip.bandwidth_hz, clip.plateau, clip.snr_db
-        if width is not None and not (math.isfinite(width) and width > 0):
-            raise InvalidRequest(f"clip {k}: bandwidth_hz must be a positive number or None, got {width}")
-        if plateau is not None and not (math.isfinite(plateau) and 0 <= plateau <= 1):
-            raise InvalidRequest(f"clip {k}: plateau must be a fraction from 0 to 1 or None, got {plateau}")
-        if snr is not None and not math.isfinite(snr):
-            raise InvalidRequest(f"clip {k}: snr_db must be a finite number or None, got {snr}")
-        stored.append(
-            StoredClip(digest, len(data), clip.pcm, clip.audio_seconds, clip.speech_seconds, data, width, plateau, snr)
-        )
+        channel = check_channel(k, clip.bandwidth_hz, clip.plateau, clip.snr_db)
+        stored.append(StoredClip(digest, len(data), clip.pcm, clip.audio_seconds, clip.speech_seconds, data, *channel))
     return stored
+
+
+def check_channel(k: int, width: float | None, plateau: float | None, snr: float | None) -> ClipChannel:
+    """Validate clip ``k``'s channel as measured: bandwidth (Hz), plateau fraction, SNR (dB); None: not measured."""
+    if width is not None and not (math.isfinite(width) and width > 0):
+        raise InvalidRequest(f"clip {k}: bandwidth_hz must be a positive number or None, got {width}")
+    if plateau is not None and not (math.isfinite(plateau) and 0 <= plateau <= 1):
+        raise InvalidRequest(f"clip {k}: plateau must be a fraction from 0 to 1 or None, got {plateau}")
+    if snr is not None and not math.isfinite(snr):
+        raise InvalidRequest(f"clip {k}: snr_db must be a finite number or None, got {snr}")
+    return width, plateau, snr
 
 
 def check_embedding(e: Embedding) -> np.ndarray:

@@ -296,6 +296,30 @@ class SqlStore(ABC):
         return m.Embedding(embedding.encoder, embedding.weights_sha256, v.astype(v.dtype.newbyteorder("=")),
                            m.from_micros(t))  # fmt: skip
 
+    def put_channels(self, voice_id: str, channels: Sequence[m.ClipChannel], *, revision: int) -> None:
+        m.check_voice_id(voice_id)
+        checked = [m.check_channel(k, *c) for k, c in enumerate(channels)]
+        with self._transaction(write=True) as cur:
+            cur.execute("SELECT revision FROM registry_voices WHERE voice_id = ?", (voice_id,))
+            row = cur.fetchone()
+            if row is None:
+                raise _unknown(voice_id)
+            if int(row[0]) != revision:
+                raise OutOfSequence(
+                    f"voice {voice_id!r} was replaced (revision {row[0]}, read at {revision}) while its clips' "
+                    "channels were measured; read it again"
+                )
+            cur.execute("SELECT COUNT(*) FROM registry_clips WHERE voice_id = ?", (voice_id,))
+            n = int(cur.fetchone()[0])
+            if n != len(checked):
+                raise InvalidRequest(f"voice {voice_id!r} has {n} clips; {len(checked)} channels were sent")
+            for k, (width, plateau, snr) in enumerate(checked):
+                cur.execute(
+                    "UPDATE registry_clips SET bandwidth_hz = ?, plateau = ?, snr_db = ? "
+                    "WHERE voice_id = ? AND idx = ?",
+                    (width, plateau, snr, voice_id, k),
+                )
+
     # ------------------------------------------------------------------------------------------- reads
 
     def get(self, voice_id: str, *, with_audio: bool = False) -> m.Voice:

@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 
 from sleuthd.config import RegistryConfig
 from sleuthd.errors import DependencyUnavailable
-from sleuthd.registry.model import ClipInput, Embedding, Voice, VoicePage
+from sleuthd.registry.model import ClipChannel, ClipInput, Embedding, Voice, VoicePage
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,12 @@ class VoiceStore(Protocol):
         """Add or overwrite the voice's embedding for ``(encoder, weights_sha256)``. With ``revision``,
         refuse (OutOfSequence) if the voice was replaced since it was read at that revision, so an
         embedding of old clips never lands on new ones."""
+        ...
+
+    def put_channels(self, voice_id: str, channels: Sequence[ClipChannel], *, revision: int) -> None:
+        """Record each of the voice's clips' channel (bandwidth Hz, plateau fraction, SNR dB), one per clip in
+        order: for a voice registered before they were recorded, measured from its kept clips. Refused
+        (OutOfSequence) if the voice was replaced since it was read at ``revision``."""
         ...
 
     def embedding(self, voice_id: str, encoder: str, weights_sha256: str) -> Embedding | None:
@@ -140,6 +146,9 @@ class AsyncVoiceStore:
 
     async def put_embedding(self, voice_id: str, embedding: Embedding, *, revision: int | None = None) -> Embedding:
         return await self._run(self.store.put_embedding, voice_id, embedding, revision=revision)
+
+    async def put_channels(self, voice_id: str, channels: Sequence[ClipChannel], *, revision: int) -> None:
+        await self._run(self.store.put_channels, voice_id, channels, revision=revision)
 
     async def embedding(self, voice_id: str, encoder: str, weights_sha256: str) -> Embedding | None:
         return await self._run(self.store.embedding, voice_id, encoder, weights_sha256)

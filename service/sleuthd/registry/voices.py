@@ -266,9 +266,23 @@ class VoiceRegistry:
         await self.store.delete(voice_id)
 
     async def channels(self, voice_id: str) -> tuple[Channel, ...]:
-        """Each of the voice's clips' channel as registered (a field is None where it was not recorded: a voice
-        registered before schema version 2 or 3). UnknownName when no such voice."""
+        """Each of the voice's clips' channel as registered. A voice registered before they were recorded (schema
+        version 2 or 3) has them measured from its kept clips on first use, and stored, as a missing embedding is
+        made; one whose clips were not kept has None where they were not recorded. UnknownName when no such
+        voice."""
         voice = await self.store.get(voice_id)
+        # Every usable clip has a plateau fraction (None only for a silent one): None here means "not recorded".
+        if voice.audio_kept and any(c.plateau is None for c in voice.clips):
+            voice = await self.store.get(voice_id, with_audio=True)
+            if voice.audio_kept and all(c.data is not None for c in voice.clips):
+                labelled = [(AudioInput(c.data or b"", c.pcm), f"clip #{k}") for k, c in enumerate(voice.clips)]
+                measured = tuple(await self.embedder.channels(labelled))
+                try:
+                    await self.store.put_channels(voice_id, measured, revision=voice.revision)
+                except OutOfSequence:
+                    return await self.channels(voice_id)  # replaced meanwhile: its new clips were measured
+                logger.info("voice %s: its clips' channels measured from its stored clips", voice_id)
+                return measured
         return tuple(Channel(c.bandwidth_hz, c.plateau, c.snr_db) for c in voice.clips)
 
     async def copy_embedding(
