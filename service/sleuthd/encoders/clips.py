@@ -36,6 +36,21 @@ from sleuthd.domain import AudioInput, PcmEncoding, PcmSpec
 from sleuthd.encoders.manifest import EncoderManifest
 
 
+class Channel(NamedTuple):
+    """What channel matching measures of a clip (sleuthd.judgment.channel_matching), where a judgment compares
+    channels (the fusion's shared decode)."""
+
+    # Its effective bandwidth (sleuthd.audio.bandwidth), Hz; None when too short or silent to tell.
+    bandwidth_hz: float | None
+    # Its plateau fraction (sleuthd.audio.clipping: the share of samples at its peak); None when silent.
+    plateau: float | None
+    # Its estimated SNR in dB, at most sleuthd.audio.noise.CAP_DB; None when too short or silent to tell.
+    snr_db: float | None
+
+
+UNMEASURED = Channel(None, None, None)  # a clip whose channel was not measured (a single encoder's decode)
+
+
 @dataclass(frozen=True)
 class PreparedClip:
     """A clip ready for the encoder, or the reason it cannot be scored."""
@@ -45,9 +60,7 @@ class PreparedClip:
     windows: np.ndarray | None  # (n_windows, window_samples) float32; None when not usable
     window_times: np.ndarray | None  # (n_windows, 2) start/end seconds in the ORIGINAL clip's time
     detail: str = ""  # why the clip is not usable
-    bandwidth_hz: float | None = None  # Speech.bandwidth_hz
-    plateau: float | None = None  # Speech.plateau
-    snr_db: float | None = None  # Speech.snr_db
+    channel: Channel = UNMEASURED  # Speech.channel
 
     @property
     def usable(self) -> bool:
@@ -118,15 +131,7 @@ class Speech:
     samples: np.ndarray  # (n,) float32, 16 kHz mono, loudness-normalised, untrimmed
     keep: np.ndarray  # (n,) bool: the samples kept as speech (VAD, with its padding)
     speech_seconds: float  # detected speech (VAD), without padding
-    # The clip's effective bandwidth (sleuthd.audio.bandwidth), measured where a judgment compares channels
-    # (the fusion's shared decode); None when not measured, or too short or silent to tell.
-    bandwidth_hz: float | None = None
-    # Its plateau fraction (sleuthd.audio.clipping: the share of samples at its peak), measured beside the
-    # bandwidth; None when not measured, or silent.
-    plateau: float | None = None
-    # Its estimated SNR in dB, at most sleuthd.audio.noise.CAP_DB, measured beside the bandwidth; None when not
-    # measured, or too short or silent to tell.
-    snr_db: float | None = None
+    channel: Channel = UNMEASURED  # measured only where a judgment compares channels (decode_and_trim)
 
 
 def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, max_seconds: float) -> Speech:
@@ -135,15 +140,7 @@ def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, ma
     its shared decode comes here). Raises AudioError for unusable bytes."""
     samples = decode(audio, max_seconds).samples
     speech = trim(samples, loudness_target_dbfs, vad)
-    return dataclasses.replace(speech, **measure_channel(samples)._asdict())
-
-
-class Channel(NamedTuple):
-    """What channel matching measures of a clip (Speech's fields of the same names)."""
-
-    bandwidth_hz: float | None
-    plateau: float | None
-    snr_db: float | None
+    return dataclasses.replace(speech, channel=measure_channel(samples))
 
 
 def measure_channel(samples: np.ndarray) -> Channel:
@@ -152,7 +149,7 @@ def measure_channel(samples: np.ndarray) -> Channel:
 
 
 def clip_channel(audio: AudioInput, max_seconds: float) -> Channel:
-    """The clip's channel alone (Speech.bandwidth_hz, plateau, snr_db), for a clip whose embeddings were all
+    """The clip's channel alone (Speech.channel), for a clip whose embeddings were all
     cached, and for a registration."""
     return measure_channel(decode(audio, max_seconds).samples)
 
@@ -235,9 +232,7 @@ def cut_placements(
                 f"{speech.speech_seconds:.2f} s of speech after silence trimming; the {manifest.name} encoder "
                 f"needs at least {manifest.min_speech_seconds:.2f} s to give a meaningful embedding"
             ),
-            bandwidth_hz=speech.bandwidth_hz,
-            plateau=speech.plateau,
-            snr_db=speech.snr_db,
+            channel=speech.channel,
         )
         return [unusable for _ in windows]
     kept_index = np.flatnonzero(speech.keep)
@@ -256,9 +251,7 @@ def cut_placements(
                 speech_seconds=speech.speech_seconds,
                 windows=cut,
                 window_times=times,
-                bandwidth_hz=speech.bandwidth_hz,
-                plateau=speech.plateau,
-                snr_db=speech.snr_db,
+                channel=speech.channel,
             )
         )
     return out
@@ -274,9 +267,7 @@ class ClipEmbedding:
     window_embeddings: np.ndarray | None  # (n_windows, D)
     window_times: np.ndarray | None  # (n_windows, 2) seconds in the original clip
     detail: str = ""
-    bandwidth_hz: float | None = None  # Speech.bandwidth_hz
-    plateau: float | None = None  # Speech.plateau
-    snr_db: float | None = None  # Speech.snr_db
+    channel: Channel = UNMEASURED  # Speech.channel
 
     @property
     def usable(self) -> bool:
@@ -316,9 +307,7 @@ def embedded_clip(clip: PreparedClip, window_embeddings: np.ndarray) -> ClipEmbe
         pool(window_embeddings),
         window_embeddings,
         clip.window_times,
-        bandwidth_hz=clip.bandwidth_hz,
-        plateau=clip.plateau,
-        snr_db=clip.snr_db,
+        channel=clip.channel,
     )
 
 

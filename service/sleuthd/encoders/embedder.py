@@ -28,6 +28,7 @@ from sleuthd.domain import AudioInput
 from sleuthd.encoders.cache import LruCache, audio_digest, audio_key
 from sleuthd.encoders.clips import (
     NARROWBAND,
+    UNMEASURED,
     Channel,
     ChannelCopy,
     ClipEmbedding,
@@ -258,10 +259,10 @@ class ClipEmbedder:
         # The engine always asks for the manifest's placement (None) first; drift windows come beside it.
         at_manifest = [parts[0][placements.index(None)]] + [found[0] for found in parts[1:]]
         clip = encoder.combine([clip for clip, _ in at_manifest])
-        if clip.usable and clip.bandwidth_hz is None and clip.plateau is None and clip.snr_db is None:
+        if clip.usable and clip.channel == UNMEASURED:
             # Every part came from the cache, put there by requests to single encoders, which measure no channel;
             # channel matching needs it whatever the cache held (a decode and a spectrum, once per such request).
-            clip = dataclasses.replace(clip, **(await self._channel(audio))._asdict())
+            clip = dataclasses.replace(clip, channel=await self._channel(audio))
         joined = (clip, all(cached for _, cached in at_manifest))
         return [joined if p is None else parts[0][i] for i, p in enumerate(placements)]
 
@@ -323,8 +324,6 @@ async def embed_prepared(encoder: WindowEncoder, clip: PreparedClip, deadline: f
             None,
             None,
             clip.detail,
-            clip.bandwidth_hz,
-            clip.plateau,
-            clip.snr_db,
+            clip.channel,
         )
     return embedded_clip(clip, await encoder.encode(clip.windows, deadline=deadline))

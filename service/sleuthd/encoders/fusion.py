@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.encoders.clips import Channel, ClipEmbedding
 from sleuthd.encoders.manifest import EncoderManifest, ManifestError, card_names, read_card
 from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.errors import EngineFailure
@@ -83,19 +83,16 @@ class FusedEncoder:
         first = clips[0]
         # One "window" spanning the clip (drift uses the first component's own windows instead).
         times = np.array([[0.0, first.audio_seconds]])
-        # Measured by whichever component decoded the clip (None when every part came from the cache).
-        bandwidth = next((c.bandwidth_hz for c in clips if c.bandwidth_hz is not None), None)
-        plateau = next((c.plateau for c in clips if c.plateau is not None), None)
-        snr = next((c.snr_db for c in clips if c.snr_db is not None), None)
+        # Measured by whichever component decoded the clip (each field None when every part came from the cache).
+        measured = zip(*(c.channel for c in clips), strict=True)  # per field, across the parts
+        channel = Channel(*(next((v for v in values if v is not None), None) for values in measured))
         return ClipEmbedding(
             first.audio_seconds,
             first.speech_seconds,
             vector,
             vector[None, :],
             times,
-            bandwidth_hz=bandwidth,
-            plateau=plateau,
-            snr_db=snr,
+            channel=channel,
         )
 
     def join(self, vectors: Sequence[np.ndarray]) -> np.ndarray:

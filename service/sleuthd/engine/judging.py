@@ -104,9 +104,7 @@ class EncoderJudging:
         # The references sent as audio are copied as the turns are; a registered voice brings its clips' channels
         # as registered and the reads of its copies (each made only if its speaker turns out mixed that way).
         reference_clips = {
-            s: ReferenceClip(a, clips[s].bandwidth_hz, clips[s].plateau, clips[s].snr_db)
-            for s, a in references.items()
-            if isinstance(a, AudioInput)
+            s: ReferenceClip(a, clips[s].channel) for s, a in references.items() if isinstance(a, AudioInput)
         }
         registered = {}
         if opts.judgment.channel_matching:

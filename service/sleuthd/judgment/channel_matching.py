@@ -75,19 +75,13 @@ class RegisteredReference:
     # -> the audio of its noisiest kept clip (the noise the speaker's copies get when the voice is its noisiest)
     noisiest: Callable[[], Awaitable[AudioInput]]
 
-    def recorded(self, kind: str) -> list[float]:
-        """Its clips' recorded values of one Channel field ("bandwidth_hz", "plateau", "snr_db")."""
-        return [v for c in self.channels if (v := getattr(c, kind)) is not None]
-
 
 @dataclass(frozen=True)
 class ReferenceClip:
     """A speaker's reference sent as audio, with its channel as the fused decode measured it."""
 
     audio: AudioInput
-    bandwidth_hz: float | None
-    plateau: float | None
-    snr_db: float | None = None
+    channel: Channel
 
 
 class Keeper(Protocol):
@@ -229,12 +223,13 @@ class ChannelMatcher:
         """A usable turn was added to the dialogue: note its channel and keep its audio."""
         entry = self._speakers.setdefault(speaker, _Speaker())
         entry.usable += 1
-        if clip.bandwidth_hz:
-            entry.widths.append(clip.bandwidth_hz)
-        if clip.plateau is not None:
-            entry.plateaus.append(clip.plateau)
-        if clip.snr_db is not None:
-            entry.snrs.append((position, clip.snr_db, turn_id))
+        width, plateau, snr = clip.channel
+        if width:
+            entry.widths.append(width)
+        if plateau is not None:
+            entry.plateaus.append(plateau)
+        if snr is not None:
+            entry.snrs.append((position, snr, turn_id))
         self._turns[turn_id] = (speaker, position)
         self._keys.append(turn_id)
         self._keep(turn_id, audio)
@@ -273,15 +268,9 @@ class ChannelMatcher:
             return self._cache[1]
         out = {}
         for s, entry in self._speakers.items():
-            widths, plateaus = list(entry.widths), list(entry.plateaus)
-            reference = self._references.get(s)
-            if reference is not None:
-                widths += [reference.bandwidth_hz] if reference.bandwidth_hz else []
-                plateaus += [reference.plateau] if reference.plateau is not None else []
-            registered = self._registered.get(s)
-            if registered is not None:
-                widths += registered.recorded("bandwidth_hz")
-                plateaus += registered.recorded("plateau")
+            references = self._reference_channels(s)
+            widths = entry.widths + [c.bandwidth_hz for c in references if c.bandwidth_hz]
+            plateaus = entry.plateaus + [c.plateau for c in references if c.plateau is not None]
             band = (min(widths), max(widths)) if len(widths) >= 2 else None
             if band is None or not (self._octaves > 0 and math.log2(band[1] / band[0]) > self._octaves):
                 band = None
@@ -302,12 +291,8 @@ class ChannelMatcher:
         if not self._noise_db > 0:
             return None
         pieces = [(snr, key) for _, snr, key in sorted(entry.snrs)]
-        reference = self._references.get(speaker)
-        if reference is not None and reference.snr_db is not None:
-            pieces.append((reference.snr_db, _REF + speaker))
-        registered = self._registered.get(speaker)
-        if registered is not None:  # its noise, when noisiest, is read from its kept clips (ensure)
-            pieces += [(snr, _REF + speaker) for snr in registered.recorded("snr_db")]
+        # A registered voice's noise, when it is the noisiest, is read from its kept clips (ensure).
+        pieces += [(c.snr_db, _REF + speaker) for c in self._reference_channels(speaker) if c.snr_db is not None]
         if len(pieces) < 2:
             return None
         low = min(p[0] for p in pieces)
@@ -319,6 +304,13 @@ class ChannelMatcher:
         if source is not None:
             self._noise_sources[noisiest] = source
         return ChannelMatch(None, None, (low, high), source)
+
+    def _reference_channels(self, speaker: str) -> list[Channel]:
+        """The channels of the speaker's reference: the clip sent as audio, or each clip of the registered voice
+        (a field None where it was not recorded)."""
+        reference = self._references.get(speaker)
+        registered = self._registered.get(speaker)
+        return [reference.channel] if reference is not None else list(registered.channels) if registered else []
 
     def _complete(self, copy: ChannelCopy, speaker: str) -> bool:
         found = self._pools.get(copy, {}).get(speaker)

@@ -33,7 +33,7 @@ from sleuthd.domain import (
     TurnStatus,
     TurnUpdate,
 )
-from sleuthd.encoders.clips import ClipEmbedding
+from sleuthd.encoders.clips import UNMEASURED, Channel, ClipEmbedding
 from sleuthd.errors import InvalidRequest, LimitExceeded, UnknownName
 from sleuthd.judgment.channel_matching import ChannelMatcher, Copies, Keeper, ReferenceClip, RegisteredReference
 from sleuthd.judgment.drift import attach_drift, find_drift
@@ -150,9 +150,7 @@ class _Turn:
     speech_seconds: float
     detail: str  # why the clip is unusable; "" when usable
     usable: bool
-    bandwidth_hz: float | None = None  # ClipEmbedding.bandwidth_hz
-    plateau: float | None = None  # ClipEmbedding.plateau
-    snr_db: float | None = None  # ClipEmbedding.snr_db
+    channel: Channel = UNMEASURED  # ClipEmbedding.channel
 
 
 @dataclass
@@ -260,9 +258,7 @@ class EncoderDialogue:
             clip.usable,
             # Measured by the fused encoder's shared decode; a single encoder's clip may carry it from the cache
             # (the fusion's component entry), and is reported without it, whichever came first.
-            clip.bandwidth_hz if self.opts.judgment.components else None,
-            clip.plateau if self.opts.judgment.components else None,
-            clip.snr_db if self.opts.judgment.components else None,
+            clip.channel if self.opts.judgment.components else UNMEASURED,
         )
         self._turns[turn_id] = turn
         entry = self._speakers.get(speaker)
@@ -322,9 +318,7 @@ class EncoderDialogue:
                     scores[t.speaker] if t.usable else None,
                     k,
                     self.opts.judgment,
-                    t.bandwidth_hz,
-                    t.plateau,
-                    t.snr_db,
+                    t.channel,
                     *(self._channels.note(t.speaker, matched) if self._channels is not None else (None, "")),
                 )
             )

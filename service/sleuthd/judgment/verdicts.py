@@ -15,7 +15,7 @@ import numpy as np
 
 from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
 from sleuthd.domain import EncoderScores, FlagReason, SpeakerResult, TurnResult, TurnStatus, UncertainReason
-from sleuthd.encoders.clips import ChannelCopy
+from sleuthd.encoders.clips import UNMEASURED, Channel, ChannelCopy
 from sleuthd.judgment import scoring
 from sleuthd.judgment.calibration import Calibration, features
 from sleuthd.judgment.evidence import OUT_OF_SUPPORT, OWN_TURNS_DISSIMILAR, EvidenceCalibration, Verdicts
@@ -182,9 +182,7 @@ def turn_result(
     scores: SpeakerScores | None,
     k: int,
     judgment: Judgment,
-    bandwidth_hz: float | None = None,
-    plateau: float | None = None,
-    snr: float | None = None,
+    channel: Channel = UNMEASURED,
     compared_on: ChannelCopy | None = None,
     channel_note: str = "",
 ) -> TurnResult:
@@ -200,9 +198,9 @@ def turn_result(
             audio_seconds,
             speech_seconds,
             detail=detail,
-            bandwidth_hz=bandwidth_hz,
-            clipped_fraction=plateau,
-            snr_db=snr,
+            bandwidth_hz=channel.bandwidth_hz,
+            clipped_fraction=channel.plateau,
+            snr_db=channel.snr_db,
         )
     code = int(scores.codes[k])
     score = threshold = None
@@ -248,11 +246,11 @@ def turn_result(
         inconsistency_probability=None if scores.probability is None else float(scores.probability[k]),
         reason=REASON_OF_CODE[code],
         uncertain_reason=UNCERTAIN_REASON_OF_CODE[code],
-        bandwidth_hz=bandwidth_hz,
+        bandwidth_hz=channel.bandwidth_hz,
         compared_below_hz=NARROW_CUTOFF_HZ if compared_on is not None and compared_on.narrow else None,
-        clipped_fraction=plateau,
+        clipped_fraction=channel.plateau,
         compared_clipped_fraction=None if compared_on is None else compared_on.plateau,
-        snr_db=snr,
+        snr_db=channel.snr_db,
         compared_snr_db=None if compared_on is None else compared_on.snr_db,
         closest_speaker=closest,
         closest_speaker_margin=margin,
