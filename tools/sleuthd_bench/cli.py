@@ -756,6 +756,13 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--rounds", type=int, default=2, help="alternating rounds (default: 2)")
     sb.add_argument("--stream-turns", type=int, default=30, help="3 s turns streamed per round, 0 = none (default: 30)")
     sb.add_argument("--dialogues", type=int, default=40, help="distinct dialogues of 5 turns (default: 40)")
+    sb.add_argument(
+        "--beside-check",
+        type=int,
+        default=0,
+        help="also stream once more while another client sends CheckDialogue of this many cached turns back to "
+        "back (a long dialogue's judging beside the stream); 0 = not (default)",
+    )
     sb.add_argument("--cache", type=Path, default=Path("data"), help="holds throughput/ and latency/ speech")
     sb.add_argument("--json", type=Path, help="write the results as JSON")
     sb.add_argument("--quiet", action="store_true")

@@ -10,6 +10,9 @@ server from another checkout's ``service/`` (e.g. main's, for before/after figur
 encoder: one server (embedding cache off), closed-loop CheckDialogue clients at each concurrency (the
 ``throughput`` command's dialogues and driver: audio-s/s, p50, p99), then, if asked, one stream of
 ``--stream-turns`` 3 s turns (the ``latency`` command's: median verdict latency of its last 10 turns).
+With ``--beside-check N``, the stream is run once more on a server of its own (embedding cache on) while another
+client sends CheckDialogue of N cached turns (the ``latency`` command's) back to back: what a long dialogue's
+judging does to the streamed turns beside it (median, 90th percentile and worst turn; checks answered a second).
 """
 
 from __future__ import annotations
@@ -19,10 +22,16 @@ import os
 import shlex
 import statistics
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import grpc
+import numpy as np
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from sleuthd_bench import latency, throughput
 
@@ -73,12 +82,13 @@ def run(
     cache_dir: Path,
     dialogues: int,
     progress: Callable[[str], None],
+    beside_check: int = 0,
 ) -> dict[str, Any]:
     convos = throughput.build_dialogues(cache_dir / "throughput", dialogues, seed=7)
-    turns = (
-        latency.stream_turns(latency.voice_clips(cache_dir / "latency"), stream_turns, seed=1) if stream_turns else []
-    )
-    warm = latency.stream_turns(latency.voice_clips(cache_dir / "latency"), 3, seed=3) if stream_turns else []
+    clips = latency.voice_clips(cache_dir / "latency") if stream_turns else {}
+    turns = latency.stream_turns(clips, stream_turns, seed=1) if stream_turns else []
+    warm = latency.stream_turns(clips, 3, seed=3) if stream_turns else []
+    check = latency.check_request(clips, beside_check, seed=2) if beside_check and stream_turns else None
     # samples[variant][encoder][metric] -> one value per round
     samples: dict[str, dict[str, dict[str, list[float]]]] = {v.name: {e: {} for e in encoders} for v in variants}
     loads = [os.getloadavg()[0]]
@@ -101,6 +111,20 @@ def run(
                         got.setdefault("stream_ms", []).append(1e3 * statistics.median(lat[-latency.WINDOW :]))
                 finally:
                     server.stop()
+                if check is not None:
+                    # The check's cost is estimated from its audio (20 minutes of it for 1000 turns), not from the
+                    # cache that answers it: let it queue beside the stream rather than be refused.
+                    cached = ["--embedding-cache-entries", "4096", "--max-message-mb", "256",
+                              "--max-queued-work-seconds", "600"]  # fmt: skip
+                    server = throughput.ServerProcess([*v.serve_args, "--encoder", encoder, *cached], env=v.env())
+                    try:
+                        lat, checks_per_s = asyncio.run(_stream_beside_checks(server.target, warm, turns, check))
+                    finally:
+                        server.stop()
+                    got.setdefault("beside_check_stream_p50_ms", []).append(1e3 * float(np.percentile(lat, 50)))
+                    got.setdefault("beside_check_stream_p90_ms", []).append(1e3 * float(np.percentile(lat, 90)))
+                    got.setdefault("beside_check_stream_max_ms", []).append(1e3 * max(lat))
+                    got.setdefault("beside_checks_per_s", []).append(checks_per_s)
                 progress(f"round {r + 1}/{rounds} {encoder} {v.name}: " + ", ".join(
                     f"{k} {vals[-1]:.1f}" for k, vals in got.items()))  # fmt: skip
         loads.append(os.getloadavg()[0])
@@ -112,6 +136,40 @@ def run(
                          for v in variants},
             "rounds": rounds, "seconds_per_level": seconds, "load_average_per_round": loads,
             "samples": samples, "medians": medians}  # fmt: skip
+
+
+async def _stream_beside_checks(
+    target: str,
+    warm: Sequence[tuple[str, bytes]],
+    turns: Sequence[tuple[str, bytes]],
+    check: pb.CheckDialogueRequest,
+) -> tuple[list[float], float]:
+    """The stream's turn latencies (seconds) while another client sends ``check`` back to back (its embeddings
+    cached first, so what it costs the server is its judging and its message), and the checks answered a second."""
+    await latency.run_check(target, check, 0)  # fills the embedding cache
+    await latency.run_stream(target, warm, lambda _: None, "warm-up")
+    stop = asyncio.Event()
+
+    async def checks() -> int:
+        answered = 0
+        # A connection of its own (channels of one process share one otherwise): another client, with its own
+        # share of the server's audio budget.
+        own = [*latency._options(), ("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.insecure_channel(target, options=own) as channel:
+            stub = pb_grpc.SleuthStub(channel)
+            while not stop.is_set():
+                await stub.CheckDialogue(check, timeout=600)
+                answered += 1
+        return answered
+
+    beside = asyncio.ensure_future(checks())
+    started = time.perf_counter()
+    try:
+        lat = (await latency.run_stream(target, turns, lambda _: None))["latencies"]
+    finally:
+        stop.set()
+    answered = await beside
+    return lat, answered / (time.perf_counter() - started)
 
 
 def table(report: Mapping[str, Any]) -> str:
@@ -150,8 +208,10 @@ def main_args(args: Any, progress: Callable[[str], None]) -> dict[str, Any]:
     if not levels or min(levels) < 1:
         raise ValueError("--concurrency takes positive integers, e.g. 1,32")
     encoders = [e.strip() for e in args.encoders.split(",") if e.strip()]
+    if args.beside_check and not args.stream_turns:
+        raise ValueError("--beside-check measures the stream beside the checks: give --stream-turns too")
     return run(variants, encoders, levels, args.seconds, args.rounds, args.stream_turns, args.cache,
-               args.dialogues, progress)  # fmt: skip
+               args.dialogues, progress, args.beside_check)  # fmt: skip
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -31,10 +31,11 @@ def test_variants_are_parsed_with_their_checkouts_and_misuse_is_refused() -> Non
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng for the speech")
 def test_each_variant_is_measured_in_every_round(tmp_path: Path) -> None:
     variants = side_by_side.parse_variants(["base=", "t1=--intra-op-threads 1"], [f"base={REPO}"])
-    report = side_by_side.run(variants, ["ge2e"], [1], 0.5, 2, 2, tmp_path, 2, lambda _: None)
+    report = side_by_side.run(variants, ["ge2e"], [1], 0.5, 2, 2, tmp_path, 2, lambda _: None, beside_check=20)
+    beside = {f"beside_check_stream_{q}_ms" for q in ("p50", "p90", "max")} | {"beside_checks_per_s"}
     for name in ("base", "t1"):
         samples = report["samples"][name]["ge2e"]
-        assert set(samples) == {"c1_audio_s_per_s", "c1_p50_ms", "c1_p99_ms", "stream_ms"}
+        assert set(samples) == {"c1_audio_s_per_s", "c1_p50_ms", "c1_p99_ms", "stream_ms", *beside}
         assert all(len(v) == 2 and min(v) > 0 for v in samples.values())  # one value per round
     assert len(report["load_average_per_round"]) == 3
     text = side_by_side.table(report)
