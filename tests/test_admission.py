@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import soundfile as sf
 from google.protobuf.message import Message
 from sleuthd.audio import decode as audio
 from sleuthd.config import AdmissionConfig, ConfigError, EngineConfig, ServerConfig
@@ -179,6 +180,43 @@ async def test_requests_within_every_limit_are_served(stub: pb_grpc.SleuthStub, 
     req.references.add(speaker="A", audio=enc(speech.wav_bytes(VOICE_A, 4)))
     verdict = await stub.CheckDialogue(req, timeout=60)
     assert [t.status for t in verdict.turns] == [pb.CONSISTENT] * 3
+
+
+@pytest.mark.parametrize("encoder", ["ge2e", "fused"])
+async def test_clips_the_cache_holds_are_not_counted_as_work(
+    stub: pb_grpc.SleuthStub, engine: Engine, speech: Speech, monkeypatch: pytest.MonkeyPatch, encoder: str
+) -> None:
+    """A request is admitted by the work its clips' headers promise; a clip whose embeddings the cache already
+    holds (a regeneration loop's context turns, sent again unchanged) costs neither decoding nor model time, so
+    it is not counted: sent twice, a request costs nothing the second time, and one new turn among cached ones
+    costs that turn alone. (Counted by its audio, a 1000-turn check of cached turns queued a stream's turn behind
+    it ~0.9 s: docs/research/cached-checks/.)"""
+    costs: list[float] = []
+    admit = engine.work.admit
+
+    def recording(cost: float, *args: object, **kwargs: object) -> object:
+        costs.append(cost)
+        return admit(cost, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.work, "admit", recording)
+
+    def turn(k: int) -> pb.Audio:  # audio no other test sent: one sample changed
+        samples, rate = sf.read(speech.clips[VOICE_A][k], dtype="int16")
+        samples = samples.copy()
+        samples[0] = 1000 + len(encoder) * 10 + k
+        pcm = pb.PcmAudio(data=samples.astype("<i2").tobytes(), encoding=pb.PCM_S16LE, sample_rate_hz=rate, channels=1)
+        return pb.Audio(pcm=pcm)
+
+    req = pb.CheckDialogueRequest(dialogue_id="cached", options=pb.CheckOptions(encoder=encoder))
+    for k in range(3):
+        req.turns.add(turn_id=f"t{k}", speaker="A", audio=turn(k))
+    first = await stub.CheckDialogue(req, timeout=60)
+    again = await stub.CheckDialogue(req, timeout=60)
+    req.turns.add(turn_id="t3", speaker="A", audio=turn(3))
+    one_new = await stub.CheckDialogue(req, timeout=60)
+    assert costs[0] > 0 and costs[1] == 0.0, costs
+    assert 0 < costs[2] < costs[0] / 2, costs  # the new turn's share of the three-turn request's
+    assert list(again.turns) == list(first.turns) and len(one_new.turns) == 4
 
 
 # ---------------------------------------------------------------------------------------------- the wire walk

@@ -328,3 +328,27 @@ async def test_a_voice_registered_before_its_channels_were_recorded_has_them_mea
     assert (after.bandwidth_hz, after.clipped_fraction, after.snr_db) == figures  # measured again, and stored
     assert _compared(by_id) == _compared(sent)
     assert all(t.compared_clipped_fraction == pytest.approx(after.clipped_fraction, abs=1e-4) for t in by_id.turns)
+
+
+async def test_a_dialogue_sent_again_does_not_make_its_copies_again(
+    stub: pb_grpc.SleuthStub, speech: Speech, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy's embedding is remembered by its clip and how it was made: a regeneration loop that sends the same
+    clip-mixed dialogue again gets the same verdicts without a copy being made again (a 1000-turn check whose
+    turns were all cached spent ~0.8 s making its copies again: docs/research/cached-checks/)."""
+    from sleuthd.encoders import embedder
+
+    made: list[int] = []
+    channel_copy = embedder.channel_copy
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return channel_copy(*args, **kwargs)
+
+    monkeypatch.setattr(embedder, "channel_copy", counting)
+    audio = turns(speech, VOICE_B, gain_db=13.7)  # bytes no other test sends
+    first = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert all(t.HasField("compared_clipped_fraction") for t in first.turns)
+    assert len(made) == 5  # every turn's copy, once
+    again = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert len(made) == 5 and again == first

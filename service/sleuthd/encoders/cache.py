@@ -53,6 +53,11 @@ class LruCache(Generic[V]):
             self.hits += 1
             return value
 
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is held now (a look that neither counts as a hit or miss nor refreshes it)."""
+        with self._lock:
+            return key in self._items
+
     def put(self, key: str, value: V) -> None:
         if self.max_entries <= 0:
             return

@@ -89,9 +89,11 @@ class ClipEmbedder:
         audios: Sequence[tuple[AudioInput, str]],
         deadline: float | None = None,
         placements: Placements = (None,),
+        remember: bool = True,
     ) -> list[list[ClipEmbedding]]:
         """Every clip (each with a label for error messages) under every placement, concurrently; results
-        in input order, one list of placements per clip.
+        in input order, one list of placements per clip. ``remember``: look the clips up in the cache and keep
+        them there (False: clips remembered under another key by the caller, :meth:`copies`).
 
         Raises AudioError naming the label of a clip whose bytes cannot be decoded, DeadlineExceeded when
         ``deadline`` (event-loop clock) passes first. One failure withdraws the other clips' queued work.
@@ -100,7 +102,9 @@ class ClipEmbedder:
             raise DeadlineExceeded("the deadline passed before the request could be started")
         await self.admit(audios)
         # One clip failed (or the RPC was cancelled): the others' queued work is withdrawn too.
-        found = await gather_or_cancel(self._one(encoder, a, label, deadline, placements) for a, label in audios)
+        found = await gather_or_cancel(
+            self._one(encoder, a, label, deadline, placements, remember=remember) for a, label in audios
+        )
         for (clip, cached), *_ in found:
             self.observer.clip_embedded(clip.audio_seconds, cached=cached)
         return [[clip for clip, _ in clips] for clips in found]
@@ -114,6 +118,30 @@ class ClipEmbedder:
         return await loop.run_in_executor(
             self._probe_pool, check_request_audio, audios, self.max_clip_seconds, self.max_request_samples
         )
+
+    async def cached(
+        self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], placements: Placements = (None,)
+    ) -> list[bool]:
+        """Whether each clip's embeddings under ``encoder`` and ``placements`` are all in the cache now (hashing
+        the clips on the header thread, ~1 ms per MB): such a clip costs no decoding and no model time, which is
+        what admission estimates. All False when the cache is off. A clip may still be evicted before it is
+        embedded; the estimate is an estimate."""
+        if self.cache.max_entries <= 0 or not audios:
+            return [False] * len(audios)
+
+        def look() -> list[bool]:
+            return [all(k in self.cache for k in self._keys(encoder, audio_digest(a), placements)) for a, _ in audios]
+
+        return await asyncio.get_running_loop().run_in_executor(self._probe_pool, look)
+
+    def _keys(self, encoder: WindowEncoder, digest: str, placements: Placements) -> list[str]:
+        """The cache keys of a clip's embeddings under ``encoder`` and each placement (a fusion: its first
+        component's under every placement, the others' under the manifest's, as :meth:`_fused` embeds it)."""
+        if isinstance(encoder, FusedEncoder):
+            first, *rest = encoder.components
+            return [*self._keys(first, digest, placements), *(k for c in rest for k in self._keys(c, digest, (None,)))]
+        base = audio_key(encoder.manifest.sha256, digest)
+        return [base + (f":{w}" if w else "") for w in placements]
 
     async def embed_audio(
         self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], deadline: float | None = None
@@ -135,21 +163,42 @@ class ClipEmbedder:
         if deadline is not None and loop.time() >= deadline:
             raise DeadlineExceeded(f"the deadline passed before the clips' {how.describe()} could be made")
 
-        # A noisy copy's noise is decoded once for the batch (it is the same clip's for every copy).
-        bed = None
-        if how.snr_db is not None:
-            bed = await loop.run_in_executor(self._prep_pool, copy_noise, how, self.max_clip_seconds)
+        # A copy's embedding is remembered by its clip's digest and how it was made (not by the copy's bytes), so a
+        # dialogue sent again, a regeneration loop's context turns, does not make its copies again: decoding,
+        # filtering and hashing ~1,000 copies were ~0.8 s of a 1000-turn check whose turns were all cached
+        # (docs/research/cached-checks/). One entry per copy: its parts are not kept under the copy's bytes.
+        found: list[ClipEmbedding | None] = [None] * len(audios)
+        keys = [""] * len(audios)
+        if self.cache.max_entries > 0:
+            noise = "" if how.noise is None else audio_digest(how.noise)
+            made_as = f"copy:{how.narrow}:{how.plateau!r}:{how.snr_db!r}:{noise}"
+            keys = [f"{audio_key(encoder.manifest.sha256, audio_digest(a))}:{made_as}" for a, _ in audios]
+            found = [self.cache.get(k) for k in keys]
+        todo = [i for i, clip in enumerate(found) if clip is None]
+        for clip in found:
+            if clip is not None:
+                self.observer.clip_embedded(clip.audio_seconds, cached=True)
+        if todo:
+            # A noisy copy's noise is decoded once for the batch (it is the same clip's for every copy).
+            bed = None
+            if how.snr_db is not None:
+                bed = await loop.run_in_executor(self._prep_pool, copy_noise, how, self.max_clip_seconds)
 
-        async def copy(audio: AudioInput, label: str) -> tuple[AudioInput, str]:
-            try:
-                job = functools.partial(channel_copy, audio, self.max_clip_seconds, how, bed)
-                made = await loop.run_in_executor(self._prep_pool, job)
-            except AudioError as exc:
-                raise AudioError(f"{label}: {exc}") from exc
-            return made, f"{label} ({how.describe()})"
+            async def copy(audio: AudioInput, label: str) -> tuple[AudioInput, str]:
+                try:
+                    job = functools.partial(channel_copy, audio, self.max_clip_seconds, how, bed)
+                    made = await loop.run_in_executor(self._prep_pool, job)
+                except AudioError as exc:
+                    raise AudioError(f"{label}: {exc}") from exc
+                return made, f"{label} ({how.describe()})"
 
-        made = await gather_or_cancel(copy(a, label) for a, label in audios)
-        return await self.embed_audio(encoder, made, deadline)
+            made = await gather_or_cancel(copy(*audios[i]) for i in todo)
+            embedded = await self.embed(encoder, made, deadline, remember=False)
+            for i, (clip, *_) in zip(todo, embedded, strict=True):
+                found[i] = clip
+                if keys[i]:
+                    self.cache.put(keys[i], clip)
+        return [clip for clip in found if clip is not None]
 
     async def narrowband(
         self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]], deadline: float | None = None
@@ -202,20 +251,22 @@ class ClipEmbedder:
         deadline: float | None,
         placements: Placements,
         digest: str = "",
+        remember: bool = True,
     ) -> list[tuple[ClipEmbedding, bool]]:
         """A clip's embedding under each placement, each with whether it was already there (cached, or
         being computed for a concurrent request). The placement is part of the cache key; the placements
         not cached are prepared together, from one decode and VAD pass. ``digest``: the clip's
         :func:`audio_digest`, given by a caller whose other encoders share the decode (the fusion); a clip
-        embedded by one encoder alone is decoded in one job, hashed only for the cache."""
+        embedded by one encoder alone is decoded in one job, hashed only for the cache. ``remember``: as
+        :meth:`embed`'s."""
         if isinstance(encoder, FusedEncoder):
-            return await self._fused(encoder, audio, label, deadline, placements)
+            return await self._fused(encoder, audio, label, deadline, placements, remember)
         shared = digest  # the decode is shared under this key; "" = decoded alone
-        # Hashing costs ~1 ms per MB; skip it when the cache is off and nobody shares the decode.
-        if not digest and self.cache.max_entries > 0:
+        keyed = remember and self.cache.max_entries > 0
+        # Hashing costs ~1 ms per MB; skip it when the cache is not used and nobody shares the decode.
+        if not digest and keyed:
             digest = audio_digest(audio)
-        base = audio_key(encoder.manifest.sha256, digest) if digest and self.cache.max_entries > 0 else ""
-        keys = [base + (f":{w}" if w else "") if base else "" for w in placements]
+        keys = self._keys(encoder, digest, placements) if keyed else [""] * len(placements)
         found: list[ClipEmbedding | None] = [self.cache.get(k) if k else None for k in keys]
         missing = [i for i, clip in enumerate(found) if clip is None]
         joined = False
@@ -223,7 +274,7 @@ class ClipEmbedder:
             todo = [placements[i] for i in missing]
             todo_keys = [keys[i] for i in missing]
             try:
-                if base:  # a concurrent request for the same clip and placements shares the work
+                if keyed:  # a concurrent request for the same clip and placements shares the work
                     loop = asyncio.get_running_loop()
                     timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
 
@@ -245,7 +296,13 @@ class ClipEmbedder:
         return [(clip, joined or i not in missing) for i, clip in enumerate(found) if clip is not None]
 
     async def _fused(
-        self, encoder: FusedEncoder, audio: AudioInput, label: str, deadline: float | None, placements: Placements
+        self,
+        encoder: FusedEncoder,
+        audio: AudioInput,
+        label: str,
+        deadline: float | None,
+        placements: Placements,
+        remember: bool = True,
     ) -> list[tuple[ClipEmbedding, bool]]:
         """The clip through every component encoder (each with its own windows, cache and batcher), joined;
         the components share one decode and trim of the clip (keyed by its digest, computed once here).
@@ -253,8 +310,8 @@ class ClipEmbedder:
         digest = audio_digest(audio)
         first, *rest = encoder.components
         parts = await gather_or_cancel(
-            [self._one(first, audio, label, deadline, placements, digest)]
-            + [self._one(c, audio, label, deadline, (None,), digest) for c in rest]
+            [self._one(first, audio, label, deadline, placements, digest, remember)]
+            + [self._one(c, audio, label, deadline, (None,), digest, remember) for c in rest]
         )
         # The engine always asks for the manifest's placement (None) first; drift windows come beside it.
         at_manifest = [parts[0][placements.index(None)]] + [found[0] for found in parts[1:]]

@@ -163,8 +163,14 @@ class Engine:
     ) -> AsyncIterator[None]:
         """The block runs as one unit of work, admitted by its estimated cost (the clips' headers under the
         request's encoder and window placements) and its deadline: at once, after a wait in the queue, or
-        not at all (Overloaded). The headers are checked against the per-request bounds first."""
+        not at all (Overloaded). The headers are checked against the per-request bounds first. A clip whose
+        embeddings the cache holds costs nothing to embed: a regeneration loop's context turns, sent again
+        unchanged, are not counted as work (a 1000-turn check of cached turns queued a stream's turn ~0.9 s
+        behind its 20 minutes of audio: docs/research/cached-checks/). The LALM judge hears every clip."""
         probes = await self.embedder.admit(audios)
+        if opts.method is not Method.LALM:
+            cached = await self.embedder.cached(opts.encoder, audios, opts.placements)
+            probes = [p for p, hit in zip(probes, cached, strict=True) if not hit]
         cost = self.models.seconds_of_work(opts.encoder.manifest.name, probes, len(opts.placements))
         async with self.work.admit(cost, deadline, f"this {kind}", kind):
             yield
