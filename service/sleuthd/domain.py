@@ -6,6 +6,8 @@ can share these types without pulling in audio libraries or models.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -38,6 +40,17 @@ class AudioInput:
 
     data: bytes
     pcm: PcmSpec | None = None  # None: an encoded file (WAV/FLAC/OGG/MP3)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """The clip's identity: a SHA-256 of its bytes and PCM layout (about 1 ms per MB), computed once per
+        object, so admission's cache look-up and the embedding that follows hash a request's audio once. Keys
+        the embedding cache and the decoded speech the encoders of one clip share (sleuthd.encoders.cache)."""
+        h = hashlib.sha256()
+        if self.pcm is not None:
+            h.update(f"pcm:{self.pcm.encoding.value}:{self.pcm.sample_rate_hz}:{self.pcm.channels}".encode())
+        h.update(self.data)
+        return h.hexdigest()
 
 
 @dataclass(frozen=True)

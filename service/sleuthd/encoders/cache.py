@@ -8,28 +8,16 @@ PCM layout), so a hit returns exactly what a fresh computation would.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
-from sleuthd.domain import AudioInput
-
 V = TypeVar("V")
 
 
-def audio_digest(audio: AudioInput) -> str:
-    """The identity of a clip: a hash of its bytes and PCM layout (about 1 ms per MB). Keys the decoded
-    speech shared by the encoders of one clip, and, with an encoder's hash, its embeddings."""
-    h = hashlib.sha256()
-    if audio.pcm is not None:
-        h.update(f"pcm:{audio.pcm.encoding.value}:{audio.pcm.sample_rate_hz}:{audio.pcm.channels}".encode())
-    h.update(audio.data)
-    return h.hexdigest()
-
-
 def audio_key(encoder_sha256: str, digest: str) -> str:
-    """The cache key of a clip's embedding by one encoder: the encoder file's hash and the clip's digest."""
+    """The cache key of a clip's embedding by one encoder: the encoder file's hash and the clip's digest
+    (AudioInput.digest: its bytes and PCM layout)."""
     return f"{encoder_sha256}:{digest}"
 
 

@@ -25,7 +25,7 @@ from sleuthd.audio.decode import DEFAULT_REQUEST_SAMPLES, AudioError, AudioProbe
 from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec
 from sleuthd.domain import AudioInput
-from sleuthd.encoders.cache import LruCache, audio_digest, audio_key
+from sleuthd.encoders.cache import LruCache, audio_key
 from sleuthd.encoders.clips import (
     NARROWBAND,
     UNMEASURED,
@@ -130,7 +130,7 @@ class ClipEmbedder:
             return [False] * len(audios)
 
         def look() -> list[bool]:
-            return [all(k in self.cache for k in self._keys(encoder, audio_digest(a), placements)) for a, _ in audios]
+            return [all(k in self.cache for k in self._keys(encoder, a.digest, placements)) for a, _ in audios]
 
         return await asyncio.get_running_loop().run_in_executor(self._probe_pool, look)
 
@@ -170,9 +170,9 @@ class ClipEmbedder:
         found: list[ClipEmbedding | None] = [None] * len(audios)
         keys = [""] * len(audios)
         if self.cache.max_entries > 0:
-            noise = "" if how.noise is None else audio_digest(how.noise)
+            noise = "" if how.noise is None else how.noise.digest
             made_as = f"copy:{how.narrow}:{how.plateau!r}:{how.snr_db!r}:{noise}"
-            keys = [f"{audio_key(encoder.manifest.sha256, audio_digest(a))}:{made_as}" for a, _ in audios]
+            keys = [f"{audio_key(encoder.manifest.sha256, a.digest)}:{made_as}" for a, _ in audios]
             found = [self.cache.get(k) for k in keys]
         todo = [i for i, clip in enumerate(found) if clip is None]
         for clip in found:
@@ -256,7 +256,7 @@ class ClipEmbedder:
         """A clip's embedding under each placement, each with whether it was already there (cached, or
         being computed for a concurrent request). The placement is part of the cache key; the placements
         not cached are prepared together, from one decode and VAD pass. ``digest``: the clip's
-        :func:`audio_digest`, given by a caller whose other encoders share the decode (the fusion); a clip
+        ``AudioInput.digest``, given by a caller whose other encoders share the decode (the fusion); a clip
         embedded by one encoder alone is decoded in one job, hashed only for the cache. ``remember``: as
         :meth:`embed`'s."""
         if isinstance(encoder, FusedEncoder):
@@ -265,7 +265,7 @@ class ClipEmbedder:
         keyed = remember and self.cache.max_entries > 0
         # Hashing costs ~1 ms per MB; skip it when the cache is not used and nobody shares the decode.
         if not digest and keyed:
-            digest = audio_digest(audio)
+            digest = audio.digest
         keys = self._keys(encoder, digest, placements) if keyed else [""] * len(placements)
         found: list[ClipEmbedding | None] = [self.cache.get(k) if k else None for k in keys]
         missing = [i for i, clip in enumerate(found) if clip is None]
@@ -307,7 +307,7 @@ class ClipEmbedder:
         """The clip through every component encoder (each with its own windows, cache and batcher), joined;
         the components share one decode and trim of the clip (keyed by its digest, computed once here).
         Other placements (drift windows) are the first component's: drift is found in one encoder's windows."""
-        digest = audio_digest(audio)
+        digest = audio.digest
         first, *rest = encoder.components
         parts = await gather_or_cancel(
             [self._one(first, audio, label, deadline, placements, digest, remember)]
