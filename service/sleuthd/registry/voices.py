@@ -240,10 +240,10 @@ class VoiceRegistry:
         key = narrowband_key(name) if narrow else name
         for _ in range(_REEMBED_ATTEMPTS):
             voice = await self.store.get(voice_id, with_audio=True)
-            if not voice.audio_kept or any(c.data is None for c in voice.clips):
+            audios = _kept_audio(voice)
+            if audios is None:
                 # Its message says what it was enrolled under and how to register it again.
                 return (await self.store.require_embedding(voice_id, key, sha)).vector
-            audios = [AudioInput(c.data or b"", c.pcm) for c in voice.clips]
             vector, _ = await self._embed_clips(encoder, audios, None, NARROWBAND if narrow else None)
             try:
                 await self.store.put_embedding(voice_id, Embedding(key, sha, vector), revision=voice.revision)
@@ -274,9 +274,9 @@ class VoiceRegistry:
         # Every usable clip has a plateau fraction (None only for a silent one): None here means "not recorded".
         if voice.audio_kept and any(c.plateau is None for c in voice.clips):
             voice = await self.store.get(voice_id, with_audio=True)
-            if voice.audio_kept and all(c.data is not None for c in voice.clips):
-                labelled = [(AudioInput(c.data or b"", c.pcm), f"clip #{k}") for k, c in enumerate(voice.clips)]
-                measured = tuple(await self.embedder.channels(labelled))
+            audios = _kept_audio(voice)
+            if audios is not None:
+                measured = tuple(await self.embedder.channels([(a, f"clip #{k}") for k, a in enumerate(audios)]))
                 try:
                     await self.store.put_channels(voice_id, measured, revision=voice.revision)
                 except OutOfSequence:
@@ -311,14 +311,22 @@ class VoiceRegistry:
 
     @staticmethod
     def _kept(voice: Voice, what: str) -> tuple[AudioInput, ...]:
-        if not voice.audio_kept or any(c.data is None for c in voice.clips):
+        audios = _kept_audio(voice)
+        if audios is None:
             raise Unsupported(
                 f"its {what} is made from its clips, which were not kept (keep_audio off): register it again with "
                 "its clips, keep_audio on and replace"
             )
-        return tuple(AudioInput(c.data or b"", c.pcm) for c in voice.clips)
+        return audios
 
     def loaded(self, encoder: str, weights_sha256: str) -> bool:
         """Whether this engine embeds with exactly these weights (a narrowband key counts as its encoder's)."""
         enc = self.encoders.get(base_encoder(encoder))
         return enc is not None and enc.manifest.sha256 == weights_sha256
+
+
+def _kept_audio(voice: Voice) -> tuple[AudioInput, ...] | None:
+    """The voice's clips as audio (read with their audio), or None when they were not kept."""
+    if not voice.audio_kept or any(c.data is None for c in voice.clips):
+        return None
+    return tuple(AudioInput(c.data or b"", c.pcm) for c in voice.clips)
