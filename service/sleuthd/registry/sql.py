@@ -118,6 +118,19 @@ def decode_page_token(token: str) -> str:
         ) from None
 
 
+def _require_revision(cur: Cursor, voice_id: str, revision: int | None, meanwhile: str) -> None:
+    """In a write: UnknownName when the voice is gone; OutOfSequence when it was replaced since it was read at
+    ``revision`` (None: any), so what was made from its old clips never lands on its new ones."""
+    cur.execute("SELECT revision FROM registry_voices WHERE voice_id = ?", (voice_id,))
+    row = cur.fetchone()
+    if row is None:
+        raise _unknown(voice_id)
+    if revision is not None and int(row[0]) != revision:
+        raise OutOfSequence(
+            f"voice {voice_id!r} was replaced (revision {row[0]}, read at {revision}) while {meanwhile}"
+        )
+
+
 def _in_list(n: int) -> str:
     return ",".join("?" * n)
 
@@ -283,15 +296,7 @@ class SqlStore(ABC):
         v = m.check_embedding(embedding)
         t = m.to_micros(m.now())
         with self._transaction(write=True) as cur:
-            cur.execute("SELECT revision FROM registry_voices WHERE voice_id = ?", (voice_id,))
-            row = cur.fetchone()
-            if row is None:
-                raise _unknown(voice_id)
-            if revision is not None and int(row[0]) != revision:
-                raise OutOfSequence(
-                    f"voice {voice_id!r} was replaced (revision {row[0]}, read at {revision}) while it was being "
-                    "embedded; read it again and embed its new clips"
-                )
+            _require_revision(cur, voice_id, revision, "it was being embedded; read it again and embed its new clips")
             self._upsert_embedding(cur, voice_id, embedding, v, t)
         return m.Embedding(embedding.encoder, embedding.weights_sha256, v.astype(v.dtype.newbyteorder("=")),
                            m.from_micros(t))  # fmt: skip
@@ -300,15 +305,7 @@ class SqlStore(ABC):
         m.check_voice_id(voice_id)
         checked = [m.check_channel(k, *c) for k, c in enumerate(channels)]
         with self._transaction(write=True) as cur:
-            cur.execute("SELECT revision FROM registry_voices WHERE voice_id = ?", (voice_id,))
-            row = cur.fetchone()
-            if row is None:
-                raise _unknown(voice_id)
-            if int(row[0]) != revision:
-                raise OutOfSequence(
-                    f"voice {voice_id!r} was replaced (revision {row[0]}, read at {revision}) while its clips' "
-                    "channels were measured; read it again"
-                )
+            _require_revision(cur, voice_id, revision, "its clips' channels were measured; read it again")
             cur.execute("SELECT COUNT(*) FROM registry_clips WHERE voice_id = ?", (voice_id,))
             n = int(cur.fetchone()[0])
             if n != len(checked):
