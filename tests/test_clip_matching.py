@@ -202,7 +202,7 @@ async def test_the_offline_judges_clip_match_as_the_server_does(
         embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
         hz, plateaus, _ = embed.measure_channels(tmp_path, paths)
         narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
-        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, None)
+        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, None)
         copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
         fused = SpeakerEncoder.load(models_dir, encoder="fused")
         fused.close()

@@ -27,7 +27,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc
-from .test_band_matching import _stream, check_request, judged_with_registered
+from .test_band_matching import _stream, check_request, judged_with_registered, lowest_bitrate_opus
 
 # That module's engine and server that keep no stream audio (fixtures: imported under their own names).
 from .test_band_matching import narrowing_engine as narrowing_engine
@@ -156,7 +156,7 @@ async def test_the_offline_judges_noise_match_as_the_server_does(
     def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
         embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
         hz, plateaus, snrs = embed.measure_channels(tmp_path, paths)
-        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, None)
+        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, None)
         copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
         fused = SpeakerEncoder.load(models_dir, encoder="fused")
         fused.close()
@@ -243,3 +243,126 @@ async def test_a_registered_voice_is_noise_matched_as_its_clip_sent_as_reference
             r"its copy with noise added to \d+\.\d dB SNR is made from its clips, which were not kept",
             t.detail,
         ), t.detail
+
+
+# ---- noise matching on top of band matching: a channel that drifts from turn to turn (Screen 8)
+
+OPUS, HISS = 1, 3
+
+
+def drifting(speech: Speech, slot_voice: str) -> list[bytes]:
+    """Five turns of VOICE_B: turn OPUS as lowest-bitrate Opus (so the speaker is band-matched), turn HISS with white
+    noise 8 dB below its speech (``slot_voice``'s clip there: VOICE_B's own, or another voice's)."""
+    audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    audio[OPUS] = lowest_bitrate_opus(audio[OPUS])
+    audio[HISS] = noisy(speech.wav_bytes(slot_voice, HISS if slot_voice == VOICE_B else 0), 8.0)
+    return audio
+
+
+async def test_a_band_matched_speaker_with_a_noisy_turn_is_compared_on_narrowband_copies_as_noisy(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Opus turn makes the speaker band-matched; on narrowband copies alone, the noisy turn of the same voice is
+    still the one noisy piece and is flagged (probability ~0.97). With its noise added to every narrowband copy
+    (the default --noise-compose-db, 6 dB) it is cleared (~0.01), and another voice in that slot is still flagged."""
+    v = await stub.CheckDialogue(check_request(drifting(speech, VOICE_B)), timeout=120)
+    hot = v.turns[HISS]
+    assert all(t.compared_below_hz == 3600.0 for t in v.turns)
+    assert all(t.compared_snr_db == pytest.approx(hot.snr_db, abs=0.05) for t in v.turns), [t.snr_db for t in v.turns]
+    assert re.match(
+        r"compared below 3\.6 kHz and on copies with its noisiest clip's noise added to \d+\.\d dB SNR: the clips of "
+        r"speaker 'B' span \d\.\d\d octave of bandwidth \(.*\) and differ in noise \(\d+\.\d-20\.0 dB SNR\); auto",
+        hot.detail,
+    ), hot.detail
+    assert [t.status for t in v.turns] == [pb.CONSISTENT] * 5, [(t.score, t.detail) for t in v.turns]
+
+    other = await stub.CheckDialogue(check_request(drifting(speech, VOICE_F)), timeout=120)
+    assert other.turns[HISS].HasField("compared_snr_db") and other.turns[HISS].HasField("compared_below_hz")
+    assert list(other.speakers[0].inconsistent_turn_ids) == [f"t{HISS}"], [(t.score, t.detail) for t in other.turns]
+
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, noise_compose_db=0.0))
+    off = await stub.CheckDialogue(check_request(drifting(speech, VOICE_B)), timeout=120)
+    assert all(t.compared_below_hz == 3600.0 and not t.HasField("compared_snr_db") for t in off.turns)
+    assert off.turns[HISS].status == pb.INCONSISTENT and off.turns[HISS].score > 0.9
+    # Above the trigger's spread only: 8 dB of noise (~9 dB SNR against the clean turns' 20) is noise-matched at 6 dB
+    # but not at 12.
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, noise_compose_db=12.0))
+    high = await stub.CheckDialogue(check_request(drifting(speech, VOICE_B)), timeout=120)
+    assert _compared(high) == _compared(off)
+
+
+async def test_a_drifting_stream_is_judged_as_check_dialogue_judges_it(
+    stub: pb_grpc.SleuthStub, engine: Engine, speech: Speech
+) -> None:
+    """The speaker becomes band-matched at turn OPUS and noise-matched on top at turn HISS: the copies are made again
+    with the noise, and the final verdict is CheckDialogue's, bit for bit."""
+    audio = drifting(speech, VOICE_B)
+    updates, final = await _stream(stub, audio)
+    unary = await stub.CheckDialogue(check_request(audio), timeout=120)
+    first = [u.verdict for u in updates if not u.revision]
+    assert first[OPUS].HasField("compared_below_hz") and not first[OPUS].HasField("compared_snr_db")
+    assert first[HISS].HasField("compared_below_hz") and first[HISS].HasField("compared_snr_db")
+    fields = ("turn_id", "status", "score", "compared_below_hz", "compared_snr_db", "detail")
+    assert [tuple(getattr(t, f) for f in fields) for t in final.turns] == [
+        tuple(getattr(t, f) for f in fields) for t in unary.turns
+    ]
+    assert engine.kept_audio.held == 0
+
+
+async def test_the_offline_judges_compose_noise_with_band_matching_as_the_server_does(
+    stub: pb_grpc.SleuthStub, speech: Speech, models_dir: Path, tmp_path: Path
+) -> None:
+    """`robustness embed --clipped` embeds the composed copies (narrowband with the noisiest clip's noise) of an
+    instance matched by band whose clips differ in SNR, and `report`/`verify` judge on them: under S1, S2 and S3
+    they flag exactly what the server flags."""
+    from sleuthd.api import SpeakerEncoder
+    from sleuthd.judgment.calibration import Calibration
+    from sleuthd.judgment.evidence import EvidenceCalibration
+    from sleuthd_bench.instances import scenario_turns
+    from sleuthd_bench.manifest import read_manifest
+    from sleuthd_bench.robustness import embed, judges
+    from sleuthd_bench.robustness.cli import _clipped_copies
+    from sleuthd_bench.robustness.instances import Instance, load_instances
+
+    audio = drifting(speech, VOICE_B)
+    clips = {f"b{k}.bin": data for k, data in enumerate(audio)}
+    clips["b5.wav"] = speech.wav_bytes(VOICE_B, 5)
+    clips["f0.wav"], clips["a0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_A, 0)
+    for name, data in clips.items():
+        (tmp_path / name).write_bytes(data)
+    line = {"dialogue_id": "d0", "source": "test", "target_speaker": "B", "reference": "b5.wav",
+            "target_turns": [f"b{k}.bin" for k in range(5)], "altered_turn": HISS,
+            "s2_audio": "f0.wav", "s3_audio": "a0.wav"}  # fmt: skip
+    manifest = tmp_path / "eval-x.jsonl"
+    manifest.write_text(json.dumps(line) + "\n")
+    paths = embed.manifest_paths([manifest])
+
+    def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
+        embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
+        hz, plateaus, snrs = embed.measure_channels(tmp_path, paths)
+        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, None)
+        copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
+        narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
+        fused = SpeakerEncoder.load(models_dir, encoder="fused")
+        fused.close()
+        got = load_instances(tmp_path, "eval", ["x"], embs, hz, narrow, plateaus, copies, snrs)
+        return got, fused.manifest.raw
+
+    instances, raw = await asyncio.to_thread(offline_inputs)
+    blend = EvidenceCalibration.from_manifest(raw)
+    assert blend is not None
+    calibration = Calibration.from_manifest(raw, "fused")
+    (manifest_line,) = read_manifest(manifest)
+    s1 = next(i for i in instances if i.scenario == "S1")
+    assert s1.composed_matched(6.0, True, False) is not None and s1.composed_matched(12.0, True, False) is None
+    for inst in instances:
+        offline, _, _ = judges.evidence_flags(inst, blend, calibration, 0.3, 0.005, 3.0, 6.0)
+        request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(manifest_line, inst.scenario)])
+        request.references.add(speaker="B", audio=enc(clips["b5.wav"]))
+        served = await stub.CheckDialogue(request, timeout=120)
+        composed = inst.composed_matched(6.0, inst.band_mixed(0.3), False) is not None
+        assert all(t.HasField("compared_snr_db") == composed for t in served.turns), inst.scenario
+        flagged = {k for k, t in enumerate(served.turns) if t.status == pb.INCONSISTENT}
+        assert offline == flagged, (inst.scenario, offline, [t.detail for t in served.turns])
+        if inst.scenario != "S1":
+            assert offline == inst.gold

@@ -134,6 +134,12 @@ class EngineConfig:
         "reference clip) differ by more than this in estimated SNR (dB; 20 and cleaner count as clean) is judged on "
         "copies of every clip with its noisiest clip's own noise added until each is as noisy; 0 = off",
     )
+    noise_compose_db: float = option(
+        6.0,
+        help="under the fused encoder's auto, a speaker matched by band or by clipping whose turns (and reference "
+        "clip) also differ by more than this in estimated SNR (dB) has its noisiest clip's noise added to those "
+        "copies too (a channel that drifts from turn to turn); 0 = never",
+    )
     band_match_stream_mb: float = option(
         128.0,
         help="channel matching: a stream keeps its turns' audio until this many MiB, so that a speaker who becomes "
@@ -159,6 +165,7 @@ class EngineConfig:
         _at_least(self, "band_match_octaves", 0)
         _at_least(self, "clip_match_spread", 0)
         _at_least(self, "noise_match_db", 0)
+        _at_least(self, "noise_compose_db", 0)
         _at_least(self, "band_match_stream_mb", 0)
         _at_least(self, "band_match_kept_mb", 0)
         _at_least(self, "workers", 0)

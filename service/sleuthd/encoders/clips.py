@@ -157,13 +157,13 @@ def clip_channel(audio: AudioInput, max_seconds: float) -> Channel:
 @dataclass(frozen=True)
 class ChannelCopy:
     """How a clip is copied so that a speaker heard through different channels is judged on like copies
-    (sleuthd.judgment.channel_matching): hard-clipped to a plateau fraction (None: not clipped), then low-passed
-    at the common band (``narrow``). Clipping comes first, as the channel did it."""
+    (sleuthd.judgment.channel_matching): hard-clipped to a plateau fraction (None: not clipped), made noisier
+    (``snr_db``), then low-passed at the common band (``narrow``). Clipping comes first, as the channel did it."""
 
     narrow: bool = False
     plateau: float | None = None
     # Noise added until the copy's estimated SNR is this (dB): the quiet frames of ``noise`` (the speaker's
-    # noisiest clip), tiled (sleuthd.audio.noise). Never combined with the two above (the rule screened).
+    # noisiest clip), tiled (sleuthd.audio.noise). With the two above only for a speaker who differs that way too.
     snr_db: float | None = None
     noise: AudioInput | None = None
 

@@ -138,6 +138,7 @@ class Engine:
             config.band_match_octaves,
             config.clip_match_spread,
             config.noise_match_db,
+            config.noise_compose_db,
         )
 
     def _judging(self, opts: ResolvedOptions) -> Judging:

@@ -11,17 +11,19 @@ Why: both speaker encoders read a change of channel as a change of voice.
   most-clipped piece (d-clip 80.9 -> 91.4).
 - **Noise.** A speaker matched neither way whose pieces differ in estimated SNR (sleuthd.audio.noise) by more
   than ``noise_match_db`` is judged on copies of every clip with its noisiest piece's own noise added until each
-  is as noisy (d-noise 77.7 -> 95.9). Never combined with the two above: the rule was screened on speakers
-  matched neither way, and a speaker matched by band or clipping keeps that.
-A speaker mixed both ways is judged on copies clipped, then low-passed (sleuthd.encoders.clips.channel_copy): its
-copies follow what differs in its clips, not more (copies that were always both cost real speech 9 points:
-docs/research/robustness.md, "Screen 4"). Its cohort is the other speakers' copies made the same way; the other
-speakers are judged as they are. A speaker whose reference is a registered voice counts the channels its clips
-were registered with (sleuthd.registry.voices) as the pieces of a reference sent as audio count: its narrowband
-copy is the voice's stored narrowband embedding; its clipped or noisy copies are made per request from the voice's
-kept clips, and its noisiest kept clip gives the noise when the voice is the speaker's noisiest piece. A voice
-registered without its audio cannot have those: its speaker is then judged as heard (or on its narrowband copies),
-and its turns say why.
+  is as noisy (d-noise 77.7 -> 95.9). A speaker matched by band or clipping gets the noise too when its pieces
+  differ by more than ``noise_compose_db`` (a channel that drifts from turn to turn: a noisy turn among
+  narrowband copies is still the one noisy piece; the higher trigger keeps clipping's own effect on the SNR
+  estimate from adding noise to a clipped speaker's copies: docs/research/robustness.md, "Screen 8").
+A speaker mixed several ways is judged on copies clipped, made noisier, then low-passed
+(sleuthd.encoders.clips.channel_copy): its copies follow what differs in its clips, not more (copies that were always
+both cost real speech 9 points: docs/research/robustness.md, "Screen 4"). Its cohort is the other speakers' copies
+made the same way; the other speakers are judged as they are. A speaker whose reference is a registered voice counts
+the channels its clips were registered with (sleuthd.registry.voices) as the pieces of a reference sent as audio
+count: its narrowband copy is the voice's stored narrowband embedding; its clipped or noisy copies are made per
+request from the voice's kept clips, and its noisiest kept clip gives the noise when the voice is the speaker's
+noisiest piece. A voice registered without its audio cannot have those: its speaker is then judged as heard (or on its
+narrowband copies), and its turns say why.
 
 A :class:`ChannelMatcher` is the copying side of one dialogue (sleuthd.judgment.dialogue.EncoderDialogue holds one
 under the fused encoder's auto). A speaker's clipping target is its most-clipped piece, so it moves when a more
@@ -40,7 +42,7 @@ import asyncio
 import bisect
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -100,19 +102,29 @@ class ChannelMatch:
 
     band: tuple[float, float] | None
     plateau: tuple[float, float] | None
-    # Noise matching (only where neither above): the least and most noisy SNR (dB, noisiest first) and the noisiest
-    # piece's audio (None: no longer kept, so its copies cannot be made).
+    # Noise matching: the least and most noisy SNR (dB, noisiest first) and the noisiest piece's audio (None: no
+    # longer kept, so its copies cannot be made).
     snr: tuple[float, float] | None = None
     noise: AudioInput | None = None
 
     @property
     def copy(self) -> ChannelCopy:
-        """The copies this speaker is judged on: low-passed if band-mixed, clipped to its most-clipped piece, or
-        with its noisiest piece's noise added."""
-        if self.snr is not None:
-            return ChannelCopy(snr_db=copy_snr(self.snr[0]), noise=self.noise)
+        """The copies this speaker is judged on: clipped to its most-clipped piece, with its noisiest piece's noise
+        added and low-passed, as far as each differs."""
         target = None if self.plateau is None else copy_target(self.plateau[1])
-        return ChannelCopy(narrow=self.band is not None, plateau=target)
+        snr = None if self.snr is None else copy_snr(self.snr[0])
+        return ChannelCopy(self.band is not None, target, snr, self.noise if snr is not None else None)
+
+    @property
+    def fallbacks(self) -> list[ChannelCopy]:
+        """The copies it is judged on, then those it falls back to when they cannot be had (a copy too short to
+        embed; in a stream past its bound, audio no longer kept), in order: without the noise, narrowband only."""
+        out = [self.copy]
+        if self.snr is not None and (self.band is not None or self.plateau is not None):
+            out.append(replace(self.copy, snr_db=None, noise=None))
+        if self.band is not None:
+            out.append(NARROWBAND)
+        return list(dict.fromkeys(out))
 
     def _differs(self, copy: ChannelCopy) -> list[str]:
         out = []
@@ -145,8 +157,13 @@ class ChannelMatch:
             as_heard = "at full band" if self.copy == NARROWBAND else "as heard"
             differs = " and ".join(self._differs(self.copy))
             return f"compared {as_heard} although the clips of speaker {speaker!r} {differs}: {why}"
-        unclipped = self._differs(ChannelCopy(plateau=self.copy.plateau))
-        return f"{self.note(speaker, used)}; not clipped although they {' and '.join(unclipped)}: {why}"
+        wanted = self.copy
+        left = ChannelCopy(
+            plateau=wanted.plateau if used.plateau is None else None,
+            snr_db=wanted.snr_db if used.snr_db is None else None,
+        )
+        how = " or ".join(w for w, on in (("clipped", left.plateau), ("noise-matched", left.snr_db)) if on is not None)
+        return f"{self.note(speaker, used)}; not {how} although they {' and '.join(self._differs(left))}: {why}"
 
 
 @dataclass
@@ -176,6 +193,7 @@ class ChannelMatcher:
         octaves: float,
         spread: float,
         noise_db: float,
+        compose_db: float,
         components: Sequence[tuple[str, int, int]],
         reference_clips: Mapping[str, ReferenceClip],
         registered: Mapping[str, RegisteredReference] | None = None,
@@ -183,15 +201,17 @@ class ChannelMatcher:
         max_kept_bytes: int = 0,
     ) -> None:
         """``copies``: the listener of copies; ``octaves``, ``spread`` and ``noise_db``: the bandwidth (octaves),
-        plateau fraction and SNR (dB) spreads above which a speaker is matched (0: that kind never); ``components``:
-        the fused encoder's parts (each pool keeps one per part); ``reference_clips``: speaker -> the reference sent
-        as audio; ``registered``: speaker -> the registered voice that is its reference; ``keeper`` and
+        plateau fraction and SNR (dB) spreads above which a speaker is matched (0: that kind never); ``compose_db``:
+        the SNR spread above which a speaker matched by band or clipping is noise-matched too (0: never);
+        ``components``: the fused encoder's parts (each pool keeps one per part); ``reference_clips``: speaker -> the
+        reference sent as audio; ``registered``: speaker -> the registered voice that is its reference; ``keeper`` and
         ``max_kept_bytes``: a stream's, where it holds the audio it keeps and how much it may (None:
         CheckDialogue, whose audio is its request's, already in memory and bounded by its size)."""
         self._listen = copies
         self._octaves = octaves
         self._spread = spread
         self._noise_db = noise_db
+        self._compose_db = compose_db
         self._components = components
         self._references = dict(reference_clips)
         self._registered = dict(registered or {})
@@ -277,18 +297,19 @@ class ChannelMatcher:
             plateau = (min(plateaus), max(plateaus)) if len(plateaus) >= 2 else None
             if plateau is None or not (self._spread > 0 and plateau[1] - plateau[0] > self._spread):
                 plateau = None
-            if band is not None or plateau is not None:
-                out[s] = ChannelMatch(band, plateau)
-            elif (noisy := self._noise(s, entry)) is not None:
-                out[s] = noisy
+            noisy = self._noise(s, entry, self._noise_db if band is None and plateau is None else self._compose_db)
+            if band is not None or plateau is not None or noisy is not None:
+                out[s] = ChannelMatch(band, plateau, *(noisy or (None, None)))
         self._cache = (len(self._turns), out)  # turns are only ever added
         return out
 
-    def _noise(self, speaker: str, entry: _Speaker) -> ChannelMatch | None:
-        """The speaker's noise match, if their pieces differ in SNR by more than ``noise_db`` (the usable turns in
-        dialogue order, then the reference sent as audio or the registered voice's clips; the noisiest is the first
-        of the lowest SNR)."""
-        if not self._noise_db > 0:
+    def _noise(
+        self, speaker: str, entry: _Speaker, trigger: float
+    ) -> tuple[tuple[float, float], AudioInput | None] | None:
+        """The speaker's noise match, (SNR range, the noisiest piece's audio), if their pieces differ in SNR by more
+        than ``trigger`` dB (the usable turns in dialogue order, then the reference sent as audio or the registered
+        voice's clips; the noisiest is the first of the lowest SNR)."""
+        if not trigger > 0:
             return None
         pieces = [(snr, key) for _, snr, key in sorted(entry.snrs)]
         # A registered voice's noise, when it is the noisiest, is read from its kept clips (ensure).
@@ -297,13 +318,13 @@ class ChannelMatcher:
             return None
         low = min(p[0] for p in pieces)
         high = max(p[0] for p in pieces)
-        if not high - low > self._noise_db:
+        if not high - low > trigger:
             return None
         noisiest = self._noisiest[speaker] = next(key for snr, key in pieces if snr == low)
         source = self._noise_sources.get(noisiest) or self._kept.get(noisiest)
         if source is not None:
             self._noise_sources[noisiest] = source
-        return ChannelMatch(None, None, (low, high), source)
+        return (low, high), source
 
     def _reference_channels(self, speaker: str) -> list[Channel]:
         """The channels of the speaker's reference: the clip sent as audio, or each clip of the registered voice
@@ -322,7 +343,7 @@ class ChannelMatcher:
         clip-mixed speaker of a stream that no longer has the audio to clip)."""
         out = {}
         for s, match in self.matches().items():
-            for copy in dict.fromkeys([match.copy, *([NARROWBAND] if match.band is not None else [])]):
+            for copy in match.fallbacks:
                 if self._complete(copy, s):
                     out[s] = copy
                     break
@@ -366,12 +387,8 @@ class ChannelMatcher:
         clipping target that moved); in a stream past its bound, make every new clip's narrowband copy in the
         background."""
         await self._read_registered_noise()
-        matches = self.matches().values()
-        wanted = {m.copy for m in matches}
-        # A speaker mixed both ways falls back to its narrowband copies when its clipped ones cannot be had (a copy
-        # too short to embed; in a stream past its bound, audio no longer kept): made beside them.
-        if any(m.band is not None and m.plateau is not None for m in matches):
-            wanted.add(NARROWBAND)
+        # A speaker mixed several ways falls back to fewer kinds when its copies cannot be had: made beside them.
+        wanted = {c for m in self.matches().values() for c in m.fallbacks}
         for copy in [c for c in self._copies if c not in wanted and not (self._eager and c == NARROWBAND)]:
             self._drop(copy)
         if self._eager and NARROWBAND not in wanted:

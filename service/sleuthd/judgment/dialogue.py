@@ -204,6 +204,7 @@ class EncoderDialogue:
                 opts.judgment.band_match_octaves,
                 opts.judgment.clip_match_spread,
                 opts.judgment.noise_match_db,
+                opts.judgment.noise_compose_db,
                 opts.judgment.components,
                 reference_clips or {},
                 registered or {},

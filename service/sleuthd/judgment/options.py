@@ -113,10 +113,11 @@ def resolve(
     band_match_octaves: float = 0.0,
     clip_match_spread: float = 0.0,
     noise_match_db: float = 0.0,
+    noise_compose_db: float = 0.0,
 ) -> ResolvedOptions:
     """Apply defaults to ``options``; raise with what to change when they cannot be served.
-    ``band_match_octaves``, ``clip_match_spread``, ``noise_match_db``: the server's --band-match-octaves,
-    --clip-match-spread and --noise-match-db (Judgment's)."""
+    ``band_match_octaves``, ``clip_match_spread``, ``noise_match_db``, ``noise_compose_db``: the server's
+    --band-match-octaves, --clip-match-spread, --noise-match-db and --noise-compose-db (Judgment's)."""
     name = options.encoder or default_encoder
     if name not in entries:
         raise UnknownName(f"unknown encoder {name!r}; this server has: {', '.join(sorted(entries))}")
@@ -170,5 +171,6 @@ def resolve(
         band_match_octaves,
         clip_match_spread,
         noise_match_db,
+        noise_compose_db,
     )
     return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift, options.similarity_matrix)

@@ -45,6 +45,7 @@ class Judgment:
     band_match_octaves: float = 0.0
     clip_match_spread: float = 0.0
     noise_match_db: float = 0.0  # the same for SNR (dB)
+    noise_compose_db: float = 0.0  # the same for SNR, for a speaker matched by band or clipping (0: never)
 
     @property
     def channel_matching(self) -> bool:

@@ -85,7 +85,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
         paths = _mixed_clips(args.out, manifests, paths, args.band_match_octaves, progress)
         print(f"{len(paths)} clips belong to instances spanning more than {args.band_match_octaves:g} octave")
     if args.clipped:
-        spreads = (args.band_match_octaves, args.clip_match_spread, args.noise_match_db)
+        spreads = (args.band_match_octaves, args.clip_match_spread, args.noise_match_db, args.noise_compose_db)
         paths = _clipped_copies(args.out, manifests, paths, *spreads, progress)
         print(f"{len(paths)} clipped or noisy copies belong to instances whose clips differ in clipping or noise")
     done = embed.embed_all(
@@ -129,13 +129,15 @@ def _clipped_copies(
     octaves: float,
     spread: float,
     noise_db: float,
+    compose_db: float,
     progress: Any,
 ) -> list[str]:
     """The copy keys (embed.copy_key) of the clips of every instance (both splits) whose clips differ in plateau
     fraction by more than ``spread`` (measuring the channels the cache lacks first), at the instance's target and
     band (low-passed too where it spans more than ``octaves``): what clip matching judges it on; and the noisy copy
     keys (embed.noise_key) of the instances matched neither way whose clips differ in SNR by more than
-    ``noise_db``: what noise matching judges them on."""
+    ``noise_db``: what noise matching judges them on; and, of the instances matched by band or clipping whose clips
+    also differ in SNR by more than ``compose_db``, the composed copy keys (embed.composed_key)."""
     from sleuthd_bench.instances import scenario_turns
     from sleuthd_bench.manifest import read_manifest
     from sleuthd_bench.robustness import embed
@@ -152,7 +154,11 @@ def _clipped_copies(
             turns = scenario_turns(line, inst.scenario)
             band = inst.band_mixed(octaves)
             target = inst.clip_target()
-            if target is not None and inst.clip_mixed(spread):
+            clip = target is not None and inst.clip_mixed(spread)
+            if (band or clip) and inst.noise_mixed(compose_db):
+                composed = inst.composed_copy_keys(turns, line.reference, band, clip)
+                keys.update(dict.fromkeys(composed.values() if composed else ()))
+            if clip and target is not None:
                 for p in (*turns, line.reference):
                     keys.setdefault(embed.copy_key(p, band, target), None)
             elif not band and inst.noise_mixed(noise_db):
@@ -217,6 +223,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         args.band_match_octaves,
         args.clip_match_spread,
         args.noise_match_db,
+        args.noise_compose_db,
     )
     focus = next(iter(evidence), None)
     out = {"conditions": {c: report.condition_report(c, instances, runs, uncertain, focus) for c in names}}
@@ -388,7 +395,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     served_blend = EvidenceCalibration.from_manifest(manifest.raw)
     blend = {"blend": served_blend} if served_blend is not None else {}
     offline, _ = judges.judge_all(
-        instances, thresholds, calibrations, blend, args.band_match_octaves, args.clip_match_spread, args.noise_match_db
+        instances,
+        thresholds,
+        calibrations,
+        blend,
+        args.band_match_octaves,
+        args.clip_match_spread,
+        args.noise_match_db,
+        args.noise_compose_db,
     )
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]
@@ -414,6 +428,7 @@ def add_matching_options(parser: argparse.ArgumentParser) -> None:
         ("--band-match-octaves", "band"),
         ("--clip-match-spread", "clip"),
         ("--noise-match-db", "noise"),
+        ("--noise-compose-db", "composed noise"),
     ):
         value = getattr(defaults, flag.removeprefix("--").replace("-", "_"))
         parser.add_argument(

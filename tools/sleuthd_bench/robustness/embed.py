@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -80,10 +80,26 @@ def copy_key(path: str, narrow: bool, plateau: float) -> str:
     return f"{path}#{'narrow' if narrow else 'full'}-clip{plateau:.4f}"
 
 
+def composed_key(path: str, narrow: bool, plateau: float | None, snr_db: float, noisiest: str) -> str:
+    """The cache key of a clip's copy clipped to ``plateau`` (None: not clipped), with ``noisiest``'s noise added to
+    ``snr_db`` and low-passed too when ``narrow``: a speaker matched by band or clipping and noise-matched too."""
+    clip = "none" if plateau is None else f"{plateau:.4f}"
+    return f"{path}#{'narrow' if narrow else 'full'}-clip{clip}-noise{snr_db:.1f}@{noisiest}"
+
+
 def parse_copy_key(key: str) -> tuple[str, Any]:
-    """(the clip's path, the sleuthd.api.ChannelCopy its key names; a noisy copy's carries its noise's audio)."""
+    """(the clip's path, the sleuthd.api.ChannelCopy its key names; a noisy copy's carries its noise's audio, as
+    (snr_db, noisiest) for a noise-only copy, or (ChannelCopy without the noise, snr_db, noisiest) for a composed
+    one)."""
     from sleuthd.api import ChannelCopy
 
+    path, _, fragment = key.partition("#")
+    if fragment.startswith(("narrow-clip", "full-clip")) and "-noise" in fragment.partition("@")[0]:
+        kind, _, noisiest = fragment.partition("@")
+        band, _, rest = kind.partition("-clip")
+        clip, _, snr = rest.partition("-noise")
+        plateau = None if clip == "none" else float(clip)
+        return path, (ChannelCopy(narrow=band == "narrow", plateau=plateau), float(snr), noisiest)
     if "#noise" in key:
         path, _, copy = key.partition("#noise")
         snr, _, noisiest = copy.partition("@")
@@ -207,8 +223,8 @@ def clip_source(root: Path, key: str, narrowband: bool = False, clipped: bool = 
     if clipped:
         path, copy = parse_copy_key(key)
         if isinstance(copy, tuple):
-            snr, noisiest = copy
-            copy = ChannelCopy(snr_db=snr, noise=AudioInput((root / noisiest).read_bytes()))
+            base, snr, noisiest = copy if len(copy) == 3 else (ChannelCopy(), *copy)
+            copy = replace(base, snr_db=snr, noise=AudioInput((root / noisiest).read_bytes()))
         return channel_copy(AudioInput((root / path).read_bytes()), MAX_SECONDS, copy)
     return channel_copy(AudioInput((root / key).read_bytes()), MAX_SECONDS, NARROWBAND) if narrowband else root / key
 

@@ -18,7 +18,7 @@ import numpy as np
 from sleuthd_bench.instances import gold_turns, scenario_turns
 from sleuthd_bench.manifest import read_manifest
 from sleuthd_bench.metrics import SCENARIOS, Scenario
-from sleuthd_bench.robustness.embed import ENCODERS, Embeddings, copy_key, fused, noise_key
+from sleuthd_bench.robustness.embed import ENCODERS, Embeddings, composed_key, copy_key, fused, noise_key
 
 FUSED = "fused"
 _MEASURE = "run `sleuthd-bench robustness embed --clipped --split <this split>` first"
@@ -58,6 +58,9 @@ class Instance:
     # piece's path (None: not measured), and the views of the copies with its noise added, where embedded.
     noise: tuple[float, float, str] | None = None
     noise_views: dict[str, Turns] = field(default_factory=dict)
+    # Noise matching on top of band or clip matching: the views of the copies low-passed (first key) and/or clipped
+    # (second key) with the noisiest piece's noise added too, where embedded.
+    composed_views: dict[tuple[bool, bool], dict[str, Turns]] = field(default_factory=dict)
     # Which measures some clip of the instance lacks (a cache measured for the other split only): judging with
     # that kind of matching on then raises instead of silently judging as unmatched.
     unmeasured: frozenset[str] = frozenset()
@@ -89,6 +92,36 @@ class Instance:
         views = self.noise_views
         ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
         return views if ok else None
+
+    def composed_matched(self, db: float, narrow: bool, clipped: bool) -> dict[str, Turns] | None:
+        """The views the server judges a speaker matched by band (``narrow``) or clipping (``clipped``) on when its
+        SNRs also differ by more than ``db`` (--noise-compose-db), or None: they do not, or a copy lost a usable turn
+        or the reference (the server then falls back to its copies without the noise). Raises when they differ and
+        the copies were never embedded."""
+        if db > 0 and "snr" in self.unmeasured:
+            raise LookupError(f"{self.dialogue_id}: clips without an SNR: {_MEASURE}")
+        if not (narrow or clipped) or not self.noise_mixed(db):
+            return None
+        views = self.composed_views.get((narrow, clipped))
+        if views is None:
+            raise LookupError(
+                f"{self.dialogue_id}/{self.scenario}: its clips differ in SNR and in band or clipping, and their "
+                "composed copies are not embedded: run `sleuthd-bench robustness embed --clipped`"
+            )
+        ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
+        return views if ok else None
+
+    def composed_copy_keys(
+        self, turns: Sequence[str], reference: str, narrow: bool, clipped: bool
+    ) -> dict[str, str] | None:
+        """Each clip's composed copy key (embed.composed_key), or None when the SNRs were not measured."""
+        from sleuthd.api import copy_snr
+
+        if self.noise is None:
+            return None
+        plateau = self.clip_target() if clipped else None
+        snr = copy_snr(self.noise[0])
+        return {p: composed_key(p, narrow, plateau, snr, self.noise[2]) for p in (*turns, reference)}
 
     def noise_copy_keys(self, turns: Sequence[str], reference: str) -> dict[str, str] | None:
         """Each clip's noisy copy key (embed.noise_key), or None when the SNRs were not measured."""
@@ -209,6 +242,12 @@ def load_instances(
                         keys = inst.noise_copy_keys(turns, ref_rel)
                         if clipped and keys and all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
                             inst.noise_views = _views([keys[p] for p in turns], keys[ref_rel], clipped)
+                        for kind in ((True, False), (False, True), (True, True)):
+                            if kind[1] and inst.clip_target() is None:
+                                continue
+                            keys = inst.composed_copy_keys(turns, ref_rel, *kind)
+                            if clipped and keys and all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
+                                inst.composed_views[kind] = _views([keys[p] for p in turns], keys[ref_rel], clipped)
                 target = inst.clip_target()
                 if clipped and target is not None:
                     for band in (False, True):

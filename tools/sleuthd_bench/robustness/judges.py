@@ -78,12 +78,20 @@ def evidence_inputs(
 
 
 def channel_matched(
-    inst: Instance, band_match_octaves: float, clip_match_spread: float, noise_match_db: float
+    inst: Instance,
+    band_match_octaves: float,
+    clip_match_spread: float,
+    noise_match_db: float,
+    noise_compose_db: float = 0.0,
 ) -> Instance:
     """The instance with the views the server's channel matching judges it on (the same instance when it is judged
-    as sent): its clipped copies (low-passed too where it is also band-mixed), else its narrowband copies, else,
-    matched neither way, its noisy copies."""
+    as sent): where it is band- or clip-mixed and its SNRs differ by more than ``noise_compose_db``, its copies with
+    the noise added too; else its clipped copies (low-passed too where it is also band-mixed), else its narrowband
+    copies, else, matched neither way, its noisy copies."""
     band_mixed = inst.band_mixed(band_match_octaves)
+    composed = inst.composed_matched(noise_compose_db, band_mixed, inst.clip_mixed(clip_match_spread))
+    if composed is not None:
+        return replace(inst, views=composed)
     clipped = inst.clip_matched(clip_match_spread, band_mixed)
     if clipped is not None:
         return replace(inst, views=clipped)
@@ -103,6 +111,7 @@ def evidence_flags(
     band_match_octaves: float = 0.0,
     clip_match_spread: float = 0.0,
     noise_match_db: float = 0.0,
+    noise_compose_db: float = 0.0,
 ) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
     """(flagged positions, uncertain positions, per-turn probabilities over the usable turns). With ``auto``
     (today's fused calibration) and a calibration that has a blend, the blend judges, as the server's fused
@@ -111,9 +120,10 @@ def evidence_flags(
     the server judges such a speaker; with ``clip_match_spread`` (--clip-match-spread), one whose clips differ
     in clipping on its copies clipped alike (low-passed too where it is also band-mixed), else as above; with
     ``noise_match_db`` (--noise-match-db), one matched neither way whose clips differ in SNR on its copies with its
-    noisiest clip's noise added."""
+    noisiest clip's noise added; with ``noise_compose_db`` (--noise-compose-db), one matched by band or clipping whose
+    clips differ in SNR by more than that on those copies with the noise added too."""
     if auto is not None and calibration.blend is not None:
-        inst = channel_matched(inst, band_match_octaves, clip_match_spread, noise_match_db)
+        inst = channel_matched(inst, band_match_octaves, clip_match_spread, noise_match_db, noise_compose_db)
     grams, has_ref, seconds, index = evidence_inputs(inst)
     logits = None
     if auto is not None and calibration.blend is not None and len(seconds) and (len(seconds) > 1 or has_ref):
@@ -189,11 +199,12 @@ def judge_all(
     band_match_octaves: float = 0.0,
     clip_match_spread: float = 0.0,
     noise_match_db: float = 0.0,
+    noise_compose_db: float = 0.0,
 ) -> tuple[dict[str, list[DetectionRecord]], dict[str, list[int]]]:
     """Records per run name (``<encoder>:<method>@<set>``, ``<encoder>:auto``, ``evidence[:<label>]``) and,
     per evidence run, for each instance 1 when its verdict is uncertain (nothing flagged, a turn uncertain).
-    ``band_match_octaves``, ``clip_match_spread``, ``noise_match_db``: the blends' channel matching
-    (:func:`evidence_flags`); 0 = off."""
+    ``band_match_octaves``, ``clip_match_spread``, ``noise_match_db``, ``noise_compose_db``: the blends' channel
+    matching (:func:`evidence_flags`); 0 = off."""
     runs: dict[str, list[DetectionRecord]] = {}
     uncertain: dict[str, list[int]] = {}
     for inst in instances:
@@ -208,7 +219,13 @@ def judge_all(
                 runs.setdefault(f"{enc}:auto", []).append(record(inst, auto_flags(v, calibrations[enc])))
         for name, cal in (evidence or {}).items():
             flagged, unsure, _ = evidence_flags(
-                inst, cal, calibrations.get("fused"), band_match_octaves, clip_match_spread, noise_match_db
+                inst,
+                cal,
+                calibrations.get("fused"),
+                band_match_octaves,
+                clip_match_spread,
+                noise_match_db,
+                noise_compose_db,
             )
             runs.setdefault(name, []).append(record(inst, flagged))
             uncertain.setdefault(name, []).append(int(not flagged and bool(unsure)))
