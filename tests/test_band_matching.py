@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import soundfile as sf
+import soxr
 from sleuthd.audio import SAMPLE_RATE
+from sleuthd.audio.bandwidth import low_pass
 from sleuthd.audio.decode import decode_encoded, to_model_rate
 from sleuthd.client.results import TurnVerdict
 from sleuthd.config import EngineConfig, ServerConfig
@@ -31,7 +33,7 @@ from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc
+from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc, encode_wav
 
 Req = pb.StreamDialogueRequest
 OPUS_SLOT = 2
@@ -417,3 +419,73 @@ async def test_a_registered_voice_without_a_narrowband_embedding_gets_one_from_i
         for t in bare.turns
     ), [t.detail for t in bare.turns]
     assert bare.turns[OPUS_SLOT].status == pb.INCONSISTENT  # at full band the codec reads as another voice
+
+
+# ---- a telephone turn: its band below 300 Hz is gone too (Screen 9)
+
+PHONE_SLOT = 1
+
+
+def telephone(wav: bytes) -> bytes:
+    """The clip as a telephone line carries it: band-passed at 0.3-3.4 kHz, at 8 kHz, through 8-bit mu-law, as 8 kHz
+    WAV (the robustness matrix's telephone channel, without sox)."""
+    x = to_model_rate(decode_encoded(wav, 60.0)).samples.astype(np.float64)
+    band = low_pass(x, 3400.0)
+    band = band - low_pass(band, 300.0)
+    y = soxr.resample(band, SAMPLE_RATE, 8000)
+    y = y / max(1.0, float(np.abs(y).max()) / 0.99)
+    mu = 255.0
+    companded = np.round((np.sign(y) * np.log1p(mu * np.abs(y)) / np.log1p(mu) + 1) / 2 * 255) / 255 * 2 - 1
+    out = np.sign(companded) * ((1 + mu) ** np.abs(companded) - 1) / mu
+    return encode_wav(out.astype(np.float32), 8000)
+
+
+def phoned(speech: Speech, slot_voice: str) -> list[bytes]:
+    """Five turns of VOICE_A; turn PHONE_SLOT through the telephone (``slot_voice``'s clip there)."""
+    audio = [speech.wav_bytes(VOICE_A, k) for k in range(5)]
+    audio[PHONE_SLOT] = telephone(speech.wav_bytes(slot_voice, PHONE_SLOT if slot_voice == VOICE_A else 0))
+    return audio
+
+
+async def test_a_telephone_turn_of_the_same_voice_is_compared_at_the_telephone_band(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Low-passed at 3.6 kHz, a telephone turn is still the one clip without the band below 300 Hz, and it is flagged
+    (0.80); with every copy band-passed at 0.3-3.6 kHz it is cleared. Another voice through the telephone is
+    still flagged. Measured under channel drift in the robustness matrix: +5.0 to +6.6 balanced accuracy."""
+    v = await stub.CheckDialogue(check_request(phoned(speech, VOICE_A)), timeout=120)
+    hot = v.turns[PHONE_SLOT]
+    others = [t for k, t in enumerate(v.turns) if k != PHONE_SLOT]
+    assert hot.low_band_db < -30.0 and min(t.low_band_db for t in others) > -16.0, [t.low_band_db for t in v.turns]
+    assert all(t.compared_below_hz == 3600.0 and t.compared_above_hz == 300.0 for t in v.turns)
+    assert re.match(
+        r"compared at 0\.3-3\.6 kHz: the clips of speaker 'B' span \d\.\d\d octave of bandwidth \(.*\) and include a "
+        r"telephone clip \(its band below 250 Hz \d+ dB down\); auto",
+        hot.detail,
+    ), hot.detail
+    assert [t.status for t in v.turns] == [pb.CONSISTENT] * 5, [(t.score, t.detail) for t in v.turns]
+    typed = TurnVerdict.from_pb(hot)  # the client library reads both fields
+    assert typed.compared_above_hz == 300.0 and typed.low_band_db == pytest.approx(hot.low_band_db)
+
+    other = await stub.CheckDialogue(check_request(phoned(speech, VOICE_F)), timeout=120)
+    assert other.turns[PHONE_SLOT].compared_above_hz == 300.0
+    assert list(other.speakers[0].inconsistent_turn_ids) == [f"t{PHONE_SLOT}"], [t.detail for t in other.turns]
+
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, telephone_band_db=0.0))
+    off = await stub.CheckDialogue(check_request(phoned(speech, VOICE_A)), timeout=120)
+    assert all(t.compared_below_hz == 3600.0 and not t.HasField("compared_above_hz") for t in off.turns)
+    assert off.turns[PHONE_SLOT].status == pb.INCONSISTENT and off.turns[PHONE_SLOT].score > 0.7
+
+
+async def test_a_stream_with_a_telephone_turn_is_judged_as_check_dialogue_judges_it(
+    stub: pb_grpc.SleuthStub, engine: Engine, speech: Speech
+) -> None:
+    audio = phoned(speech, VOICE_A)
+    _, final = await _stream(stub, audio)
+    unary = await stub.CheckDialogue(check_request(audio), timeout=120)
+    fields = ("turn_id", "status", "score", "compared_below_hz", "compared_above_hz", "detail")
+    assert [tuple(getattr(t, f) for f in fields) for t in final.turns] == [
+        tuple(getattr(t, f) for f in fields) for t in unary.turns
+    ]
+    assert all(t.compared_above_hz == 300.0 for t in final.turns)
+    assert engine.kept_audio.held == 0

@@ -187,6 +187,10 @@ class TurnResult:
     # the SNR its speaker's copies were brought to when their clips differ in noise (noise matching).
     snr_db: float | None = None
     compared_snr_db: float | None = None
+    # The turn's low band level (dB: 60-250 Hz over 300-3400 Hz; measured under the fused encoder), and the low edge
+    # its speaker's copies were cut at when a telephone clip sits among clips that kept their low band.
+    low_band_db: float | None = None
+    compared_above_hz: float | None = None
 
 
 @dataclass(frozen=True)

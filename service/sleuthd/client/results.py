@@ -70,6 +70,8 @@ class TurnVerdict:
     compared_clipped_fraction: float | None = None  # set when its speaker was judged on copies clipped to this
     snr_db: float | None = None  # the turn's estimated SNR, dB, at most 20 (fused encoder)
     compared_snr_db: float | None = None  # set when its speaker was judged on copies with noise added to this SNR
+    low_band_db: float | None = None  # the turn's power at 60-250 Hz over 300-3400 Hz, dB (fused encoder)
+    compared_above_hz: float | None = None  # set when its speaker's copies also lost the band below this (telephone)
 
     @property
     def inconsistent(self) -> bool:
@@ -124,6 +126,8 @@ class TurnVerdict:
             compared_clipped_fraction=_opt(t, "compared_clipped_fraction"),
             snr_db=_opt(t, "snr_db"),
             compared_snr_db=_opt(t, "compared_snr_db"),
+            low_band_db=_opt(t, "low_band_db"),
+            compared_above_hz=_opt(t, "compared_above_hz"),
         )
 
 

@@ -140,6 +140,12 @@ class EngineConfig:
         "clip) also differ by more than this in estimated SNR (dB) has its noisiest clip's noise added to those "
         "copies too (a channel that drifts from turn to turn); 0 = never",
     )
+    telephone_band_db: float = option(
+        -20.0,
+        help="under the fused encoder's auto, a clip whose power at 60-250 Hz is more than this many dB under its "
+        "power at 300-3400 Hz counts as a telephone clip; a band-matched speaker with one among clips that kept "
+        "their low band is compared on copies band-passed at 0.3-3.6 kHz; 0 = never",
+    )
     band_match_stream_mb: float = option(
         128.0,
         help="channel matching: a stream keeps its turns' audio until this many MiB, so that a speaker who becomes "
@@ -166,6 +172,8 @@ class EngineConfig:
         _at_least(self, "clip_match_spread", 0)
         _at_least(self, "noise_match_db", 0)
         _at_least(self, "noise_compose_db", 0)
+        if not self.telephone_band_db <= 0:  # also refuses NaN
+            raise ConfigError(f"telephone_band_db must be 0 (off) or negative (dB), got {self.telephone_band_db}")
         _at_least(self, "band_match_stream_mb", 0)
         _at_least(self, "band_match_kept_mb", 0)
         _at_least(self, "workers", 0)

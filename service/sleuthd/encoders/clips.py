@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sleuthd.audio import SAMPLE_RATE
-from sleuthd.audio.bandwidth import effective_bandwidth_hz, low_pass
+from sleuthd.audio.bandwidth import TELEPHONE_LOW_HZ, band_measures, low_pass
 from sleuthd.audio.clipping import clip_to_plateau, plateau_fraction
 from sleuthd.audio.decode import (
     FLOAT_PEAK_LIMIT,
@@ -46,9 +46,12 @@ class Channel(NamedTuple):
     plateau: float | None
     # Its estimated SNR in dB, at most sleuthd.audio.noise.CAP_DB; None when too short or silent to tell.
     snr_db: float | None
+    # Its low band level (sleuthd.audio.bandwidth.band_measures: 60-250 Hz over 300-3400 Hz, dB; a telephone clip
+    # about -28); None when too short or silent to tell, or not recorded (a voice registered before it was).
+    low_band_db: float | None = None
 
 
-UNMEASURED = Channel(None, None, None)  # a clip whose channel was not measured (a single encoder's decode)
+UNMEASURED = Channel(None, None, None, None)  # a clip whose channel was not measured (a single encoder's decode)
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,9 @@ def decode_and_trim(audio: AudioInput, loudness_target_dbfs: float, vad: Vad, ma
 
 
 def measure_channel(samples: np.ndarray) -> Channel:
-    """A decoded clip's bandwidth, plateau fraction and SNR."""
-    return Channel(effective_bandwidth_hz(samples), plateau_fraction(samples), snr_db(samples))
+    """A decoded clip's bandwidth, plateau fraction, SNR and low band level."""
+    bandwidth, low_band = band_measures(samples)
+    return Channel(bandwidth, plateau_fraction(samples), snr_db(samples), low_band)
 
 
 def clip_channel(audio: AudioInput, max_seconds: float) -> Channel:
@@ -166,12 +170,15 @@ class ChannelCopy:
     # noisiest clip), tiled (sleuthd.audio.noise). With the two above only for a speaker who differs that way too.
     snr_db: float | None = None
     noise: AudioInput | None = None
+    # With ``narrow``: the band below the telephone's low edge removed too (a speaker with a telephone clip).
+    telephone: bool = False
 
     def describe(self) -> str:
         """What the copy is, for labels and details ("narrowband copy", "copy clipped to 4.2 %", ...)."""
         clipped = "" if self.plateau is None else f" clipped to {100 * self.plateau:.2f} % at the peak"
         noisy = "" if self.snr_db is None else f" with noise added to {self.snr_db:.1f} dB SNR"
-        return f"{'narrowband ' if self.narrow else ''}copy{clipped}{noisy}"
+        band = "telephone-band " if self.narrow and self.telephone else "narrowband " if self.narrow else ""
+        return f"{band}copy{clipped}{noisy}"
 
 
 NARROWBAND = ChannelCopy(narrow=True)  # band matching's copy
@@ -199,8 +206,11 @@ def channel_copy(audio: AudioInput, max_seconds: float, copy: ChannelCopy, bed: 
     if copy.snr_db is not None and bed is not None:
         samples = add_noise(samples, copy.snr_db, bed)
     if copy.narrow:
+        samples = low_pass(samples)
+        if copy.telephone:  # what lies below the telephone's low edge, removed as the band above was
+            samples = samples - low_pass(samples, TELEPHONE_LOW_HZ)
         # The filter's ripple can overshoot a peak a little; decoding refuses float PCM beyond FLOAT_PEAK_LIMIT.
-        samples = np.clip(low_pass(samples), -FLOAT_PEAK_LIMIT, FLOAT_PEAK_LIMIT)
+        samples = np.clip(samples, -FLOAT_PEAK_LIMIT, FLOAT_PEAK_LIMIT)
     return AudioInput(data=samples.astype("<f4").tobytes(), pcm=PcmSpec(PcmEncoding.F32LE, SAMPLE_RATE, 1))
 
 

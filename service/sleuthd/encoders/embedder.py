@@ -171,7 +171,7 @@ class ClipEmbedder:
         keys = [""] * len(audios)
         if self.cache.max_entries > 0:
             noise = "" if how.noise is None else how.noise.digest
-            made_as = f"copy:{how.narrow}:{how.plateau!r}:{how.snr_db!r}:{noise}"
+            made_as = f"copy:{how.narrow}:{how.telephone}:{how.plateau!r}:{how.snr_db!r}:{noise}"
             keys = [f"{audio_key(encoder.manifest.sha256, a.digest)}:{made_as}" for a, _ in audios]
             found = [self.cache.get(k) for k in keys]
         todo = [i for i, clip in enumerate(found) if clip is None]

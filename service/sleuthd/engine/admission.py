@@ -355,8 +355,8 @@ class WorkQueue:
             )
         if queued + cost / rate > self.max_queued_s:
             return Overloaded(
-                f"the server is busy: {queued:.1f} s of work is queued, the most it queues is "
-                f"{self.max_queued_s:g} s; retry with backoff"
+                f"the server is busy: {queued:.1f} s of work is queued and {what} adds {cost / rate:.1f} s (at "
+                f"the recent pace), the most it queues is {self.max_queued_s:g} s; retry with backoff"
             )
         return None
 

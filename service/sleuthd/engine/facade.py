@@ -139,6 +139,7 @@ class Engine:
             config.clip_match_spread,
             config.noise_match_db,
             config.noise_compose_db,
+            config.telephone_band_db,
         )
 
     def _judging(self, opts: ResolvedOptions) -> Judging:

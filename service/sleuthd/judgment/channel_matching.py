@@ -47,7 +47,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
+from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ, TELEPHONE_LOW_HZ
 from sleuthd.audio.clipping import copy_target
 from sleuthd.audio.noise import copy_snr
 from sleuthd.domain import AudioInput
@@ -106,14 +106,18 @@ class ChannelMatch:
     # longer kept, so its copies cannot be made).
     snr: tuple[float, float] | None = None
     noise: AudioInput | None = None
+    # Band-matched with a telephone clip among clips that kept their low band: the lowest and highest low band level
+    # (dB; None: not so), and its copies lose the band below the telephone's low edge too.
+    low_band: tuple[float, float] | None = None
 
     @property
     def copy(self) -> ChannelCopy:
         """The copies this speaker is judged on: clipped to its most-clipped piece, with its noisiest piece's noise
-        added and low-passed, as far as each differs."""
+        added and low-passed (band-passed to the telephone band), as far as each differs."""
         target = None if self.plateau is None else copy_target(self.plateau[1])
         snr = None if self.snr is None else copy_snr(self.snr[0])
-        return ChannelCopy(self.band is not None, target, snr, self.noise if snr is not None else None)
+        noise = self.noise if snr is not None else None
+        return ChannelCopy(self.band is not None, target, snr, noise, self.band is not None and bool(self.low_band))
 
     @property
     def fallbacks(self) -> list[ChannelCopy]:
@@ -123,6 +127,7 @@ class ChannelMatch:
         if self.snr is not None and (self.band is not None or self.plateau is not None):
             out.append(replace(self.copy, snr_db=None, noise=None))
         if self.band is not None:
+            out.append(replace(NARROWBAND, telephone=self.copy.telephone))
             out.append(NARROWBAND)
         return list(dict.fromkeys(out))
 
@@ -131,6 +136,8 @@ class ChannelMatch:
         if copy.narrow and self.band is not None:
             low, high = self.band
             out.append(f"span {math.log2(high / low):.2f} octave of bandwidth ({low / 1000:.1f}-{high / 1000:.1f} kHz)")
+        if copy.telephone and self.low_band is not None:
+            out.append(f"include a telephone clip (its band below 250 Hz {-self.low_band[0]:.0f} dB down)")
         if copy.plateau is not None and self.plateau is not None:
             low, high = self.plateau
             out.append(f"differ in clipping ({100 * low:.2f}-{100 * high:.2f} % of samples at the peak)")
@@ -143,7 +150,8 @@ class ChannelMatch:
         judged on, which are ``copy`` unless those could not be made)."""
         how = []
         if used.narrow:
-            how.append(f"below {NARROW_CUTOFF_HZ / 1000:.1f} kHz")
+            low = f"{TELEPHONE_LOW_HZ / 1000:.1f}-" if used.telephone else "below "
+            how.append(f"{'at ' if used.telephone else ''}{low}{NARROW_CUTOFF_HZ / 1000:.1f} kHz")
         if used.plateau is not None:
             how.append(f"on copies clipped to {100 * used.plateau:.2f} % at the peak")
         if used.snr_db is not None:
@@ -161,8 +169,14 @@ class ChannelMatch:
         left = ChannelCopy(
             plateau=wanted.plateau if used.plateau is None else None,
             snr_db=wanted.snr_db if used.snr_db is None else None,
+            telephone=wanted.telephone and not used.telephone,
         )
-        how = " or ".join(w for w, on in (("clipped", left.plateau), ("noise-matched", left.snr_db)) if on is not None)
+        kinds = (
+            ("clipped", left.plateau),
+            ("noise-matched", left.snr_db),
+            ("cut to the telephone band", left.telephone),
+        )
+        how = " or ".join(w for w, on in kinds if on not in (None, False))
         return f"{self.note(speaker, used)}; not {how} although they {' and '.join(self._differs(left))}: {why}"
 
 
@@ -171,6 +185,7 @@ class _Speaker:
     widths: list[float] = field(default_factory=list)  # the usable turns' measured bandwidths, Hz
     plateaus: list[float] = field(default_factory=list)  # the usable turns' plateau fractions
     snrs: list[tuple[int, float, str]] = field(default_factory=list)  # the usable turns' (position, SNR dB, id)
+    lows: list[float] = field(default_factory=list)  # the usable turns' low band levels, dB
     usable: int = 0  # usable turns heard
 
 
@@ -194,6 +209,7 @@ class ChannelMatcher:
         spread: float,
         noise_db: float,
         compose_db: float,
+        telephone_db: float,
         components: Sequence[tuple[str, int, int]],
         reference_clips: Mapping[str, ReferenceClip],
         registered: Mapping[str, RegisteredReference] | None = None,
@@ -203,6 +219,8 @@ class ChannelMatcher:
         """``copies``: the listener of copies; ``octaves``, ``spread`` and ``noise_db``: the bandwidth (octaves),
         plateau fraction and SNR (dB) spreads above which a speaker is matched (0: that kind never); ``compose_db``:
         the SNR spread above which a speaker matched by band or clipping is noise-matched too (0: never);
+        ``telephone_db``: the low band level (dB, negative) below which a clip counts as a telephone one: a band-matched
+        speaker with one among clips above it is compared at the telephone band (0: never);
         ``components``: the fused encoder's parts (each pool keeps one per part); ``reference_clips``: speaker -> the
         reference sent as audio; ``registered``: speaker -> the registered voice that is its reference; ``keeper`` and
         ``max_kept_bytes``: a stream's, where it holds the audio it keeps and how much it may (None:
@@ -212,6 +230,7 @@ class ChannelMatcher:
         self._spread = spread
         self._noise_db = noise_db
         self._compose_db = compose_db
+        self._telephone_db = telephone_db
         self._components = components
         self._references = dict(reference_clips)
         self._registered = dict(registered or {})
@@ -243,7 +262,9 @@ class ChannelMatcher:
         """A usable turn was added to the dialogue: note its channel and keep its audio."""
         entry = self._speakers.setdefault(speaker, _Speaker())
         entry.usable += 1
-        width, plateau, snr = clip.channel
+        width, plateau, snr, low = clip.channel
+        if low is not None:
+            entry.lows.append(low)
         if width:
             entry.widths.append(width)
         if plateau is not None:
@@ -298,8 +319,16 @@ class ChannelMatcher:
             if plateau is None or not (self._spread > 0 and plateau[1] - plateau[0] > self._spread):
                 plateau = None
             noisy = self._noise(s, entry, self._noise_db if band is None and plateau is None else self._compose_db)
+            lows = entry.lows + [c.low_band_db for c in references if c.low_band_db is not None]
+            low_band = (min(lows), max(lows)) if lows else None
+            telephone = (
+                self._telephone_db < 0 and low_band is not None and low_band[0] < self._telephone_db <= low_band[1]
+            )
+            if band is None or not telephone:
+                low_band = None
             if band is not None or plateau is not None or noisy is not None:
-                out[s] = ChannelMatch(band, plateau, *(noisy or (None, None)))
+                snr, noise = noisy or (None, None)
+                out[s] = ChannelMatch(band, plateau, snr=snr, noise=noise, low_band=low_band)
         self._cache = (len(self._turns), out)  # turns are only ever added
         return out
 

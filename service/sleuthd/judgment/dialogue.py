@@ -205,6 +205,7 @@ class EncoderDialogue:
                 opts.judgment.clip_match_spread,
                 opts.judgment.noise_match_db,
                 opts.judgment.noise_compose_db,
+                opts.judgment.telephone_band_db,
                 opts.judgment.components,
                 reference_clips or {},
                 registered or {},

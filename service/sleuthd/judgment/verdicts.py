@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ
+from sleuthd.audio.bandwidth import NARROW_CUTOFF_HZ, TELEPHONE_LOW_HZ
 from sleuthd.domain import EncoderScores, FlagReason, SpeakerResult, TurnResult, TurnStatus, UncertainReason
 from sleuthd.encoders.clips import UNMEASURED, Channel, ChannelCopy
 from sleuthd.judgment import scoring
@@ -46,6 +46,7 @@ class Judgment:
     clip_match_spread: float = 0.0
     noise_match_db: float = 0.0  # the same for SNR (dB)
     noise_compose_db: float = 0.0  # the same for SNR, for a speaker matched by band or clipping (0: never)
+    telephone_band_db: float = 0.0  # a clip's low band level (dB) below which it counts as a telephone one (0: never)
 
     @property
     def channel_matching(self) -> bool:
@@ -253,6 +254,8 @@ def turn_result(
         compared_clipped_fraction=None if compared_on is None else compared_on.plateau,
         snr_db=channel.snr_db,
         compared_snr_db=None if compared_on is None else compared_on.snr_db,
+        low_band_db=channel.low_band_db,
+        compared_above_hz=TELEPHONE_LOW_HZ if compared_on is not None and compared_on.telephone else None,
         closest_speaker=closest,
         closest_speaker_margin=margin,
         encoder_scores=tuple(

@@ -157,7 +157,8 @@ class VoiceRegistry:
         # Lengths as the default encoder's path measured them (its loudness target feeds the VAD).
         _, measured = per_encoder[names.index(self.default_encoder)]
         clips = [
-            ClipInput(a.data, a.pcm, c.audio_seconds, c.speech_seconds, *channel)
+            # The registry records bandwidth, plateau and SNR (not the low band level: see channels()).
+            ClipInput(a.data, a.pcm, c.audio_seconds, c.speech_seconds, *channel[:3])
             for a, c, channel in zip(request.clips, measured, channels, strict=True)
         ]
         return await self.store.register(
@@ -276,9 +277,14 @@ class VoiceRegistry:
             voice = await self.store.get(voice_id, with_audio=True)
             audios = _kept_audio(voice)
             if audios is not None:
-                measured = tuple(await self.embedder.channels([(a, f"clip #{k}") for k, a in enumerate(audios)]))
+                heard = await self.embedder.channels([(a, f"clip #{k}") for k, a in enumerate(audios)])
+                # The registry records bandwidth, plateau and SNR; the low band level is not recorded (yet), so a
+                # voice's clips never count in telephone-band matching, read now or later.
+                measured = tuple(c._replace(low_band_db=None) for c in heard)
                 try:
-                    await self.store.put_channels(voice_id, measured, revision=voice.revision)
+                    await self.store.put_channels(
+                        voice_id, [(c.bandwidth_hz, c.plateau, c.snr_db) for c in measured], revision=voice.revision
+                    )
                 except OutOfSequence:
                     return await self.channels(voice_id)  # replaced meanwhile: its new clips were measured
                 logger.info("voice %s: its clips' channels measured from its stored clips", voice_id)

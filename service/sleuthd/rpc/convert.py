@@ -172,6 +172,8 @@ def turn_to_pb(t: domain.TurnResult) -> pb.TurnVerdict:
         "compared_clipped_fraction",
         "snr_db",
         "compared_snr_db",
+        "low_band_db",
+        "compared_above_hz",
     ):
         value = getattr(t, name)
         if value is not None:

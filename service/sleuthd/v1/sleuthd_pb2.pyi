@@ -149,7 +149,7 @@ class CheckDialogueRequest(_message.Message):
     def __init__(self, dialogue_id: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., references: _Optional[_Iterable[_Union[SpeakerReference, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
 
 class TurnVerdict(_message.Message):
-    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail", "inconsistency_probability", "reason", "closest_speaker", "closest_speaker_margin", "drift_segments", "drift_score", "judge_probability", "judge_answer_mass", "judge_model", "judge_calibrated", "encoder_scores", "uncertain_reason", "bandwidth_hz", "compared_below_hz", "clipped_fraction", "compared_clipped_fraction", "snr_db", "compared_snr_db")
+    __slots__ = ("turn_id", "speaker", "status", "score", "score_scale", "threshold", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine", "audio_seconds", "speech_seconds", "detail", "inconsistency_probability", "reason", "closest_speaker", "closest_speaker_margin", "drift_segments", "drift_score", "judge_probability", "judge_answer_mass", "judge_model", "judge_calibrated", "encoder_scores", "uncertain_reason", "bandwidth_hz", "compared_below_hz", "clipped_fraction", "compared_clipped_fraction", "snr_db", "compared_snr_db", "low_band_db", "compared_above_hz")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,8 @@ class TurnVerdict(_message.Message):
     COMPARED_CLIPPED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     SNR_DB_FIELD_NUMBER: _ClassVar[int]
     COMPARED_SNR_DB_FIELD_NUMBER: _ClassVar[int]
+    LOW_BAND_DB_FIELD_NUMBER: _ClassVar[int]
+    COMPARED_ABOVE_HZ_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     speaker: str
     status: TurnStatus
@@ -210,7 +212,9 @@ class TurnVerdict(_message.Message):
     compared_clipped_fraction: float
     snr_db: float
     compared_snr_db: float
-    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ..., inconsistency_probability: _Optional[float] = ..., reason: _Optional[_Union[FlagReason, str]] = ..., closest_speaker: _Optional[str] = ..., closest_speaker_margin: _Optional[float] = ..., drift_segments: _Optional[_Iterable[_Union[DriftSegment, _Mapping]]] = ..., drift_score: _Optional[float] = ..., judge_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_model: _Optional[str] = ..., judge_calibrated: _Optional[bool] = ..., encoder_scores: _Optional[_Iterable[_Union[EncoderScores, _Mapping]]] = ..., uncertain_reason: _Optional[_Union[UncertainReason, str]] = ..., bandwidth_hz: _Optional[float] = ..., compared_below_hz: _Optional[float] = ..., clipped_fraction: _Optional[float] = ..., compared_clipped_fraction: _Optional[float] = ..., snr_db: _Optional[float] = ..., compared_snr_db: _Optional[float] = ...) -> None: ...
+    low_band_db: float
+    compared_above_hz: float
+    def __init__(self, turn_id: _Optional[str] = ..., speaker: _Optional[str] = ..., status: _Optional[_Union[TurnStatus, str]] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., threshold: _Optional[float] = ..., pairwise_mean_cosine: _Optional[float] = ..., centroid_cosine_distance: _Optional[float] = ..., reference_cosine: _Optional[float] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., detail: _Optional[str] = ..., inconsistency_probability: _Optional[float] = ..., reason: _Optional[_Union[FlagReason, str]] = ..., closest_speaker: _Optional[str] = ..., closest_speaker_margin: _Optional[float] = ..., drift_segments: _Optional[_Iterable[_Union[DriftSegment, _Mapping]]] = ..., drift_score: _Optional[float] = ..., judge_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_model: _Optional[str] = ..., judge_calibrated: _Optional[bool] = ..., encoder_scores: _Optional[_Iterable[_Union[EncoderScores, _Mapping]]] = ..., uncertain_reason: _Optional[_Union[UncertainReason, str]] = ..., bandwidth_hz: _Optional[float] = ..., compared_below_hz: _Optional[float] = ..., clipped_fraction: _Optional[float] = ..., compared_clipped_fraction: _Optional[float] = ..., snr_db: _Optional[float] = ..., compared_snr_db: _Optional[float] = ..., low_band_db: _Optional[float] = ..., compared_above_hz: _Optional[float] = ...) -> None: ...
 
 class EncoderScores(_message.Message):
     __slots__ = ("encoder", "pairwise_mean_cosine", "centroid_cosine_distance", "reference_cosine")
