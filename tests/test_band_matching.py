@@ -489,3 +489,60 @@ async def test_a_stream_with_a_telephone_turn_is_judged_as_check_dialogue_judges
     ]
     assert all(t.compared_above_hz == 300.0 for t in final.turns)
     assert engine.kept_audio.held == 0
+
+
+async def test_the_offline_judges_match_a_telephone_turn_as_the_server_does(
+    stub: pb_grpc.SleuthStub, speech: Speech, models_dir: Path, tmp_path: Path
+) -> None:
+    """`robustness embed --clipped` measures each clip's low band level and embeds the telephone-band copies of an
+    instance with a telephone clip among clips that kept their low band; `report`/`verify` judge on them. Under S1,
+    S2 and S3 they flag exactly what the server flags."""
+    from sleuthd.api import SpeakerEncoder
+    from sleuthd.judgment.calibration import Calibration
+    from sleuthd.judgment.evidence import EvidenceCalibration
+    from sleuthd_bench.instances import scenario_turns
+    from sleuthd_bench.manifest import read_manifest
+    from sleuthd_bench.robustness import embed, judges
+    from sleuthd_bench.robustness.cli import _clipped_copies
+    from sleuthd_bench.robustness.instances import Instance, load_instances
+
+    clips = {f"a{k}.wav": data for k, data in enumerate(phoned(speech, VOICE_A))}
+    clips["a5.wav"] = speech.wav_bytes(VOICE_A, 5)
+    clips["f0.wav"], clips["c0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_B, 0)
+    for name, data in clips.items():
+        (tmp_path / name).write_bytes(data)
+    line = {
+        "dialogue_id": "d0", "source": "test", "target_speaker": "B", "reference": "a5.wav",
+        "target_turns": [f"a{k}.wav" for k in range(5)], "altered_turn": 3, "s2_audio": "f0.wav", "s3_audio": "c0.wav",
+    }  # fmt: skip
+    manifest = tmp_path / "eval-x.jsonl"
+    manifest.write_text(json.dumps(line) + "\n")
+    paths = embed.manifest_paths([manifest])
+
+    def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
+        embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
+        hz, plateaus, snrs, lows = embed.measure_channels(tmp_path, paths)
+        narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
+        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, -20.0, None)
+        copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
+        fused = SpeakerEncoder.load(models_dir, encoder="fused")
+        fused.close()
+        got = load_instances(tmp_path, "eval", ["x"], embs, hz, narrow, plateaus, copies, snrs, lows)
+        return got, fused.manifest.raw
+
+    instances, raw = await asyncio.to_thread(offline_inputs)
+    blend = EvidenceCalibration.from_manifest(raw)
+    assert blend is not None
+    calibration = Calibration.from_manifest(raw, "fused")
+    (manifest_line,) = read_manifest(manifest)
+    for inst in instances:
+        assert inst.telephone_mixed(-20.0) and inst.telephone_matched(False, False) is not None
+        offline, _, _ = judges.evidence_flags(inst, blend, calibration, 0.3, 0.005, 3.0, 6.0, -20.0)
+        request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(manifest_line, inst.scenario)])
+        request.references.add(speaker="B", audio=enc(clips["a5.wav"]))
+        served = await stub.CheckDialogue(request, timeout=120)
+        assert all(t.compared_above_hz == 300.0 for t in served.turns), [t.detail for t in served.turns]
+        flagged = {k for k, t in enumerate(served.turns) if t.status == pb.INCONSISTENT}
+        assert offline == flagged, (inst.scenario, offline, [(t.score, t.detail) for t in served.turns])
+        if inst.scenario != "S1":
+            assert offline == inst.gold

@@ -200,9 +200,9 @@ async def test_the_offline_judges_clip_match_as_the_server_does(
 
     def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
         embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        hz, plateaus, _ = embed.measure_channels(tmp_path, paths)
+        hz, plateaus, _, _ = embed.measure_channels(tmp_path, paths)
         narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
-        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, None)
+        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, -20.0, None)
         copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
         fused = SpeakerEncoder.load(models_dir, encoder="fused")
         fused.close()
@@ -243,7 +243,7 @@ def test_a_bandwidth_cache_from_before_plateaus_has_them_measured(speech: Speech
     np.savez(old, paths=np.array(paths), hz=np.full(3, 8000.0))  # the old format: no plateau
     embed.measure_channels(tmp_path, paths[:1])  # one split's clips
     assert set(embed.load_channels(tmp_path).plateaus) == {"b0.wav"}  # the others still count as unmeasured
-    hz, plateaus, _ = embed.measure_channels(tmp_path, paths)
+    hz, plateaus, _, _ = embed.measure_channels(tmp_path, paths)
     assert set(plateaus) == set(paths) and plateaus["b0.wav"] < 1e-3 < plateaus["b2.wav"], plateaus
     assert set(hz) == set(paths) and all(4000 < v <= 8000 for v in hz.values()), hz  # measured again beside
 

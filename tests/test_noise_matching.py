@@ -155,8 +155,8 @@ async def test_the_offline_judges_noise_match_as_the_server_does(
 
     def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
         embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        hz, plateaus, snrs = embed.measure_channels(tmp_path, paths)
-        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, None)
+        hz, plateaus, snrs, _ = embed.measure_channels(tmp_path, paths)
+        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, -20.0, None)
         copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
         fused = SpeakerEncoder.load(models_dir, encoder="fused")
         fused.close()
@@ -339,8 +339,8 @@ async def test_the_offline_judges_compose_noise_with_band_matching_as_the_server
 
     def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
         embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        hz, plateaus, snrs = embed.measure_channels(tmp_path, paths)
-        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, None)
+        hz, plateaus, snrs, _ = embed.measure_channels(tmp_path, paths)
+        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, -20.0, None)
         copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
         narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
         fused = SpeakerEncoder.load(models_dir, encoder="fused")

@@ -85,7 +85,13 @@ def cmd_embed(args: argparse.Namespace) -> int:
         paths = _mixed_clips(args.out, manifests, paths, args.band_match_octaves, progress)
         print(f"{len(paths)} clips belong to instances spanning more than {args.band_match_octaves:g} octave")
     if args.clipped:
-        spreads = (args.band_match_octaves, args.clip_match_spread, args.noise_match_db, args.noise_compose_db)
+        spreads = (
+            args.band_match_octaves,
+            args.clip_match_spread,
+            args.noise_match_db,
+            args.noise_compose_db,
+            args.telephone_band_db,
+        )
         paths = _clipped_copies(args.out, manifests, paths, *spreads, progress)
         print(f"{len(paths)} clipped or noisy copies belong to instances whose clips differ in clipping or noise")
     done = embed.embed_all(
@@ -130,6 +136,7 @@ def _clipped_copies(
     spread: float,
     noise_db: float,
     compose_db: float,
+    telephone_db: float,
     progress: Any,
 ) -> list[str]:
     """The copy keys (embed.copy_key) of the clips of every instance (both splits) whose clips differ in plateau
@@ -137,27 +144,33 @@ def _clipped_copies(
     band (low-passed too where it spans more than ``octaves``): what clip matching judges it on; and the noisy copy
     keys (embed.noise_key) of the instances matched neither way whose clips differ in SNR by more than
     ``noise_db``: what noise matching judges them on; and, of the instances matched by band or clipping whose clips
-    also differ in SNR by more than ``compose_db``, the composed copy keys (embed.composed_key)."""
+    also differ in SNR by more than ``compose_db``, the composed copy keys (embed.composed_key); and, of the band-mixed
+    instances with a telephone clip (low band level below ``telephone_db``) among clips that kept their low band, the
+    keys of the telephone-band copies the server judges them on or falls back to (embed.telephone_key)."""
     from sleuthd_bench.instances import scenario_turns
     from sleuthd_bench.manifest import read_manifest
     from sleuthd_bench.robustness import embed
     from sleuthd_bench.robustness.instances import load_instances
 
-    hz, plateaus, snrs = embed.measure_channels(root, paths, progress)
+    hz, plateaus, snrs, lows = embed.measure_channels(root, paths, progress)
     embs = {e: embed.load(root, e) for e in embed.ENCODERS}
     keys: dict[str, None] = {}
     for m in manifests:
         split, _, condition = m.stem.partition("-")
         lines = {x.dialogue_id: x for x in read_manifest(m)}
-        for inst in load_instances(root, split, [condition], embs, hz, None, plateaus, None, snrs):
+        for inst in load_instances(root, split, [condition], embs, hz, None, plateaus, None, snrs, lows):
             line = lines[inst.dialogue_id]
             turns = scenario_turns(line, inst.scenario)
             band = inst.band_mixed(octaves)
             target = inst.clip_target()
             clip = target is not None and inst.clip_mixed(spread)
-            if (band or clip) and inst.noise_mixed(compose_db):
+            noise_too = (band or clip) and inst.noise_mixed(compose_db)
+            if noise_too:
                 composed = inst.composed_copy_keys(turns, line.reference, band, clip)
                 keys.update(dict.fromkeys(composed.values() if composed else ()))
+            if band and inst.telephone_mixed(telephone_db):
+                for kind in dict.fromkeys([(clip, noise_too), (clip, False), (False, False)]):
+                    keys.update(dict.fromkeys(inst.telephone_copy_keys(turns, line.reference, *kind).values()))
             if clip and target is not None:
                 for p in (*turns, line.reference):
                     keys.setdefault(embed.copy_key(p, band, target), None)
@@ -180,9 +193,9 @@ def _load_all(root: Path, split: str, conditions: list[str]) -> tuple[Any, Any]:
             return {e: embed.load(at, e) for e in embed.ENCODERS}
         return None
 
-    hz, plateaus, snrs = embed.load_channels(root)
+    hz, plateaus, snrs, lows = embed.load_channels(root)
     narrow, clipped = copies(embed.narrow_root(root)), copies(embed.clipped_root(root))
-    return embs, load_instances(root, split, conditions, embs, hz, narrow, plateaus, clipped, snrs)
+    return embs, load_instances(root, split, conditions, embs, hz, narrow, plateaus, clipped, snrs, lows)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -224,6 +237,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         args.clip_match_spread,
         args.noise_match_db,
         args.noise_compose_db,
+        args.telephone_band_db,
     )
     focus = next(iter(evidence), None)
     out = {"conditions": {c: report.condition_report(c, instances, runs, uncertain, focus) for c in names}}
@@ -403,6 +417,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         args.clip_match_spread,
         args.noise_match_db,
         args.noise_compose_db,
+        args.telephone_band_db,
     )
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]
@@ -429,6 +444,7 @@ def add_matching_options(parser: argparse.ArgumentParser) -> None:
         ("--clip-match-spread", "clip"),
         ("--noise-match-db", "noise"),
         ("--noise-compose-db", "composed noise"),
+        ("--telephone-band-db", "telephone-band"),
     ):
         value = getattr(defaults, flag.removeprefix("--").replace("-", "_"))
         parser.add_argument(

@@ -87,6 +87,14 @@ def composed_key(path: str, narrow: bool, plateau: float | None, snr_db: float, 
     return f"{path}#{'narrow' if narrow else 'full'}-clip{clip}-noise{snr_db:.1f}@{noisiest}"
 
 
+def telephone_key(path: str, plateau: float | None, snr_db: float | None, noisiest: str) -> str:
+    """The cache key of a clip's copy band-passed at the telephone band (narrowband, and below 300 Hz removed), clipped
+    to ``plateau`` and with ``noisiest``'s noise added to ``snr_db`` where those are not None."""
+    clip = "none" if plateau is None else f"{plateau:.4f}"
+    noise = "none" if snr_db is None else f"{snr_db:.1f}"
+    return f"{path}#tel-clip{clip}-noise{noise}@{noisiest}"
+
+
 def parse_copy_key(key: str) -> tuple[str, Any]:
     """(the clip's path, the sleuthd.api.ChannelCopy its key names; a noisy copy's carries its noise's audio, as
     (snr_db, noisiest) for a noise-only copy, or (ChannelCopy without the noise, snr_db, noisiest) for a composed
@@ -94,6 +102,11 @@ def parse_copy_key(key: str) -> tuple[str, Any]:
     from sleuthd.api import ChannelCopy
 
     path, _, fragment = key.partition("#")
+    if fragment.startswith("tel-clip"):
+        kind, _, noisiest = fragment.partition("@")
+        clip, _, snr = kind.removeprefix("tel-clip").partition("-noise")
+        base = ChannelCopy(narrow=True, plateau=None if clip == "none" else float(clip), telephone=True)
+        return path, base if snr == "none" else (base, float(snr), noisiest)
     if fragment.startswith(("narrow-clip", "full-clip")) and "-noise" in fragment.partition("@")[0]:
         kind, _, noisiest = fragment.partition("@")
         band, _, rest = kind.partition("-clip")
@@ -114,11 +127,13 @@ def bandwidth_path(root: Path) -> Path:
 
 
 class Channels(NamedTuple):
-    """Clip path -> effective bandwidth (Hz), plateau fraction, SNR (dB); NaN: too short or silent to tell."""
+    """Clip path -> effective bandwidth (Hz), plateau fraction, SNR (dB), low band level (dB); NaN: too short or
+    silent to tell."""
 
     bandwidths: dict[str, float]
     plateaus: dict[str, float]
     snrs: dict[str, float]
+    low_bands: dict[str, float]
 
 
 def load_channels(root: Path) -> Channels:
@@ -126,7 +141,7 @@ def load_channels(root: Path) -> Channels:
     empty when never measured."""
     path = bandwidth_path(root)
     if not path.is_file():
-        return Channels({}, {}, {})
+        return Channels({}, {}, {}, {})
     with np.load(path, allow_pickle=False) as z:
         paths = list(z["paths"])
         hz = dict(zip(paths, z["hz"].tolist(), strict=True))
@@ -137,7 +152,7 @@ def load_channels(root: Path) -> Channels:
             got = dict(zip(paths, z[field].tolist(), strict=True)) if field in z.files else {}
             return {p: v for p, v in got.items() if v == v or hz[p] != hz[p]}
 
-        return Channels(hz, measured("plateau"), measured("snr"))
+        return Channels(hz, measured("plateau"), measured("snr"), measured("low_band"))
 
 
 def load_bandwidths(root: Path) -> dict[str, float]:
@@ -152,13 +167,14 @@ def measure_channels(
     from sleuthd.api import clip_channel
     from sleuthd.domain import AudioInput
 
-    hz, plateau, snr = load_channels(root)
-    todo = [p for p in paths if p not in hz or p not in plateau or p not in snr]
+    hz, plateau, snr, low = load_channels(root)
+    todo = [p for p in paths if p not in hz or p not in plateau or p not in snr or p not in low]
     for n, p in enumerate(todo, 1):
         channel = clip_channel(AudioInput((root / p).read_bytes()), MAX_SECONDS)
         hz[p] = np.nan if channel.bandwidth_hz is None else channel.bandwidth_hz
         plateau[p] = np.nan if channel.plateau is None else channel.plateau
         snr[p] = np.nan if channel.snr_db is None else channel.snr_db
+        low[p] = np.nan if channel.low_band_db is None else channel.low_band_db
         if progress and (n % 200 == 0 or n == len(todo)):
             progress("channel", n, len(todo))
     if todo:
@@ -172,9 +188,10 @@ def measure_channels(
             hz=np.array([hz[p] for p in keys], np.float64),
             plateau=np.array([plateau.get(p, np.nan) for p in keys], np.float64),
             snr=np.array([snr.get(p, np.nan) for p in keys], np.float64),
+            low_band=np.array([low.get(p, np.nan) for p in keys], np.float64),
         )
         tmp.replace(path)
-    return Channels(hz, plateau, snr)
+    return Channels(hz, plateau, snr, low)
 
 
 def load(root: Path, encoder: str) -> Embeddings:

@@ -18,7 +18,15 @@ import numpy as np
 from sleuthd_bench.instances import gold_turns, scenario_turns
 from sleuthd_bench.manifest import read_manifest
 from sleuthd_bench.metrics import SCENARIOS, Scenario
-from sleuthd_bench.robustness.embed import ENCODERS, Embeddings, composed_key, copy_key, fused, noise_key
+from sleuthd_bench.robustness.embed import (
+    ENCODERS,
+    Embeddings,
+    composed_key,
+    copy_key,
+    fused,
+    noise_key,
+    telephone_key,
+)
 
 FUSED = "fused"
 _MEASURE = "run `sleuthd-bench robustness embed --clipped --split <this split>` first"
@@ -61,6 +69,11 @@ class Instance:
     # Noise matching on top of band or clip matching: the views of the copies low-passed (first key) and/or clipped
     # (second key) with the noisiest piece's noise added too, where embedded.
     composed_views: dict[tuple[bool, bool], dict[str, Turns]] = field(default_factory=dict)
+    # Telephone-band matching: the lowest and highest low band level (dB) of the usable turns and the reference (None:
+    # not measured), and the views of the copies band-passed at the telephone band, clipped (first key) and with the
+    # noise added (second key) too, where embedded.
+    low_band: tuple[float, float] | None = None
+    telephone_views: dict[tuple[bool, bool], dict[str, Turns]] = field(default_factory=dict)
     # Which measures some clip of the instance lacks (a cache measured for the other split only): judging with
     # that kind of matching on then raises instead of silently judging as unmatched.
     unmeasured: frozenset[str] = frozenset()
@@ -122,6 +135,30 @@ class Instance:
         plateau = self.clip_target() if clipped else None
         snr = copy_snr(self.noise[0])
         return {p: composed_key(p, narrow, plateau, snr, self.noise[2]) for p in (*turns, reference)}
+
+    def telephone_mixed(self, db: float) -> bool:
+        """A telephone clip (low band level below ``db``, the server's --telephone-band-db) among clips above it."""
+        return self.low_band is not None and db < 0 and self.low_band[0] < db <= self.low_band[1]
+
+    def telephone_matched(self, clipped: bool, noisy: bool) -> dict[str, Turns] | None:
+        """The views of the copies band-passed at the telephone band (clipped, with the noise added, as asked), or
+        None when a copy lost a usable turn or the reference. Raises when they were never embedded."""
+        views = self.telephone_views.get((clipped, noisy))
+        if views is None:
+            raise LookupError(
+                f"{self.dialogue_id}/{self.scenario}: it has a telephone clip among clips that kept their low band, "
+                "and its telephone-band copies are not embedded: run `sleuthd-bench robustness embed --clipped`"
+            )
+        ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
+        return views if ok else None
+
+    def telephone_copy_keys(self, turns: Sequence[str], reference: str, clipped: bool, noisy: bool) -> dict[str, str]:
+        """Each clip's telephone-band copy key (embed.telephone_key)."""
+        from sleuthd.api import copy_snr
+
+        plateau = self.clip_target() if clipped else None
+        snr, noisiest = (copy_snr(self.noise[0]), self.noise[2]) if noisy and self.noise is not None else (None, "")
+        return {p: telephone_key(p, plateau, snr, noisiest) for p in (*turns, reference)}
 
     def noise_copy_keys(self, turns: Sequence[str], reference: str) -> dict[str, str] | None:
         """Each clip's noisy copy key (embed.noise_key), or None when the SNRs were not measured."""
@@ -189,6 +226,7 @@ def load_instances(
     plateaus: Mapping[str, float] | None = None,
     clipped: Mapping[str, Embeddings] | None = None,
     snrs: Mapping[str, float] | None = None,
+    low_bands: Mapping[str, float] | None = None,
 ) -> list[Instance]:
     """Every instance of the split's manifests ``root/<split>-<condition>.jsonl``. ``bandwidths`` (clip ->
     Hz) and ``narrow`` (the narrowband copies' embeddings) give each instance what band matching reads;
@@ -248,6 +286,19 @@ def load_instances(
                             keys = inst.composed_copy_keys(turns, ref_rel, *kind)
                             if clipped and keys and all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
                                 inst.composed_views[kind] = _views([keys[p] for p in turns], keys[ref_rel], clipped)
+                if low_bands:
+                    usable = [turns[k] for k in inst.views[FUSED].index]
+                    if any(p not in low_bands for p in (*usable, ref_rel)):
+                        inst.unmeasured |= {"low_band"}
+                    levels = [v for p in (*usable, ref_rel) if np.isfinite(v := low_bands.get(p, np.nan))]
+                    inst.low_band = (min(levels), max(levels)) if levels else None
+                    if clipped and inst.low_band is not None:
+                        for kind in ((False, False), (True, False), (False, True), (True, True)):
+                            if (kind[0] and inst.clip_target() is None) or (kind[1] and inst.noise is None):
+                                continue
+                            keys = inst.telephone_copy_keys(turns, ref_rel, *kind)
+                            if all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
+                                inst.telephone_views[kind] = _views([keys[p] for p in turns], keys[ref_rel], clipped)
                 target = inst.clip_target()
                 if clipped and target is not None:
                     for band in (False, True):

@@ -83,13 +83,24 @@ def channel_matched(
     clip_match_spread: float,
     noise_match_db: float,
     noise_compose_db: float = 0.0,
+    telephone_band_db: float = 0.0,
 ) -> Instance:
     """The instance with the views the server's channel matching judges it on (the same instance when it is judged
     as sent): where it is band- or clip-mixed and its SNRs differ by more than ``noise_compose_db``, its copies with
     the noise added too; else its clipped copies (low-passed too where it is also band-mixed), else its narrowband
-    copies, else, matched neither way, its noisy copies."""
+    copies, else, matched neither way, its noisy copies. A band-mixed one with a telephone clip among clips that kept
+    their low band (``telephone_band_db``) is judged on those copies band-passed at the telephone band, and falls back
+    as the server does: without the noise, then narrowband at the telephone band, then narrowband."""
     band_mixed = inst.band_mixed(band_match_octaves)
-    composed = inst.composed_matched(noise_compose_db, band_mixed, inst.clip_mixed(clip_match_spread))
+    clip_mixed = inst.clip_mixed(clip_match_spread)
+    if band_mixed and inst.telephone_mixed(telephone_band_db):
+        noise_too = inst.noise_mixed(noise_compose_db)
+        for kind in dict.fromkeys([(clip_mixed, noise_too), (clip_mixed, False), (False, False)]):
+            views = inst.telephone_matched(*kind)
+            if views is not None:
+                return replace(inst, views=views)
+        return replace(inst, views=inst.narrow_views) if inst.band_matched(band_match_octaves) else inst
+    composed = inst.composed_matched(noise_compose_db, band_mixed, clip_mixed)
     if composed is not None:
         return replace(inst, views=composed)
     clipped = inst.clip_matched(clip_match_spread, band_mixed)
@@ -112,6 +123,7 @@ def evidence_flags(
     clip_match_spread: float = 0.0,
     noise_match_db: float = 0.0,
     noise_compose_db: float = 0.0,
+    telephone_band_db: float = 0.0,
 ) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
     """(flagged positions, uncertain positions, per-turn probabilities over the usable turns). With ``auto``
     (today's fused calibration) and a calibration that has a blend, the blend judges, as the server's fused
@@ -123,7 +135,9 @@ def evidence_flags(
     noisiest clip's noise added; with ``noise_compose_db`` (--noise-compose-db), one matched by band or clipping whose
     clips differ in SNR by more than that on those copies with the noise added too."""
     if auto is not None and calibration.blend is not None:
-        inst = channel_matched(inst, band_match_octaves, clip_match_spread, noise_match_db, noise_compose_db)
+        inst = channel_matched(
+            inst, band_match_octaves, clip_match_spread, noise_match_db, noise_compose_db, telephone_band_db
+        )
     grams, has_ref, seconds, index = evidence_inputs(inst)
     logits = None
     if auto is not None and calibration.blend is not None and len(seconds) and (len(seconds) > 1 or has_ref):
@@ -200,6 +214,7 @@ def judge_all(
     clip_match_spread: float = 0.0,
     noise_match_db: float = 0.0,
     noise_compose_db: float = 0.0,
+    telephone_band_db: float = 0.0,
 ) -> tuple[dict[str, list[DetectionRecord]], dict[str, list[int]]]:
     """Records per run name (``<encoder>:<method>@<set>``, ``<encoder>:auto``, ``evidence[:<label>]``) and,
     per evidence run, for each instance 1 when its verdict is uncertain (nothing flagged, a turn uncertain).
@@ -226,6 +241,7 @@ def judge_all(
                 clip_match_spread,
                 noise_match_db,
                 noise_compose_db,
+                telephone_band_db,
             )
             runs.setdefault(name, []).append(record(inst, flagged))
             uncertain.setdefault(name, []).append(int(not flagged and bool(unsure)))
