@@ -74,3 +74,12 @@ def assert_same_up_to_batch_rounding(a: object, b: object, path: str = "verdict"
         assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), f"{path}: {a!r} != {b!r}"
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def check_request(audio: list[bytes], method: int = pb.METHOD_AUTO, encoder: str = "fused") -> pb.CheckDialogueRequest:
+    """A CheckDialogue of these clips as turns t0, t1, ... of one speaker "B"."""
+    options = pb.CheckOptions(encoder=encoder, method=method)  # type: ignore[arg-type]
+    req = pb.CheckDialogueRequest(dialogue_id="band", options=options)
+    for k, data in enumerate(audio):
+        req.turns.add(turn_id=f"t{k}", speaker="B", audio=enc(data))
+    return req

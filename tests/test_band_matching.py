@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
-import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,7 +32,8 @@ from sleuthd.rpc.server import RunningServer, create_server
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc, encode_wav
+from .offline_judges import assert_offline_flags_as_served, offline_judges
+from .support import VOICE_A, VOICE_B, VOICE_F, Speech, check_request, enc, encode_wav
 
 Req = pb.StreamDialogueRequest
 OPUS_SLOT = 2
@@ -55,14 +55,6 @@ def turn_audio(speech: Speech, slot_voice: str | None) -> list[bytes]:
     if slot_voice is not None:
         out[OPUS_SLOT] = lowest_bitrate_opus(speech.wav_bytes(slot_voice, OPUS_SLOT if slot_voice == VOICE_B else 0))
     return out
-
-
-def check_request(audio: list[bytes], method: int = pb.METHOD_AUTO, encoder: str = "fused") -> pb.CheckDialogueRequest:
-    options = pb.CheckOptions(encoder=encoder, method=method)  # type: ignore[arg-type]
-    req = pb.CheckDialogueRequest(dialogue_id="band", options=options)
-    for k, data in enumerate(audio):
-        req.turns.add(turn_id=f"t{k}", speaker="B", audio=enc(data))
-    return req
 
 
 async def test_a_lowest_bitrate_opus_turn_of_the_same_voice_is_compared_at_the_common_band(
@@ -238,51 +230,21 @@ async def test_the_offline_judges_band_match_as_the_server_does(
     matching they read each clip's bandwidth and its narrowband copy's embeddings (`robustness embed
     --narrowband`). On a dialogue with a lowest-bitrate Opus turn, under S1, S2 and S3, they flag exactly the
     turns the server flags."""
-    from sleuthd.api import SpeakerEncoder
-    from sleuthd.judgment.calibration import Calibration
-    from sleuthd.judgment.evidence import EvidenceCalibration
-    from sleuthd_bench.instances import scenario_turns
-    from sleuthd_bench.manifest import read_manifest
-    from sleuthd_bench.robustness import embed, judges
-    from sleuthd_bench.robustness.instances import Instance, load_instances
-
     clips = {f"b{k}.wav": speech.wav_bytes(VOICE_B, k) for k in range(6)}
     clips["b1.ogg"] = lowest_bitrate_opus(speech.wav_bytes(VOICE_B, 1))
     clips["f0.wav"], clips["a0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_A, 0)
-    for name, data in clips.items():
-        (tmp_path / name).write_bytes(data)
     line = {
         "dialogue_id": "d0", "source": "test", "target_speaker": "B", "reference": "b5.wav",
         "target_turns": ["b0.wav", "b1.ogg", "b2.wav", "b3.wav", "b4.wav"], "altered_turn": 3,
         "s2_audio": "f0.wav", "s3_audio": "a0.wav",
     }  # fmt: skip
-    (tmp_path / "eval-x.jsonl").write_text(json.dumps(line) + "\n")
-    paths = embed.manifest_paths([tmp_path / "eval-x.jsonl"])
+    offline = await offline_judges(tmp_path, models_dir, clips, [line])
 
-    def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
-        embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        bandwidths = embed.measure_channels(tmp_path, paths).bandwidths
-        narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
-        fused = SpeakerEncoder.load(models_dir, encoder="fused")
-        fused.close()
-        return load_instances(tmp_path, "eval", ["x"], embs, bandwidths, narrow), fused.manifest.raw
-
-    instances, raw = await asyncio.to_thread(offline_inputs)
-    blend = EvidenceCalibration.from_manifest(raw)
-    assert blend is not None
-    calibration = Calibration.from_manifest(raw, "fused")
-    (manifest_line,) = read_manifest(tmp_path / "eval-x.jsonl")
-    for inst in instances:
+    def check(inst: Any, served: pb.DialogueVerdict) -> None:
         assert inst.band_matched(0.3), inst.band_octaves
-        offline, _, _ = judges.evidence_flags(inst, blend, calibration, 0.3)
-        request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(manifest_line, inst.scenario)])
-        request.references.add(speaker="B", audio=enc(clips["b5.wav"]))
-        served = await stub.CheckDialogue(request, timeout=120)
         assert all(t.compared_below_hz == 3600 for t in served.turns)
-        flagged = {k for k, t in enumerate(served.turns) if t.status == pb.INCONSISTENT}
-        assert offline == flagged, (inst.scenario, offline, [(t.score, t.detail) for t in served.turns])
-        if inst.scenario != "S1":
-            assert offline == inst.gold  # the intruder is found, and nothing else
+
+    await assert_offline_flags_as_served(stub, tmp_path, offline, check)
 
 
 # ---------------------------------------------------------------------------------------- registered voices
@@ -497,52 +459,17 @@ async def test_the_offline_judges_match_a_telephone_turn_as_the_server_does(
     """`robustness embed --clipped` measures each clip's low band level and embeds the telephone-band copies of an
     instance with a telephone clip among clips that kept their low band; `report`/`verify` judge on them. Under S1,
     S2 and S3 they flag exactly what the server flags."""
-    from sleuthd.api import SpeakerEncoder
-    from sleuthd.judgment.calibration import Calibration
-    from sleuthd.judgment.evidence import EvidenceCalibration
-    from sleuthd_bench.instances import scenario_turns
-    from sleuthd_bench.manifest import read_manifest
-    from sleuthd_bench.robustness import embed, judges
-    from sleuthd_bench.robustness.cli import _clipped_copies
-    from sleuthd_bench.robustness.instances import Instance, load_instances
-
     clips = {f"a{k}.wav": data for k, data in enumerate(phoned(speech, VOICE_A))}
     clips["a5.wav"] = speech.wav_bytes(VOICE_A, 5)
     clips["f0.wav"], clips["c0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_B, 0)
-    for name, data in clips.items():
-        (tmp_path / name).write_bytes(data)
     line = {
         "dialogue_id": "d0", "source": "test", "target_speaker": "B", "reference": "a5.wav",
         "target_turns": [f"a{k}.wav" for k in range(5)], "altered_turn": 3, "s2_audio": "f0.wav", "s3_audio": "c0.wav",
     }  # fmt: skip
-    manifest = tmp_path / "eval-x.jsonl"
-    manifest.write_text(json.dumps(line) + "\n")
-    paths = embed.manifest_paths([manifest])
+    offline = await offline_judges(tmp_path, models_dir, clips, [line])
 
-    def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
-        embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        hz, plateaus, snrs, lows = embed.measure_channels(tmp_path, paths)
-        narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
-        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, -20.0, None)
-        copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
-        fused = SpeakerEncoder.load(models_dir, encoder="fused")
-        fused.close()
-        got = load_instances(tmp_path, "eval", ["x"], embs, hz, narrow, plateaus, copies, snrs, lows)
-        return got, fused.manifest.raw
-
-    instances, raw = await asyncio.to_thread(offline_inputs)
-    blend = EvidenceCalibration.from_manifest(raw)
-    assert blend is not None
-    calibration = Calibration.from_manifest(raw, "fused")
-    (manifest_line,) = read_manifest(manifest)
-    for inst in instances:
+    def check(inst: Any, served: pb.DialogueVerdict) -> None:
         assert inst.telephone_mixed(-20.0) and inst.telephone_matched(False, False) is not None
-        offline, _, _ = judges.evidence_flags(inst, blend, calibration, 0.3, 0.005, 3.0, 6.0, -20.0)
-        request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(manifest_line, inst.scenario)])
-        request.references.add(speaker="B", audio=enc(clips["a5.wav"]))
-        served = await stub.CheckDialogue(request, timeout=120)
         assert all(t.compared_above_hz == 300.0 for t in served.turns), [t.detail for t in served.turns]
-        flagged = {k for k, t in enumerate(served.turns) if t.status == pb.INCONSISTENT}
-        assert offline == flagged, (inst.scenario, offline, [(t.score, t.detail) for t in served.turns])
-        if inst.scenario != "S1":
-            assert offline == inst.gold
+
+    await assert_offline_flags_as_served(stub, tmp_path, offline, check)

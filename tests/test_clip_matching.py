@@ -6,10 +6,8 @@ the audio to follow it."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import io
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,9 @@ from sleuthd.rpc.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc
-from .test_band_matching import _stream, check_request, judged_with_registered, lowest_bitrate_opus
+from .offline_judges import assert_offline_flags_as_served, offline_judges
+from .support import VOICE_A, VOICE_B, VOICE_F, Speech, check_request, enc
+from .test_band_matching import _stream, judged_with_registered, lowest_bitrate_opus
 
 # That module's engine and server that keep no stream audio (fixtures: imported under their own names).
 from .test_band_matching import narrowing_engine as narrowing_engine
@@ -173,60 +172,25 @@ async def test_the_offline_judges_clip_match_as_the_server_does(
     embed --clipped`). On a dialogue with a clipped turn (d0), and one with a clipped turn and a lowest-bitrate
     Opus turn (d1: copies clipped, then low-passed), under S1, S2 and S3, they flag exactly the turns the server
     flags."""
-    from sleuthd.api import SpeakerEncoder
-    from sleuthd.judgment.calibration import Calibration
-    from sleuthd.judgment.evidence import EvidenceCalibration
-    from sleuthd_bench.instances import scenario_turns
-    from sleuthd_bench.manifest import read_manifest
-    from sleuthd_bench.robustness import embed, judges
-    from sleuthd_bench.robustness.cli import _clipped_copies
-    from sleuthd_bench.robustness.instances import Instance, load_instances
-
     clips = {f"b{k}.wav": speech.wav_bytes(VOICE_B, k) for k in range(6)}
     clips["b3-clip.wav"] = clipped(speech.wav_bytes(VOICE_B, 3), 12.0)
     clips["b1.ogg"] = lowest_bitrate_opus(speech.wav_bytes(VOICE_B, 1))
     clips["f0.wav"], clips["a0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_A, 0)
-    for name, data in clips.items():
-        (tmp_path / name).write_bytes(data)
     common = {"source": "test", "target_speaker": "B", "reference": "b5.wav", "altered_turn": 2,
               "s2_audio": "f0.wav", "s3_audio": "a0.wav"}  # fmt: skip
     lines = [
         {"dialogue_id": "d0", **common, "target_turns": ["b0.wav", "b1.wav", "b2.wav", "b3-clip.wav", "b4.wav"]},
         {"dialogue_id": "d1", **common, "target_turns": ["b0.wav", "b1.ogg", "b2.wav", "b3-clip.wav", "b4.wav"]},
     ]
-    manifest = tmp_path / "eval-x.jsonl"
-    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    paths = embed.manifest_paths([manifest])
+    offline = await offline_judges(tmp_path, models_dir, clips, lines)
 
-    def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
-        embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        hz, plateaus, _, _ = embed.measure_channels(tmp_path, paths)
-        narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
-        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, -20.0, None)
-        copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
-        fused = SpeakerEncoder.load(models_dir, encoder="fused")
-        fused.close()
-        return load_instances(tmp_path, "eval", ["x"], embs, hz, narrow, plateaus, copies), fused.manifest.raw
-
-    instances, raw = await asyncio.to_thread(offline_inputs)
-    blend = EvidenceCalibration.from_manifest(raw)
-    assert blend is not None
-    calibration = Calibration.from_manifest(raw, "fused")
-    by_id = {x.dialogue_id: x for x in read_manifest(manifest)}
-    for inst in instances:
+    def check(inst: Any, served: pb.DialogueVerdict) -> None:
         band_mixed = inst.dialogue_id == "d1"
         assert inst.clip_matched(0.005, band_mixed) is not None and (inst.band_octaves > 0.3) == band_mixed
-        offline, _, _ = judges.evidence_flags(inst, blend, calibration, 0.3, 0.005)
-        line = by_id[inst.dialogue_id]
-        request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(line, inst.scenario)])
-        request.references.add(speaker="B", audio=enc(clips["b5.wav"]))
-        served = await stub.CheckDialogue(request, timeout=120)
         assert all(t.compared_clipped_fraction == pytest.approx(inst.clip_target()) for t in served.turns)
         assert all(t.HasField("compared_below_hz") == band_mixed for t in served.turns)
-        flagged = {k for k, t in enumerate(served.turns) if t.status == pb.INCONSISTENT}
-        assert offline == flagged, (inst.dialogue_id, inst.scenario, offline, [t.detail for t in served.turns])
-        if inst.scenario != "S1":
-            assert offline == inst.gold  # the intruder is found, and nothing else
+
+    await assert_offline_flags_as_served(stub, tmp_path, offline, check)
 
 
 def test_a_bandwidth_cache_from_before_plateaus_has_them_measured(speech: Speech, tmp_path: Path) -> None:

@@ -5,10 +5,8 @@ still found; a stream gives CheckDialogue's verdicts when the noisiest turn chan
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import io
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -26,8 +24,9 @@ from sleuthd.rpc.server import RunningServer
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
-from .support import VOICE_A, VOICE_B, VOICE_F, Speech, enc
-from .test_band_matching import _stream, check_request, judged_with_registered, lowest_bitrate_opus
+from .offline_judges import assert_offline_flags_as_served, offline_judges
+from .support import VOICE_A, VOICE_B, VOICE_F, Speech, check_request
+from .test_band_matching import _stream, judged_with_registered, lowest_bitrate_opus
 
 # That module's engine and server that keep no stream audio (fixtures: imported under their own names).
 from .test_band_matching import narrowing_engine as narrowing_engine
@@ -132,52 +131,19 @@ async def test_the_offline_judges_noise_match_as_the_server_does(
     --clipped` measures it beside the bandwidth and plateau) and the noisy copies' embeddings at the instance's
     noisiest piece. On a dialogue with a noisy turn, under S1, S2 and S3, they flag exactly what the server
     flags."""
-    from sleuthd.api import SpeakerEncoder
-    from sleuthd.judgment.calibration import Calibration
-    from sleuthd.judgment.evidence import EvidenceCalibration
-    from sleuthd_bench.instances import scenario_turns
-    from sleuthd_bench.manifest import read_manifest
-    from sleuthd_bench.robustness import embed, judges
-    from sleuthd_bench.robustness.cli import _clipped_copies
-    from sleuthd_bench.robustness.instances import Instance, load_instances
-
     clips = {f"b{k}.wav": speech.wav_bytes(VOICE_B, k) for k in range(6)}
     clips["b3-noise.wav"] = noisy(speech.wav_bytes(VOICE_B, 3), 10.0)
     clips["f0.wav"], clips["a0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_A, 0)
-    for name, data in clips.items():
-        (tmp_path / name).write_bytes(data)
     line = {"dialogue_id": "d0", "source": "test", "target_speaker": "B", "reference": "b5.wav",
             "target_turns": ["b0.wav", "b1.wav", "b2.wav", "b3-noise.wav", "b4.wav"], "altered_turn": 2,
             "s2_audio": "f0.wav", "s3_audio": "a0.wav"}  # fmt: skip
-    manifest = tmp_path / "eval-x.jsonl"
-    manifest.write_text(json.dumps(line) + "\n")
-    paths = embed.manifest_paths([manifest])
+    offline = await offline_judges(tmp_path, models_dir, clips, [line])
 
-    def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
-        embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        hz, plateaus, snrs, _ = embed.measure_channels(tmp_path, paths)
-        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, -20.0, None)
-        copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
-        fused = SpeakerEncoder.load(models_dir, encoder="fused")
-        fused.close()
-        return load_instances(tmp_path, "eval", ["x"], embs, hz, None, plateaus, copies, snrs), fused.manifest.raw
-
-    instances, raw = await asyncio.to_thread(offline_inputs)
-    blend = EvidenceCalibration.from_manifest(raw)
-    assert blend is not None
-    calibration = Calibration.from_manifest(raw, "fused")
-    (manifest_line,) = read_manifest(manifest)
-    for inst in instances:
+    def check(inst: Any, served: pb.DialogueVerdict) -> None:
         assert inst.noise_matched(3.0) is not None and inst.noise is not None
-        offline, _, _ = judges.evidence_flags(inst, blend, calibration, 0.3, 0.005, 3.0)
-        request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(manifest_line, inst.scenario)])
-        request.references.add(speaker="B", audio=enc(clips["b5.wav"]))
-        served = await stub.CheckDialogue(request, timeout=120)
         assert all(t.compared_snr_db == pytest.approx(round(inst.noise[0], 1)) for t in served.turns)
-        flagged = {k for k, t in enumerate(served.turns) if t.status == pb.INCONSISTENT}
-        assert offline == flagged, (inst.scenario, offline, [t.detail for t in served.turns])
-        if inst.scenario != "S1":
-            assert offline == inst.gold
+
+    await assert_offline_flags_as_served(stub, tmp_path, offline, check)
 
 
 async def test_a_stream_past_its_bound_keeps_noise_matching_while_its_noisiest_turn_stays(
@@ -315,54 +281,18 @@ async def test_the_offline_judges_compose_noise_with_band_matching_as_the_server
     """`robustness embed --clipped` embeds the composed copies (narrowband with the noisiest clip's noise) of an
     instance matched by band whose clips differ in SNR, and `report`/`verify` judge on them: under S1, S2 and S3
     they flag exactly what the server flags."""
-    from sleuthd.api import SpeakerEncoder
-    from sleuthd.judgment.calibration import Calibration
-    from sleuthd.judgment.evidence import EvidenceCalibration
-    from sleuthd_bench.instances import scenario_turns
-    from sleuthd_bench.manifest import read_manifest
-    from sleuthd_bench.robustness import embed, judges
-    from sleuthd_bench.robustness.cli import _clipped_copies
-    from sleuthd_bench.robustness.instances import Instance, load_instances
-
-    audio = drifting(speech, VOICE_B)
-    clips = {f"b{k}.bin": data for k, data in enumerate(audio)}
+    clips = {f"b{k}.bin": data for k, data in enumerate(drifting(speech, VOICE_B))}
     clips["b5.wav"] = speech.wav_bytes(VOICE_B, 5)
     clips["f0.wav"], clips["a0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_A, 0)
-    for name, data in clips.items():
-        (tmp_path / name).write_bytes(data)
     line = {"dialogue_id": "d0", "source": "test", "target_speaker": "B", "reference": "b5.wav",
             "target_turns": [f"b{k}.bin" for k in range(5)], "altered_turn": HISS,
             "s2_audio": "f0.wav", "s3_audio": "a0.wav"}  # fmt: skip
-    manifest = tmp_path / "eval-x.jsonl"
-    manifest.write_text(json.dumps(line) + "\n")
-    paths = embed.manifest_paths([manifest])
-
-    def offline_inputs() -> tuple[list[Instance], dict[str, Any]]:  # the tools' synchronous API, off the event loop
-        embs = embed.embed_all(tmp_path, paths, models_dir=models_dir)
-        hz, plateaus, snrs, _ = embed.measure_channels(tmp_path, paths)
-        keys = _clipped_copies(tmp_path, [manifest], paths, 0.3, 0.005, 3.0, 6.0, -20.0, None)
-        copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
-        narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
-        fused = SpeakerEncoder.load(models_dir, encoder="fused")
-        fused.close()
-        got = load_instances(tmp_path, "eval", ["x"], embs, hz, narrow, plateaus, copies, snrs)
-        return got, fused.manifest.raw
-
-    instances, raw = await asyncio.to_thread(offline_inputs)
-    blend = EvidenceCalibration.from_manifest(raw)
-    assert blend is not None
-    calibration = Calibration.from_manifest(raw, "fused")
-    (manifest_line,) = read_manifest(manifest)
-    s1 = next(i for i in instances if i.scenario == "S1")
+    offline = await offline_judges(tmp_path, models_dir, clips, [line])
+    s1 = next(i for i in offline.instances if i.scenario == "S1")
     assert s1.composed_matched(6.0, True, False) is not None and s1.composed_matched(12.0, True, False) is None
-    for inst in instances:
-        offline, _, _ = judges.evidence_flags(inst, blend, calibration, 0.3, 0.005, 3.0, 6.0)
-        request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(manifest_line, inst.scenario)])
-        request.references.add(speaker="B", audio=enc(clips["b5.wav"]))
-        served = await stub.CheckDialogue(request, timeout=120)
+
+    def check(inst: Any, served: pb.DialogueVerdict) -> None:
         composed = inst.composed_matched(6.0, inst.band_mixed(0.3), False) is not None
         assert all(t.HasField("compared_snr_db") == composed for t in served.turns), inst.scenario
-        flagged = {k for k, t in enumerate(served.turns) if t.status == pb.INCONSISTENT}
-        assert offline == flagged, (inst.scenario, offline, [t.detail for t in served.turns])
-        if inst.scenario != "S1":
-            assert offline == inst.gold
+
+    await assert_offline_flags_as_served(stub, tmp_path, offline, check)
