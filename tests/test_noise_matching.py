@@ -296,3 +296,27 @@ async def test_the_offline_judges_compose_noise_with_band_matching_as_the_server
         assert all(t.HasField("compared_snr_db") == composed for t in served.turns), inst.scenario
 
     await assert_offline_flags_as_served(stub, tmp_path, offline, check)
+
+
+async def test_a_composed_speaker_makes_only_the_copies_it_is_judged_on(
+    stub: pb_grpc.SleuthStub, speech: Speech, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kinds a matched speaker falls back to (here its narrowband copies without the noise) are made only when the
+    copies it is judged on cannot stand in for its pool: one copy per clip, where making every fallback beside them
+    cost a second encoder pass over the dialogue."""
+    from sleuthd.encoders import embedder
+
+    made: list[int] = []
+    channel_copy = embedder.channel_copy
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return channel_copy(*args, **kwargs)
+
+    monkeypatch.setattr(embedder, "channel_copy", counting)
+    audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    audio[OPUS] = lowest_bitrate_opus(audio[OPUS])
+    audio[HISS] = noisy(speech.wav_bytes(VOICE_B, HISS), 7.5, seed=3)  # bytes no other test sends
+    v = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert all(t.HasField("compared_snr_db") and t.compared_below_hz == 3600.0 for t in v.turns)
+    assert len(made) == 5, len(made)  # every turn's composed copy, and nothing else

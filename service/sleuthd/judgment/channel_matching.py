@@ -416,8 +416,12 @@ class ChannelMatcher:
         clipping target that moved); in a stream past its bound, make every new clip's narrowband copy in the
         background."""
         await self._read_registered_noise()
-        # A speaker mixed several ways falls back to fewer kinds when its copies cannot be had: made beside them.
-        wanted = {c for m in self.matches().values() for c in m.fallbacks}
+        # Each speaker's kinds in the order it falls back to them (ChannelMatch.fallbacks); noise copies whose noisiest
+        # piece's audio is no longer kept cannot be made (note() says why).
+        chains = {
+            s: [c for c in m.fallbacks if c.snr_db is None or c.noise is not None] for s, m in self.matches().items()
+        }
+        wanted = {c for chain in chains.values() for c in chain}
         for copy in [c for c in self._copies if c not in wanted and not (self._eager and c == NARROWBAND)]:
             self._drop(copy)
         if self._eager and NARROWBAND not in wanted:
@@ -426,19 +430,39 @@ class ChannelMatcher:
                 task = asyncio.ensure_future(self._make(NARROWBAND, waiting, deadline))
                 task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
                 self._making.update({(NARROWBAND, k): task for k in waiting})
-        # Noise copies whose noisiest piece's audio is no longer kept cannot be made (note() says why).
-        makeable = {c for c in wanted if c.snr_db is None or c.noise is not None}
-        if makeable:
-            # Wait for the background copies (one that failed is made again below), then the rest.
-            pending = set(self._making.values())
-            if pending:
-                await asyncio.wait(pending)
-            for copy in sorted(makeable, key=lambda c: (c.narrow, c.plateau or 0.0, c.snr_db or 0.0)):
+        if not wanted:
+            return
+        # Wait for the background copies (one that failed is made again below), then the rest.
+        pending = set(self._making.values())
+        if pending:
+            await asyncio.wait(pending)
+        # A kind a speaker falls back to is made only when the ones before it cannot stand in for its pool (a copy too
+        # short to embed): one encoder pass over the clips per kind in use, not per kind it might need. A stream past
+        # its bound lets its clips' audio go once their copies are made, so it makes every kind at once.
+        tried: set[ChannelCopy] = set()
+        while True:
+            if self._eager:
+                todo = wanted - tried
+            else:
+                todo = {c for s, chain in chains.items() if (c := self._next_kind(chain, s, tried)) is not None}
+            if not todo:
+                break
+            for copy in sorted(todo, key=lambda c: (c.narrow, c.telephone, c.plateau or 0.0, c.snr_db or 0.0)):
                 await self._make(copy, [k for k in self._kept if not self._has(copy, k)], deadline)
+            tried |= todo
         if self._eager:  # a clip not held is kept until its copies are made
             for key in [k for k in self._kept if k not in self._held and self._has(NARROWBAND, k)]:
-                if all(self._has(copy, key) for copy in makeable):
+                if all(self._has(copy, key) for copy in tried):
                     self._let_go(key)
+
+    def _next_kind(self, chain: list[ChannelCopy], speaker: str, tried: set[ChannelCopy]) -> ChannelCopy | None:
+        """The first of the speaker's kinds not tried yet, unless one tried before it stands in for its pool."""
+        for copy in chain:
+            if copy not in tried:
+                return copy
+            if self._complete(copy, speaker):
+                return None
+        return None
 
     def _has(self, copy: ChannelCopy, key: str) -> bool:
         return key in self._copies.get(copy, {})
