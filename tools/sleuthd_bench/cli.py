@@ -147,6 +147,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _error(str(exc))
     out = args.out or Path("runs") / args.manifest.stem
+    if args.busy_retries < 0:
+        return _error("--busy-retries takes 0 or more")
     config = ReplayConfig(
         manifest=args.manifest,
         target=args.target,
@@ -159,6 +161,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         shuffle_seed=args.seed,
         encoder=args.encoder,
         show_progress=not args.quiet,
+        busy_retries=args.busy_retries,
     )
     try:
         result = asyncio.run(replay(config))
@@ -677,6 +680,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, help="report folder (default: runs/<manifest name>/)")
     r.add_argument("--concurrency", type=int, default=4, help="RPCs in flight (default: 4)")
     r.add_argument("--timeout", type=float, default=120.0, help="deadline per RPC, seconds (default: 120)")
+    r.add_argument(
+        "--busy-retries",
+        type=int,
+        default=6,
+        help="times an RPC the server refused as busy (RESOURCE_EXHAUSTED) is sent again, backing off 0.5-8 s, "
+        "before it counts as failed (default: 6; 0 = never)",
+    )
     r.add_argument("--connect-timeout", type=float, default=10.0, help="wait for the server, seconds (default: 10)")
     r.add_argument("--encoder", default="", help="server encoder (default: the server's)")
     r.add_argument("--seed", type=int, default=0, help="seed of the candidate shuffles (default: 0)")

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -78,6 +79,9 @@ class ReplayConfig:
     ``connect_timeout_s``: how long to wait for the server before giving up.
     ``shuffle_seed``: seeds the candidate order of every discrimination instance.
     ``encoder``: the server encoder to use (``""`` = the server's default).
+    ``busy_retries``: how many times an RPC the server refused as busy (RESOURCE_EXHAUSTED, which the server keeps
+    for "busy, retry later": sleuthd.rpc.status) is sent again, after 0.5, 1, 2, 4, 8, 8... s (jittered), before it
+    is recorded as failed; 0 = never.
     """
 
     manifest: Path
@@ -91,6 +95,7 @@ class ReplayConfig:
     shuffle_seed: int = 0
     encoder: str = ""
     show_progress: bool = True
+    busy_retries: int = 6
 
 
 @dataclass(frozen=True)
@@ -127,9 +132,10 @@ class ReplayResult:
     written: dict[str, Path]
     failures: list[Failure]
     wall_s: float
-    rpcs: int
+    rpcs: int  # RPCs sent, retries included
     sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
     incomplete_runs: list[str] = field(default_factory=list)
+    busy_retries: int = 0  # RPCs sent again after the server refused them as busy
 
     def failure_summary(self) -> str:
         return failure_summary(self.failures)
@@ -205,34 +211,46 @@ class _Replayer:
         self.unavailable_streak = 0
         self.gave_up = False
         self.rpcs = 0
+        self.busy_retries = 0  # RPCs sent again after a busy refusal
 
     def audio(self, rel: str) -> pb.Audio:
         return pb.Audio(encoded=(self.base / rel).read_bytes())
 
     async def call(self, run: str, dialogue_id: str, task: str, rpc: Callable[[], Awaitable[Any]]) -> Any | None:
-        """Run one RPC (the channel retries UNAVAILABLE); on failure record it and return None."""
+        """Run one RPC (the channel retries UNAVAILABLE; a busy refusal is sent again here, ``busy_retries`` times);
+        on failure record it and return None."""
         if self.gave_up:
             self.failures.append(
                 Failure(run, dialogue_id, task, "NOT_SENT", "skipped: the server stopped answering (UNAVAILABLE)")
             )
             return None
-        self.rpcs += 1
-        try:
-            result = await rpc()
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code().name
-            self.failures.append(Failure(run, dialogue_id, task, code, exc.details() or ""))
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                self.unavailable_streak += 1
-                if self.unavailable_streak >= _GIVE_UP_AFTER_UNAVAILABLE and not self.gave_up:
-                    self.gave_up = True
-                    logger.error("%d calls in a row failed with UNAVAILABLE: giving up", self.unavailable_streak)
-            return None
-        except OSError as exc:  # a file vanished or became unreadable during the run
-            self.failures.append(Failure(run, dialogue_id, task, "CLIENT_IO", str(exc)))
-            return None
-        self.unavailable_streak = 0
-        return result
+        for attempt in range(max(self.config.busy_retries, 0) + 1):
+            self.rpcs += 1
+            try:
+                result = await rpc()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and attempt < max(self.config.busy_retries, 0):
+                    # Busy: back off (jittered, so refused calls do not all come back at once) and send it again.
+                    self.busy_retries += 1
+                    await asyncio.sleep(min(0.5 * 2**attempt, 8.0) * random.uniform(0.5, 1.5))
+                    continue
+                self._failed(run, dialogue_id, task, exc)
+                return None
+            except OSError as exc:  # a file vanished or became unreadable during the run
+                self.failures.append(Failure(run, dialogue_id, task, "CLIENT_IO", str(exc)))
+                return None
+            self.unavailable_streak = 0
+            return result
+        return None
+
+    def _failed(self, run: str, dialogue_id: str, task: str, exc: grpc.aio.AioRpcError) -> None:
+        """Record a failed RPC; many UNAVAILABLE in a row stop the replay from sending more."""
+        self.failures.append(Failure(run, dialogue_id, task, exc.code().name, exc.details() or ""))
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            self.unavailable_streak += 1
+            if self.unavailable_streak >= _GIVE_UP_AFTER_UNAVAILABLE and not self.gave_up:
+                self.gave_up = True
+                logger.error("%d calls in a row failed with UNAVAILABLE: giving up", self.unavailable_streak)
 
     async def detect(self, line: ManifestLine, run: Run, scenario: Scenario) -> DetectionOutcome | None:
         turns = scenario_turns(line, scenario)
@@ -454,6 +472,7 @@ async def replay(config: ReplayConfig) -> ReplayResult:
             "incomplete_runs": incomplete,
             "n_dialogues": len(lines),
             "rpcs": replayer.rpcs,
+            "busy_retries": replayer.busy_retries,
             "concurrency": config.concurrency,
             "wall_seconds": round(wall_s, 2),
             "failures": {
@@ -466,7 +485,7 @@ async def replay(config: ReplayConfig) -> ReplayResult:
     _append_markdown(
         written["report_md"], sweeps, marks, comparisons, failures, incomplete, wall_s, replayer.rpcs, judge
     )
-    return ReplayResult(report, written, failures, wall_s, replayer.rpcs, sweeps, incomplete)
+    return ReplayResult(report, written, failures, wall_s, replayer.rpcs, sweeps, incomplete, replayer.busy_retries)
 
 
 _Job = Callable[[], Awaitable[None]]

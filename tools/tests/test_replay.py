@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from sleuthd_bench.instances import discrimination_candidates, discrimination_co
 from sleuthd_bench.manifest import ManifestError, ManifestLine, read_manifest, relative_path
 from sleuthd_bench.replay import ReplayConfig, ReplayError, check_auto_supported, replay
 
-from tests.support import REPO
+from tests.support import REPO, assert_same_up_to_batch_rounding
 
 needs_tools = pytest.mark.skipif(
     any(shutil.which(t) is None for t in synth.TOOLS), reason="needs espeak-ng, flite and sox (make setup)"
@@ -262,6 +263,66 @@ async def test_failed_instances_are_counted_and_left_out(
     replay_doc = json.loads((tmp_path / "out" / "replay.json").read_text())
     assert replay_doc["failures"]["by_code"] == {"INVALID_ARGUMENT": 6}
     assert "## Failures" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def busy_server(models_dir: Path) -> AsyncIterator[RunningServer]:
+    """A server that admits one request's audio at a time (--max-audio-in-flight-mb 0.01: a request finding another
+    in flight is refused RESOURCE_EXHAUSTED; one finding nothing held is always let in)."""
+    from sleuthd.config import AdmissionConfig, EngineConfig, ServerConfig
+    from sleuthd.engine.facade import Engine
+    from sleuthd.ops.metrics import ServiceMetrics
+    from sleuthd.rpc.server import create_server
+
+    admission = AdmissionConfig(max_audio_in_flight_mb=0.01)
+    engine = Engine.load(EngineConfig(models_dir=models_dir, device="cpu", admission=admission))
+    running = await create_server(engine, ServerConfig(port=0, metrics_port=0), ServiceMetrics())
+    yield running
+    await running.stop(grace=1.0)
+    await engine.aclose()
+
+
+@needs_tools
+async def test_busy_refusals_are_sent_again_until_answered(
+    busy_server: RunningServer, small_devset: dict[str, Path], tmp_path: Path
+) -> None:
+    """RESOURCE_EXHAUSTED means "busy, retry later" (sleuthd.rpc.status): the replay backs off and sends the call again
+    instead of leaving the instance out. Four calls in flight against a server that admits one at a time: without
+    retries some are refused and left out; with them every instance is answered, with the same verdicts."""
+    manifest = tmp_path / "two.jsonl"
+    base = small_devset["all"].parent
+    raw = [json.loads(x) for x in small_devset["all"].read_text().splitlines()[:2]]
+    for obj in raw:
+        for key in ("reference", "s2_audio", "s3_audio"):
+            obj[key] = relative_path(base / obj[key], tmp_path)
+        obj["target_turns"] = [relative_path(base / t, tmp_path) for t in obj["target_turns"]]
+    manifest.write_text("".join(json.dumps(o) + "\n" for o in raw))
+
+    def config(out: str, retries: int) -> ReplayConfig:
+        return ReplayConfig(
+            manifest=manifest,
+            target=f"127.0.0.1:{busy_server.port}",
+            out_dir=tmp_path / out,
+            methods=("pairwise",),
+            thresholds=("paper",),
+            concurrency=4,
+            show_progress=False,
+            busy_retries=retries,
+        )
+
+    refused = await replay(config("once", 0))
+    assert refused.failures and {f.code for f in refused.failures} == {"RESOURCE_EXHAUSTED"}
+    assert refused.busy_retries == 0
+    patient = await replay(config("patient", 6))
+    assert patient.failures == [] and patient.busy_retries > 0
+    assert patient.rpcs == len(plan_runs(("pairwise",), ("paper",))) * 2 * 4 + patient.busy_retries
+    answered = {(p["run"], p["dialogue_id"], p.get("scenario")): p for p in _predictions(tmp_path / "patient")}
+    for p in _predictions(tmp_path / "once"):
+        assert_same_up_to_batch_rounding(answered[(p["run"], p["dialogue_id"], p.get("scenario"))], p)
+
+
+def _predictions(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
 
 
 def _closed_port() -> int:
