@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -83,3 +84,18 @@ def check_request(audio: list[bytes], method: int = pb.METHOD_AUTO, encoder: str
     for k, data in enumerate(audio):
         req.turns.add(turn_id=f"t{k}", speaker="B", audio=enc(data))
     return req
+
+
+def count_copies(monkeypatch: Any) -> list[int]:
+    """A list that grows by one for every channel copy the server makes from here on (sleuthd.encoders.embedder)."""
+    from sleuthd.encoders import embedder
+
+    made: list[int] = []
+    channel_copy = embedder.channel_copy
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return channel_copy(*args, **kwargs)
+
+    monkeypatch.setattr(embedder, "channel_copy", counting)
+    return made

@@ -78,6 +78,12 @@ class Instance:
     # that kind of matching on then raises instead of silently judging as unmatched.
     unmeasured: frozenset[str] = frozenset()
 
+    def _standing_in(self, views: dict[str, Turns]) -> dict[str, Turns] | None:
+        """The copies' views if they can stand in for the clips as sent (every usable turn usable, and the reference),
+        as the server's pool of copies must (ChannelMatcher._complete), else None."""
+        ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
+        return views if ok else None
+
     # Whether the server would call the instance mixed (ChannelMatcher.matches), whatever copies were embedded.
     def band_mixed(self, octaves: float) -> bool:
         return 0 < octaves < self.band_octaves
@@ -103,8 +109,7 @@ class Instance:
                 "dB), and their noisy copies are not embedded: run `sleuthd-bench robustness embed --clipped`"
             )
         views = self.noise_views
-        ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
-        return views if ok else None
+        return self._standing_in(views)
 
     def composed_matched(self, db: float, narrow: bool, clipped: bool) -> dict[str, Turns] | None:
         """The views the server judges a speaker matched by band (``narrow``) or clipping (``clipped``) on when its
@@ -121,8 +126,7 @@ class Instance:
                 f"{self.dialogue_id}/{self.scenario}: its clips differ in SNR and in band or clipping, and their "
                 "composed copies are not embedded: run `sleuthd-bench robustness embed --clipped`"
             )
-        ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
-        return views if ok else None
+        return self._standing_in(views)
 
     def composed_copy_keys(
         self, turns: Sequence[str], reference: str, narrow: bool, clipped: bool
@@ -149,8 +153,7 @@ class Instance:
                 f"{self.dialogue_id}/{self.scenario}: it has a telephone clip among clips that kept their low band, "
                 "and its telephone-band copies are not embedded: run `sleuthd-bench robustness embed --clipped`"
             )
-        ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
-        return views if ok else None
+        return self._standing_in(views)
 
     def telephone_copy_keys(self, turns: Sequence[str], reference: str, clipped: bool, noisy: bool) -> dict[str, str]:
         """Each clip's telephone-band copy key (embed.telephone_key)."""
@@ -185,8 +188,7 @@ class Instance:
                 "`sleuthd-bench robustness embed --clipped`"
             )
         views = self.clip_views[narrow]
-        ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
-        return views if ok else None
+        return self._standing_in(views)
 
     def clip_target(self) -> float | None:
         """The plateau fraction its copies are clipped to when clip-matched (the server's rounding)."""
@@ -205,8 +207,7 @@ class Instance:
                 f"{self.dialogue_id}/{self.scenario}: its clips span {self.band_octaves:.2f} octave of bandwidth, and "
                 "their narrowband copies are not embedded: run `sleuthd-bench robustness embed --narrowband`"
             )
-        wide, narrow = self.views[FUSED], self.narrow_views[FUSED]
-        return np.array_equal(wide.index, narrow.index) and narrow.reference is not None
+        return self._standing_in(self.narrow_views) is not None
 
 
 def _view(emb: Sequence[np.ndarray | None], seconds: Sequence[float], ref: np.ndarray | None, dim: int) -> Turns:
