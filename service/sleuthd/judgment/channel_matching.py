@@ -117,7 +117,8 @@ class ChannelMatch:
         target = None if self.plateau is None else copy_target(self.plateau[1])
         snr = None if self.snr is None else copy_snr(self.snr[0])
         noise = self.noise if snr is not None else None
-        return ChannelCopy(self.band is not None, target, snr, noise, self.band is not None and bool(self.low_band))
+        # low_band is only ever set on a band-matched speaker (matches()).
+        return ChannelCopy(self.band is not None, target, snr, noise, telephone=self.low_band is not None)
 
     @property
     def fallbacks(self) -> list[ChannelCopy]:

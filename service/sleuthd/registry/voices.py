@@ -280,11 +280,9 @@ class VoiceRegistry:
                 heard = await self.embedder.channels([(a, f"clip #{k}") for k, a in enumerate(audios)])
                 # The registry records bandwidth, plateau and SNR; the low band level is not recorded (yet), so a
                 # voice's clips never count in telephone-band matching, read now or later.
-                measured = tuple(c._replace(low_band_db=None) for c in heard)
+                measured = tuple(Channel(*c[:3]) for c in heard)
                 try:
-                    await self.store.put_channels(
-                        voice_id, [(c.bandwidth_hz, c.plateau, c.snr_db) for c in measured], revision=voice.revision
-                    )
+                    await self.store.put_channels(voice_id, [c[:3] for c in measured], revision=voice.revision)
                 except OutOfSequence:
                     return await self.channels(voice_id)  # replaced meanwhile: its new clips were measured
                 logger.info("voice %s: its clips' channels measured from its stored clips", voice_id)
