@@ -150,7 +150,7 @@ def _clipped_copies(
     from sleuthd_bench.instances import scenario_turns
     from sleuthd_bench.manifest import read_manifest
     from sleuthd_bench.robustness import embed
-    from sleuthd_bench.robustness.instances import load_instances
+    from sleuthd_bench.robustness.instances import load_instances, telephone_kinds
 
     hz, plateaus, snrs, lows = embed.measure_channels(root, paths, progress)
     embs = {e: embed.load(root, e) for e in embed.ENCODERS}
@@ -169,7 +169,7 @@ def _clipped_copies(
                 composed = inst.composed_copy_keys(turns, line.reference, band, clip)
                 keys.update(dict.fromkeys(composed.values() if composed else ()))
             if band and inst.telephone_mixed(telephone_db):
-                for kind in dict.fromkeys([(clip, noise_too), (clip, False), (False, False)]):
+                for kind in telephone_kinds(clip, noise_too):
                     keys.update(dict.fromkeys(inst.telephone_copy_keys(turns, line.reference, *kind).values()))
             if clip and target is not None:
                 for p in (*turns, line.reference):

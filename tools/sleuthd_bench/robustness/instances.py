@@ -141,7 +141,10 @@ class Instance:
         return {p: composed_key(p, narrow, plateau, snr, self.noise[2]) for p in (*turns, reference)}
 
     def telephone_mixed(self, db: float) -> bool:
-        """A telephone clip (low band level below ``db``, the server's --telephone-band-db) among clips above it."""
+        """A telephone clip (low band level below ``db``, the server's --telephone-band-db) among clips above it.
+        Raises when some clip's level was not measured (a cache from before it was)."""
+        if db < 0 and "low_band" in self.unmeasured:
+            raise LookupError(f"{self.dialogue_id}: clips without a low band level: {_MEASURE}")
         return self.low_band is not None and db < 0 and self.low_band[0] < db <= self.low_band[1]
 
     def telephone_matched(self, clipped: bool, noisy: bool) -> dict[str, Turns] | None:
@@ -278,36 +281,55 @@ def load_instances(
                         low = min(v for v, _ in pieces)
                         noisiest = next(p for v, p in pieces if v == low)
                         inst.noise = (low, max(v for v, _ in pieces), noisiest)
-                        keys = inst.noise_copy_keys(turns, ref_rel)
-                        if clipped and keys and all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
-                            inst.noise_views = _views([keys[p] for p in turns], keys[ref_rel], clipped)
+                        found = _copy_views(turns, ref_rel, inst.noise_copy_keys(turns, ref_rel), clipped)
+                        inst.noise_views = found or {}
                         for kind in ((True, False), (False, True), (True, True)):
                             if kind[1] and inst.clip_target() is None:
                                 continue
-                            keys = inst.composed_copy_keys(turns, ref_rel, *kind)
-                            if clipped and keys and all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
-                                inst.composed_views[kind] = _views([keys[p] for p in turns], keys[ref_rel], clipped)
+                            found = _copy_views(turns, ref_rel, inst.composed_copy_keys(turns, ref_rel, *kind), clipped)
+                            if found is not None:
+                                inst.composed_views[kind] = found
                 if low_bands:
                     usable = [turns[k] for k in inst.views[FUSED].index]
                     if any(p not in low_bands for p in (*usable, ref_rel)):
                         inst.unmeasured |= {"low_band"}
                     levels = [v for p in (*usable, ref_rel) if np.isfinite(v := low_bands.get(p, np.nan))]
                     inst.low_band = (min(levels), max(levels)) if levels else None
-                    if clipped and inst.low_band is not None:
+                    if inst.low_band is not None:
                         for kind in ((False, False), (True, False), (False, True), (True, True)):
                             if (kind[0] and inst.clip_target() is None) or (kind[1] and inst.noise is None):
                                 continue
                             keys = inst.telephone_copy_keys(turns, ref_rel, *kind)
-                            if all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
-                                inst.telephone_views[kind] = _views([keys[p] for p in turns], keys[ref_rel], clipped)
+                            if (found := _copy_views(turns, ref_rel, keys, clipped)) is not None:
+                                inst.telephone_views[kind] = found
                 target = inst.clip_target()
-                if clipped and target is not None:
+                if target is not None:
                     for band in (False, True):
                         keys = {p: copy_key(p, band, target) for p in (*turns, ref_rel)}
-                        if all(k in clipped[e].index for e in ENCODERS for k in keys.values()):
-                            inst.clip_views[band] = _views([keys[p] for p in turns], keys[ref_rel], clipped)
+                        if (found := _copy_views(turns, ref_rel, keys, clipped)) is not None:
+                            inst.clip_views[band] = found
                 out.append(inst)
     return out
+
+
+def _copy_views(
+    turns: Sequence[str],
+    reference: str,
+    keys: Mapping[str, str] | None,
+    copies: Mapping[str, Embeddings] | None,
+) -> dict[str, Turns] | None:
+    """The views of the clips' copies (``keys``: clip -> its copy's cache key) where every encoder embedded every one
+    of them, else None."""
+    if not copies or not keys or not all(k in copies[e].index for e in ENCODERS for k in keys.values()):
+        return None
+    return _views([keys[p] for p in turns], keys[reference], copies)
+
+
+def telephone_kinds(clipped: bool, noisy: bool) -> list[tuple[bool, bool]]:
+    """The telephone-band copies (clipped, noisy) a telephone-matched instance is judged on, then those it falls back
+    to, in the server's order (sleuthd.judgment.channel_matching.ChannelMatch.fallbacks): without the noise, then
+    unclipped too."""
+    return list(dict.fromkeys([(clipped, noisy), (clipped, False), (False, False)]))
 
 
 def _views(turns: Sequence[str], reference: str, embs: Mapping[str, Embeddings]) -> dict[str, Turns]:

@@ -17,7 +17,7 @@ from sleuthd.judgment.calibration import Calibration, inconsistency_probability,
 from sleuthd.judgment.evidence import EvidenceCalibration
 
 from sleuthd_bench.metrics import DetectionRecord, detection_metrics, localization_metrics
-from sleuthd_bench.robustness.instances import ENCODERS, Instance, Turns
+from sleuthd_bench.robustness.instances import ENCODERS, Instance, Turns, telephone_kinds
 
 PAPER = ("pairwise", "centroid", "reference")
 FLAG_ABOVE = {"pairwise": False, "centroid": True, "reference": False}
@@ -95,7 +95,7 @@ def channel_matched(
     clip_mixed = inst.clip_mixed(clip_match_spread)
     if band_mixed and inst.telephone_mixed(telephone_band_db):
         noise_too = inst.noise_mixed(noise_compose_db)
-        for kind in dict.fromkeys([(clip_mixed, noise_too), (clip_mixed, False), (False, False)]):
+        for kind in telephone_kinds(clip_mixed, noise_too):
             views = inst.telephone_matched(*kind)
             if views is not None:
                 return replace(inst, views=views)
