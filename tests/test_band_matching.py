@@ -473,3 +473,75 @@ async def test_the_offline_judges_match_a_telephone_turn_as_the_server_does(
         assert all(t.compared_above_hz == 300.0 for t in served.turns), [t.detail for t in served.turns]
 
     await assert_offline_flags_as_served(stub, tmp_path, offline, check)
+
+
+def _telephoned(v: pb.DialogueVerdict) -> list[tuple[str, int, float, float, float, str]]:
+    return [(t.turn_id, t.status, t.score, t.compared_below_hz, t.compared_above_hz, t.detail) for t in v.turns]
+
+
+def all_phoned(speech: Speech, slot_voice: str) -> list[bytes]:
+    """Five turns of VOICE_A, every one through the telephone (``slot_voice``'s clip at PHONE_SLOT)."""
+    audio = [telephone(speech.wav_bytes(VOICE_A, k)) for k in range(5)]
+    audio[PHONE_SLOT] = telephone(speech.wav_bytes(slot_voice, PHONE_SLOT if slot_voice == VOICE_A else 0))
+    return audio
+
+
+async def test_a_registered_voice_counts_its_clips_low_band_as_its_clip_sent_as_reference(
+    engine: Engine, speech: Speech, tmp_path: Path
+) -> None:
+    """Every turn came through the telephone; the speaker's reference is a full-band clip, the one piece that kept
+    the band below 300 Hz. The registry records each clip's low band level (schema version 4), so a voice
+    registered from that clip is compared at the telephone band exactly as the clip sent as audio (before, its
+    clips never counted as ones that kept their low band, and the speaker was compared below 3.6 kHz only),
+    streamed too; a voice registered without its audio cannot have telephone-band copies and its turns say why."""
+    clip = speech.wav_bytes(VOICE_A, 5)
+    dialogues = [all_phoned(speech, VOICE_A), all_phoned(speech, VOICE_F)]
+    voice, judged = await judged_with_registered(engine, tmp_path, clip, dialogues)
+    (stored,) = voice.clips
+    assert stored.low_band_db is not None and stored.low_band_db > -16.0, stored  # measured at registration
+    for by in judged:
+        assert all(t.low_band_db < -20.0 for t in by.sent.turns)  # every turn a telephone clip
+        assert all(t.compared_above_hz == 300.0 for t in by.sent.turns), _telephoned(by.sent)
+        assert _telephoned(by.kept) == _telephoned(by.sent) == _telephoned(by.streamed)
+        assert all(not t.HasField("compared_above_hz") for t in by.bare.turns), _telephoned(by.bare)
+        assert all("registered voice 'bare'" in t.detail for t in by.bare.turns), _telephoned(by.bare)
+    flagged = [[t.turn_id for t in by.kept.turns if t.status == pb.INCONSISTENT] for by in judged]
+    assert flagged == [[], [f"t{PHONE_SLOT}"]], [_telephoned(by.kept) for by in judged]
+
+
+async def test_a_voice_registered_before_its_low_band_was_recorded_has_it_measured_from_its_kept_clips(
+    engine: Engine, speech: Speech, tmp_path: Path
+) -> None:
+    """A voice from a registry older than schema version 4 has no low band level recorded. Where its clips were
+    kept, it is measured on the voice's first use as a reference (and stored, GetVoice shows it), and the speaker is
+    compared at the telephone band exactly as with the clip sent as audio."""
+    import sqlite3
+
+    from sleuthd.client import AsyncSleuthClient
+
+    from tests.test_voices import start_voice_server
+
+    clip = speech.wav_bytes(VOICE_A, 5)
+    audio = all_phoned(speech, VOICE_A)
+    location = str(tmp_path / "voices.sqlite3")
+    server = await start_voice_server(engine, location)
+    try:
+        async with AsyncSleuthClient(server.target, timeout=120) as client:
+            registered = (await client.register_voice("old", clip, keep_audio=True)).clips[0]
+            with sqlite3.connect(location) as db:  # as a registry of schema version 3 left it, upgraded
+                db.execute("UPDATE registry_clips SET low_band_db = NULL")
+            before = (await client.get_voice("old")).clips[0]
+            async with grpc.aio.insecure_channel(server.target) as channel:
+                stub = pb_grpc.SleuthStub(channel)
+                by_id = await stub.CheckDialogue(_with_reference(audio, voice_id="old"), timeout=120)
+                sent = await stub.CheckDialogue(_with_reference(audio, audio=enc(clip)), timeout=120)
+            after = (await client.get_voice("old")).clips[0]
+    finally:
+        await server.stop()
+    assert before.low_band_db is None and registered.low_band_db is not None
+    assert after.low_band_db == pytest.approx(registered.low_band_db)  # measured again, and stored
+    assert (after.bandwidth_hz, after.clipped_fraction, after.snr_db) == (
+        registered.bandwidth_hz, registered.clipped_fraction, registered.snr_db
+    )  # fmt: skip
+    assert _telephoned(by_id) == _telephoned(sent)
+    assert all(t.compared_above_hz == 300.0 for t in by_id.turns)

@@ -367,8 +367,9 @@ def test_voices_commands_register_list_show_and_delete(served: str, speech: Spee
     shown = run("voices", "show", "bob-cli", "--target", served)
     assert shown.returncode == 0 and "ge2e" in shown.stdout and "#0" in shown.stdout
     clip_row = next(line.split() for line in shown.stdout.splitlines() if line.startswith("#0"))
-    band, clipped, snr = map(float, clip_row[-3:])  # the clip's channel as registered
+    band, clipped, snr, low_band = map(float, clip_row[-4:])  # the clip's channel as registered
     assert 4.0 < band <= 8.0 and clipped < 0.1 and snr == 20.0, shown.stdout  # kHz, %, dB (clean synthetic)
+    assert -20.0 < low_band < 0.0, shown.stdout  # dB: it kept its band below 300 Hz (a telephone clip: about -28)
     assert run("voices", "delete", "bob-cli", "--target", served).stdout.strip() == "deleted voice bob-cli"
     gone = run("voices", "show", "bob-cli", "--target", served)
     assert gone.returncode == 2 and gone.stderr.startswith("error: NOT_FOUND: ") and "Traceback" not in gone.stderr

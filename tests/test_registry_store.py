@@ -341,14 +341,14 @@ def test_everything_survives_close_and_reopen(location: str) -> None:
 
 
 # The columns each schema version added to registry_clips, and a clip's fields they hold.
-_ADDED = {"2": ("bandwidth_hz",), "3": ("plateau", "snr_db")}
+_ADDED = {"2": ("bandwidth_hz",), "3": ("plateau", "snr_db"), "4": ("low_band_db",)}
 
 
-@pytest.mark.parametrize("version", ["1", "2"])
+@pytest.mark.parametrize("version", ["1", "2", "3"])
 def test_an_older_registry_is_upgraded_in_place_and_keeps_its_voices(location: str, version: str) -> None:
     """A registry written before clips' channels were recorded (schema version 1: no bandwidth; 2: no plateau or
-    SNR) is upgraded when a sleuthd opens it: its voices read as before, without those figures; new voices record
-    them. One that is newer than this sleuthd is refused with what to do."""
+    SNR; 3: no low band level) is upgraded when a sleuthd opens it: its voices read as before, without those
+    figures; new voices record them. One that is newer than this sleuthd is refused with what to do."""
     old = _open(location)
     assert isinstance(old, SqlStore)
     old.register("kim", clips_for(2), embeddings=[embedding_for("kim")])
@@ -368,37 +368,46 @@ def test_an_older_registry_is_upgraded_in_place_and_keeps_its_voices(location: s
     np.testing.assert_array_equal(kim.embeddings[0].vector, vector_for("kim", WEIGHTS_A))
     # Measured later from its kept clips (sleuthd.registry.voices), they are recorded in place.
     with pytest.raises(OutOfSequence, match="was replaced"):
-        store.put_channels("kim", [(4000.0, 0.0, 20.0)] * 2, revision=kim.revision + 1)
+        store.put_channels("kim", [(4000.0, 0.0, 20.0, -10.0)] * 2, revision=kim.revision + 1)
     with pytest.raises(InvalidRequest, match="has 2 clips; 1 channels were sent"):
-        store.put_channels("kim", [(4000.0, 0.0, 20.0)], revision=kim.revision)
+        store.put_channels("kim", [(4000.0, 0.0, 20.0, -10.0)], revision=kim.revision)
     with pytest.raises(InvalidRequest, match="clip 1: plateau must be a fraction"):
-        store.put_channels("kim", [(4000.0, 0.0, 20.0), (4000.0, -0.5, 20.0)], revision=kim.revision)
+        store.put_channels("kim", [(4000.0, 0.0, 20.0, -10.0), (4000.0, -0.5, 20.0, -10.0)], revision=kim.revision)
+    with pytest.raises(InvalidRequest, match="clip 0: low_band_db must be a finite number"):
+        store.put_channels(
+            "kim", [(4000.0, 0.0, 20.0, float("nan")), (4000.0, 0.0, 20.0, -10.0)], revision=kim.revision
+        )
     with pytest.raises(UnknownName):
         store.put_channels("nobody", [], revision=1)
-    store.put_channels("kim", [(4000.0, 0.0, 20.0), (7000.0, 0.02, 9.5)], revision=kim.revision)
+    store.put_channels("kim", [(4000.0, 0.0, 20.0, -10.0), (7000.0, 0.02, 9.5, -28.5)], revision=kim.revision)
     got = store.get("kim", with_audio=True)
-    assert [(c.bandwidth_hz, c.plateau, c.snr_db) for c in got.clips] == [(4000.0, 0.0, 20.0), (7000.0, 0.02, 9.5)]
+    assert [(c.bandwidth_hz, c.plateau, c.snr_db, c.low_band_db) for c in got.clips] == [
+        (4000.0, 0.0, 20.0, -10.0), (7000.0, 0.02, 9.5, -28.5)
+    ]  # fmt: skip
     assert [c.data for c in got.clips] == [c.data for c in kim.clips] and got.revision == kim.revision
     measured = [
-        dataclasses.replace(c, bandwidth_hz=3900.0 + k, plateau=0.01 * k, snr_db=12.5 + k)
+        dataclasses.replace(c, bandwidth_hz=3900.0 + k, plateau=0.01 * k, snr_db=12.5 + k, low_band_db=-12.0 - 16 * k)
         for k, c in enumerate(clips_for(2, start=5))
     ]
     for got in (store.register("lea", measured), store.get("lea")):
-        assert [(c.bandwidth_hz, c.plateau, c.snr_db) for c in got.clips] == [(3900.0, 0.0, 12.5), (3901.0, 0.01, 13.5)]
+        assert [(c.bandwidth_hz, c.plateau, c.snr_db, c.low_band_db) for c in got.clips] == [
+            (3900.0, 0.0, 12.5, -12.0), (3901.0, 0.01, 13.5, -28.0)
+        ]  # fmt: skip
     clip = clips_for(1)[0]
     for field, value, message in (
         ("bandwidth_hz", float("nan"), "bandwidth_hz must be a positive number"),
         ("plateau", 1.5, "plateau must be a fraction from 0 to 1"),
         ("snr_db", float("inf"), "snr_db must be a finite number"),
+        ("low_band_db", float("-inf"), "low_band_db must be a finite number"),
     ):
         with pytest.raises(InvalidRequest, match=message):
             store.register("max", [dataclasses.replace(clip, **{field: value})])
     with store._transaction(write=True) as cur:
         cur.execute("SELECT value FROM registry_meta WHERE key = 'schema_version'")
-        assert cur.fetchone()[0] == "3"
-        cur.execute("UPDATE registry_meta SET value = '4' WHERE key = 'schema_version'")
+        assert cur.fetchone()[0] == "4"
+        cur.execute("UPDATE registry_meta SET value = '5' WHERE key = 'schema_version'")
     store.close()
-    with pytest.raises(RegistryUnavailable, match="schema is version 4; this sleuthd reads version 3: upgrade sleuthd"):
+    with pytest.raises(RegistryUnavailable, match="schema is version 5; this sleuthd reads version 4: upgrade sleuthd"):
         _open(location)
 
 

@@ -128,16 +128,17 @@ def voice_text(v: Any) -> str:
     for k, val in sorted(v.metadata.items()):
         lines.append(f"  {k} = {val}")
     rows: list[tuple[str, ...]] = [
-        ("clip", "sha256", "bytes", "audio s", "speech s", "band kHz", "clipped %", "SNR dB")
+        ("clip", "sha256", "bytes", "audio s", "speech s", "band kHz", "clipped %", "SNR dB", "low band dB")
     ]
     for n, c in enumerate(v.clips):
         # "-": registered before it was recorded (or too short or silent to tell)
         band = "-" if c.bandwidth_hz is None else f"{c.bandwidth_hz / 1000:.1f}"
         clipped = "-" if c.clipped_fraction is None else f"{100 * c.clipped_fraction:.2f}"
         snr = "-" if c.snr_db is None else f"{c.snr_db:.1f}"
+        low = "-" if c.low_band_db is None else f"{c.low_band_db:.1f}"
         rows.append(
             (f"#{n}", c.sha256[:16], str(c.size_bytes), f"{c.audio_seconds:.2f}", f"{c.speech_seconds:.2f}", band,
-             clipped, snr)
+             clipped, snr, low)
         )  # fmt: skip
     lines += _align(rows)
     embedded: list[tuple[str, ...]] = [("encoder", "weights sha256", "dimension", "loaded")]

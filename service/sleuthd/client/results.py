@@ -296,6 +296,9 @@ class VoiceClip:
     # recorded, or too short or silent to tell.
     clipped_fraction: float | None = None
     snr_db: float | None = None
+    # Power at 60-250 Hz over 300-3400 Hz (dB; a telephone clip about -28); None for a clip registered before it was
+    # recorded (until the voice's first use in a judgment, when its audio was kept), or too short or silent to tell.
+    low_band_db: float | None = None
 
 
 @dataclass(frozen=True)
@@ -334,7 +337,7 @@ class VoiceInfo:
             clips=tuple(
                 VoiceClip(
                     c.sha256, c.size_bytes, c.audio_seconds, c.speech_seconds, _opt(c, "bandwidth_hz"),
-                    _opt(c, "clipped_fraction"), _opt(c, "snr_db"),
+                    _opt(c, "clipped_fraction"), _opt(c, "snr_db"), _opt(c, "low_band_db"),
                 )
                 for c in v.clips
             ),

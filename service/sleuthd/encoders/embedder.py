@@ -207,8 +207,8 @@ class ClipEmbedder:
         return await self.copies(encoder, NARROWBAND, audios, deadline)
 
     async def channels(self, audios: Sequence[tuple[AudioInput, str]]) -> list[Channel]:
-        """Each clip's channel (bandwidth, plateau fraction, SNR), measured on a worker thread, as the fused
-        encoder's shared decode measures it (what a registration records). AudioError names the label."""
+        """Each clip's channel (bandwidth, plateau fraction, SNR, low band level), measured on a worker thread, as
+        the fused encoder's shared decode measures it (what a registration records). AudioError names the label."""
 
         async def one(audio: AudioInput, label: str) -> Channel:
             try:

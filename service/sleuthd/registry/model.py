@@ -33,9 +33,9 @@ MAX_EMBEDDING_DIM = 8192
 NARROWBAND_SUFFIX = f"+band{NARROW_CUTOFF_HZ:.0f}"
 
 
-# A clip's channel as measured: bandwidth (Hz), plateau fraction, SNR (dB); None where not measured (the fields of
-# sleuthd.encoders.clips.Channel, which is one).
-ClipChannel = tuple[float | None, float | None, float | None]
+# A clip's channel as measured: bandwidth (Hz), plateau fraction, SNR (dB), low band level (dB); None where not
+# measured (the fields of sleuthd.encoders.clips.Channel, which is one).
+ClipChannel = tuple[float | None, float | None, float | None, float | None]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,9 @@ class ClipInput:
     bandwidth_hz: float | None = None  # its effective bandwidth (sleuthd.audio.bandwidth); None: not measured
     plateau: float | None = None  # its plateau fraction (sleuthd.audio.clipping); None: not measured, or silent
     snr_db: float | None = None  # its estimated SNR (sleuthd.audio.noise); None: not measured, or too short to tell
+    # Its low band level, 60-250 Hz over 300-3400 Hz in dB (sleuthd.audio.bandwidth.band_measures): what tells a
+    # telephone clip; None: not measured, or too short or silent to tell.
+    low_band_db: float | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ class StoredClip:
     # for a clip registered before schema version 3 recorded them (or silent, or too short to tell).
     plateau: float | None = None
     snr_db: float | None = None
+    # Its low band level (dB), what telephone-band matching compares a voice's turns with; None for a clip registered
+    # before schema version 4 recorded it (or too short or silent to tell).
+    low_band_db: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,20 +240,25 @@ def check_clips(clips: Sequence[ClipInput], config: RegistryConfig) -> list[Stor
         if digest in seen:
             raise InvalidRequest(f"clip {k} has the same bytes as clip {seen[digest]}; send each clip once")
         seen[digest] = k
-        channel = check_channel(k, clip.bandwidth_hz, clip.plateau, clip.snr_db)
+        channel = check_channel(k, clip.bandwidth_hz, clip.plateau, clip.snr_db, clip.low_band_db)
         stored.append(StoredClip(digest, len(data), clip.pcm, clip.audio_seconds, clip.speech_seconds, data, *channel))
     return stored
 
 
-def check_channel(k: int, width: float | None, plateau: float | None, snr: float | None) -> ClipChannel:
-    """Validate clip ``k``'s channel as measured: bandwidth (Hz), plateau fraction, SNR (dB); None: not measured."""
+def check_channel(
+    k: int, width: float | None, plateau: float | None, snr: float | None, low_band: float | None
+) -> ClipChannel:
+    """Validate clip ``k``'s channel as measured: bandwidth (Hz), plateau fraction, SNR (dB), low band level (dB);
+    None: not measured."""
     if width is not None and not (math.isfinite(width) and width > 0):
         raise InvalidRequest(f"clip {k}: bandwidth_hz must be a positive number or None, got {width}")
     if plateau is not None and not (math.isfinite(plateau) and 0 <= plateau <= 1):
         raise InvalidRequest(f"clip {k}: plateau must be a fraction from 0 to 1 or None, got {plateau}")
     if snr is not None and not math.isfinite(snr):
         raise InvalidRequest(f"clip {k}: snr_db must be a finite number or None, got {snr}")
-    return width, plateau, snr
+    if low_band is not None and not math.isfinite(low_band):
+        raise InvalidRequest(f"clip {k}: low_band_db must be a finite number or None, got {low_band}")
+    return width, plateau, snr, low_band
 
 
 def check_embedding(e: Embedding) -> np.ndarray:

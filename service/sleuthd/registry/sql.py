@@ -26,7 +26,7 @@ from sleuthd.registry.store import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, RegistryUna
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 _TOKEN_PREFIX = "v1."
 
 # {id}: the voice id column type (PostgreSQL pins the "C" collation so ids sort bytewise, as in SQLite);
@@ -55,6 +55,7 @@ SCHEMA = (
         bandwidth_hz DOUBLE PRECISION,
         plateau DOUBLE PRECISION,
         snr_db DOUBLE PRECISION,
+        low_band_db DOUBLE PRECISION,
         PRIMARY KEY (voice_id, idx))""",
     """CREATE TABLE IF NOT EXISTS registry_embeddings (
         voice_id {id} NOT NULL REFERENCES registry_voices (voice_id) ON DELETE CASCADE,
@@ -82,12 +83,14 @@ MIGRATIONS = {
         "ALTER TABLE registry_clips ADD COLUMN plateau DOUBLE PRECISION",
         "ALTER TABLE registry_clips ADD COLUMN snr_db DOUBLE PRECISION",
     ),
+    # 3 -> 4: each clip's low band level (telephone-band matching); NULL for the clips registered before.
+    "3": ("ALTER TABLE registry_clips ADD COLUMN low_band_db DOUBLE PRECISION",),
 }
 
 _VOICE_COLS = "voice_id, metadata, created_us, updated_us, revision, speech_seconds, audio_kept"
 _CLIP_COLS = (
     "voice_id, sha256, n_bytes, pcm_encoding, sample_rate_hz, channels, audio_seconds, speech_seconds, bandwidth_hz, "
-    "plateau, snr_db"
+    "plateau, snr_db, low_band_db"
 )
 _EMB_COLS = "voice_id, encoder, weights_sha256, dim, dtype, vector, created_us"
 
@@ -229,10 +232,10 @@ class SqlStore(ABC):
             for k, c in enumerate(stored):
                 cur.execute(
                     "INSERT INTO registry_clips (voice_id, idx, sha256, n_bytes, pcm_encoding, sample_rate_hz, "
-                    "channels, audio_seconds, speech_seconds, bandwidth_hz, plateau, snr_db, data) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "channels, audio_seconds, speech_seconds, bandwidth_hz, plateau, snr_db, low_band_db, data) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (voice_id, k, c.sha256, c.n_bytes, *m.pcm_columns(c.pcm), c.audio_seconds, c.speech_seconds,
-                     c.bandwidth_hz, c.plateau, c.snr_db, c.data if keep else None),
+                     c.bandwidth_hz, c.plateau, c.snr_db, c.low_band_db, c.data if keep else None),
                 )  # fmt: skip
             for e, v in zip(embeddings, vectors, strict=True):
                 self._upsert_embedding(cur, voice_id, e, v, t)
@@ -310,11 +313,11 @@ class SqlStore(ABC):
             n = int(cur.fetchone()[0])
             if n != len(checked):
                 raise InvalidRequest(f"voice {voice_id!r} has {n} clips; {len(checked)} channels were sent")
-            for k, (width, plateau, snr) in enumerate(checked):
+            for k, (width, plateau, snr, low_band) in enumerate(checked):
                 cur.execute(
-                    "UPDATE registry_clips SET bandwidth_hz = ?, plateau = ?, snr_db = ? "
+                    "UPDATE registry_clips SET bandwidth_hz = ?, plateau = ?, snr_db = ?, low_band_db = ? "
                     "WHERE voice_id = ? AND idx = ?",
-                    (width, plateau, snr, voice_id, k),
+                    (width, plateau, snr, low_band, voice_id, k),
                 )
 
     # ------------------------------------------------------------------------------------------- reads
@@ -356,10 +359,10 @@ class SqlStore(ABC):
             ids,
         )
         clips: dict[str, list[m.StoredClip]] = {i: [] for i in ids}
-        for vid, sha, n, enc, rate, ch, audio_s, speech_s, width, plateau, snr, data in cur.fetchall():
+        for vid, sha, n, enc, rate, ch, audio_s, speech_s, width, plateau, snr, low_band, data in cur.fetchall():
             pcm = m.pcm_from_columns(enc, rate, ch)
             blob = None if data is None else bytes(data)
-            channel = (None if x is None else float(x) for x in (width, plateau, snr))
+            channel = (None if x is None else float(x) for x in (width, plateau, snr, low_band))
             clips[vid].append(m.StoredClip(sha, int(n), pcm, float(audio_s), float(speech_s), blob, *channel))
         cur.execute(
             f"SELECT {_EMB_COLS} FROM registry_embeddings WHERE voice_id IN ({_in_list(len(ids))}) "

@@ -76,8 +76,8 @@ class VoiceStore(Protocol):
         ...
 
     def put_channels(self, voice_id: str, channels: Sequence[ClipChannel], *, revision: int) -> None:
-        """Record each of the voice's clips' channel (bandwidth Hz, plateau fraction, SNR dB), one per clip in
-        order: for a voice registered before they were recorded, measured from its kept clips. Refused
+        """Record each of the voice's clips' channel (bandwidth Hz, plateau fraction, SNR dB, low band level dB), one
+        per clip in order: for a voice registered before they were recorded, measured from its kept clips. Refused
         (OutOfSequence) if the voice was replaced since it was read at ``revision``."""
         ...
 

@@ -9,11 +9,12 @@ weights: a voice enrolled before an encoder was re-exported is re-embedded from 
 use, or refused with the way to re-enrol it when its clips were not kept.
 
 For channel matching (sleuthd.judgment.channel_matching) a voice also records each clip's channel (effective
-bandwidth, plateau fraction, SNR) and, where the server band-matches, an embedding of its clips' copies low-passed
-at the common band, stored under the encoder key with a "+band3600" suffix (the same weights; made from the
-stored clips on first use when missing, as a re-embedding is). Its clipped or noisy copies depend on the other
-clips of the dialogue it is a reference in (the target is the speaker's most clipped or noisiest piece), so they
-are made per request from the kept clips and not stored; a voice registered without its audio cannot have them.
+bandwidth, plateau fraction, SNR, low band level) and, where the server band-matches, an embedding of its clips'
+copies low-passed at the common band, stored under the encoder key with a "+band3600" suffix (the same weights;
+made from the stored clips on first use when missing, as a re-embedding is). Its clipped, noisy or telephone-band
+copies depend on the other clips of the dialogue it is a reference in (the target is the speaker's most clipped or
+noisiest piece; the telephone band is used only beside a telephone clip), so they are made per request from the kept
+clips and not stored; a voice registered without its audio cannot have them.
 """
 
 from __future__ import annotations
@@ -157,8 +158,7 @@ class VoiceRegistry:
         # Lengths as the default encoder's path measured them (its loudness target feeds the VAD).
         _, measured = per_encoder[names.index(self.default_encoder)]
         clips = [
-            # The registry records bandwidth, plateau and SNR (not the low band level: see channels()).
-            ClipInput(a.data, a.pcm, c.audio_seconds, c.speech_seconds, *channel[:3])
+            ClipInput(a.data, a.pcm, c.audio_seconds, c.speech_seconds, *channel)
             for a, c, channel in zip(request.clips, measured, channels, strict=True)
         ]
         return await self.store.register(
@@ -268,26 +268,24 @@ class VoiceRegistry:
 
     async def channels(self, voice_id: str) -> tuple[Channel, ...]:
         """Each of the voice's clips' channel as registered. A voice registered before they were recorded (schema
-        version 2 or 3) has them measured from its kept clips on first use, and stored, as a missing embedding is
-        made; one whose clips were not kept has None where they were not recorded. UnknownName when no such
-        voice."""
+        version 1 to 3) has them measured from its kept clips on first use, and stored, as a missing embedding is
+        made; one whose clips were not kept has None where they were not recorded (a clip without its low band level
+        never counts as a telephone clip). UnknownName when no such voice."""
         voice = await self.store.get(voice_id)
-        # Every usable clip has a plateau fraction (None only for a silent one): None here means "not recorded".
-        if voice.audio_kept and any(c.plateau is None for c in voice.clips):
+        # Every enrolled clip has speech, so a plateau fraction and a low band level (None only for a silent or
+        # too-short one, which cannot be enrolled): None here means "not recorded".
+        if voice.audio_kept and any(c.plateau is None or c.low_band_db is None for c in voice.clips):
             voice = await self.store.get(voice_id, with_audio=True)
             audios = _kept_audio(voice)
             if audios is not None:
-                heard = await self.embedder.channels([(a, f"clip #{k}") for k, a in enumerate(audios)])
-                # The registry records bandwidth, plateau and SNR; the low band level is not recorded (yet), so a
-                # voice's clips never count in telephone-band matching, read now or later.
-                measured = tuple(Channel(*c[:3]) for c in heard)
+                measured = tuple(await self.embedder.channels([(a, f"clip #{k}") for k, a in enumerate(audios)]))
                 try:
-                    await self.store.put_channels(voice_id, [c[:3] for c in measured], revision=voice.revision)
+                    await self.store.put_channels(voice_id, measured, revision=voice.revision)
                 except OutOfSequence:
                     return await self.channels(voice_id)  # replaced meanwhile: its new clips were measured
                 logger.info("voice %s: its clips' channels measured from its stored clips", voice_id)
                 return measured
-        return tuple(Channel(c.bandwidth_hz, c.plateau, c.snr_db) for c in voice.clips)
+        return tuple(Channel(c.bandwidth_hz, c.plateau, c.snr_db, c.low_band_db) for c in voice.clips)
 
     async def copy_embedding(
         self, voice_id: str, encoder: WindowEncoder, how: ChannelCopy, deadline: float | None = None

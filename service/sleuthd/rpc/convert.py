@@ -309,6 +309,7 @@ def voice_to_pb(voice: Voice, registry: VoiceRegistry) -> pb.Voice:
                 bandwidth_hz=c.bandwidth_hz,
                 clipped_fraction=c.plateau,
                 snr_db=c.snr_db,
+                low_band_db=c.low_band_db,
             )
             for c in voice.clips
         ],

@@ -526,7 +526,7 @@ class RegisterVoiceRequest(_message.Message):
     def __init__(self, voice_id: _Optional[str] = ..., clips: _Optional[_Iterable[_Union[Audio, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., replace: _Optional[bool] = ..., keep_audio: _Optional[bool] = ...) -> None: ...
 
 class VoiceClip(_message.Message):
-    __slots__ = ("sha256", "size_bytes", "audio_seconds", "speech_seconds", "bandwidth_hz", "clipped_fraction", "snr_db")
+    __slots__ = ("sha256", "size_bytes", "audio_seconds", "speech_seconds", "bandwidth_hz", "clipped_fraction", "snr_db", "low_band_db")
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -534,6 +534,7 @@ class VoiceClip(_message.Message):
     BANDWIDTH_HZ_FIELD_NUMBER: _ClassVar[int]
     CLIPPED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     SNR_DB_FIELD_NUMBER: _ClassVar[int]
+    LOW_BAND_DB_FIELD_NUMBER: _ClassVar[int]
     sha256: str
     size_bytes: int
     audio_seconds: float
@@ -541,7 +542,8 @@ class VoiceClip(_message.Message):
     bandwidth_hz: float
     clipped_fraction: float
     snr_db: float
-    def __init__(self, sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., bandwidth_hz: _Optional[float] = ..., clipped_fraction: _Optional[float] = ..., snr_db: _Optional[float] = ...) -> None: ...
+    low_band_db: float
+    def __init__(self, sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., speech_seconds: _Optional[float] = ..., bandwidth_hz: _Optional[float] = ..., clipped_fraction: _Optional[float] = ..., snr_db: _Optional[float] = ..., low_band_db: _Optional[float] = ...) -> None: ...
 
 class VoiceEmbedding(_message.Message):
     __slots__ = ("encoder", "weights_sha256", "dimension", "created_at", "loaded")

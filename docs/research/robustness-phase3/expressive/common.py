@@ -1,0 +1,87 @@
+"""Shared loading and per-turn decomposition of the served fused `auto` (blend) for the expressive screen.
+
+Run from the repository root with PYTHONPATH=service:tools:. (see REPORT.md)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from sleuthd.api import SpeakerEncoder
+from sleuthd.config import EngineConfig
+from sleuthd.judgment.calibration import Calibration
+from sleuthd.judgment.evidence import EvidenceCalibration, RampModel, feature_matrix, pool_evidence, variant_of
+from sleuthd_bench.robustness import judges
+from sleuthd_bench.robustness.build import EMOTIONS
+from sleuthd_bench.robustness.cli import _load_all
+
+ROOT = Path("data/robustness")
+_cfg = EngineConfig()
+MATCH = (
+    _cfg.band_match_octaves,
+    _cfg.clip_match_spread,
+    _cfg.noise_match_db,
+    _cfg.noise_compose_db,
+    _cfg.telephone_band_db,
+)
+
+
+def load_models():
+    enc = SpeakerEncoder.load(Path("models"), encoder="fused")
+    raw = enc.manifest.raw
+    enc.close()
+    return Calibration.from_manifest(raw, "fused"), EvidenceCalibration.from_manifest(raw)
+
+
+def load(split, names, root=ROOT):
+    return _load_all(root, split, names)
+
+
+def metas(split, names, root=ROOT):
+    out = {}
+    for n in names:
+        for line in (root / f"{split}-{n}.jsonl").read_text().splitlines():
+            d = json.loads(line)
+            out[d["dialogue_id"]] = d
+    return out
+
+
+def emotion_of(src):
+    """Nearest preset to a clip's (pitch, rate, amplitude), in units of its jitter (+-8, +-15, +-15)."""
+    if not src or src.get("kind") != "espeak":
+        return "?"
+    p, s, a = src["p"], src["s"], src["a"]
+    best = min(EMOTIONS, key=lambda e: ((p - EMOTIONS[e][0]) / 8) ** 2 + ((s - EMOTIONS[e][1]) / 15) ** 2
+               + ((a - EMOTIONS[e][2]) / 15) ** 2)
+    return best
+
+
+def decompose(inst, ev, fcal):
+    """Per usable turn of the (channel-matched) instance: dict with the blend's pieces. None when nothing to judge."""
+    mi = judges.channel_matched(inst, *MATCH)
+    grams, has_ref, seconds, index = judges.evidence_inputs(mi)
+    if not len(seconds) or (len(seconds) < 2 and not has_ref):
+        return None
+    a = judges.auto_logits(mi.views["fused"], fcal)
+    evidence = {e: pool_evidence(grams[e], has_ref) for e in ev.encoders}
+    variant = variant_of(len(seconds), has_ref, False)
+    model = ev.models[variant]
+    x = feature_matrix(model.inputs, evidence, seconds)
+    r, pr = model.design(x)
+    k = len(model.features)
+    terms = {f: r[:, i, :] @ model.weights[i] for i, f in enumerate(model.features)}
+    for q, (fi, ci) in enumerate(model.pairs):
+        terms[model.features[fi]] = terms[model.features[fi]] + np.einsum("njl,jl->n", pr[:, q], model.pair_weights[q])
+    zev = model.logit(x)
+    b = ev.blend
+    lvl = evidence[b.level_encoder]["level"]
+    h = RampModel.hats(np.asarray(lvl, np.float64)[:, None], b.knots[None, :])[:, 0, :]
+    ew, aw, bias = h @ b.evidence_weights, h @ b.auto_weights, h @ b.bias
+    aclip = np.clip(a, -b.auto_logit_clip, b.auto_logit_clip)
+    levels = {e: float(np.median(evidence[e]["level"])) if not np.isnan(evidence[e]["level"]).any() else np.nan
+              for e in ev.encoders}
+    inside = b.inside(levels)
+    final = a if inside else bias + aclip * aw + zev * ew
+    return dict(index=index, inside=inside, auto=a, aclip=aclip, aw=aw, ew=ew, sbias=bias, zev=zev, model_bias=model.bias,
+                terms=terms, final=final, evidence=evidence, levels=levels, variant=variant, x=x,
+                inputs=model.inputs)
