@@ -102,10 +102,11 @@ class ChannelMatch:
 
     band: tuple[float, float] | None
     plateau: tuple[float, float] | None
-    # Noise matching: the least and most noisy SNR (dB, noisiest first) and the noisiest piece's audio (None: no
-    # longer kept, so its copies cannot be made).
+    # Noise matching: the least and most noisy SNR (dB, noisiest first), the noisiest piece's audio (None: no
+    # longer kept, so its copies cannot be made) and which piece that is (a turn id, or the reference's key).
     snr: tuple[float, float] | None = None
     noise: AudioInput | None = None
+    noisiest: str | None = None
     # Band-matched with a telephone clip among clips that kept their low band: the lowest and highest low band level
     # (dB; None: not so), and its copies lose the band below the telephone's low edge too.
     low_band: tuple[float, float] | None = None
@@ -239,7 +240,6 @@ class ChannelMatcher:
         # either); why its noisiest clip's audio cannot be read (speaker -> why).
         self._registered_copies: dict[tuple[ChannelCopy, str], np.ndarray | str] = {}
         self._registered_noise: dict[str, str] = {}
-        self._noisiest: dict[str, str] = {}  # speaker -> the key of their noisiest piece (noise-matched speakers)
         self._keeper = keeper
         self._max_kept = max_kept_bytes
         self._speakers: dict[str, _Speaker] = {}
@@ -328,17 +328,17 @@ class ChannelMatcher:
             if band is None or not telephone:
                 low_band = None
             if band is not None or plateau is not None or noisy is not None:
-                snr, noise = noisy or (None, None)
-                out[s] = ChannelMatch(band, plateau, snr=snr, noise=noise, low_band=low_band)
+                snr, noise, noisiest = noisy or (None, None, None)
+                out[s] = ChannelMatch(band, plateau, snr=snr, noise=noise, noisiest=noisiest, low_band=low_band)
         self._cache = (len(self._turns), out)  # turns are only ever added
         return out
 
     def _noise(
         self, speaker: str, entry: _Speaker, trigger: float
-    ) -> tuple[tuple[float, float], AudioInput | None] | None:
-        """The speaker's noise match, (SNR range, the noisiest piece's audio), if their pieces differ in SNR by more
-        than ``trigger`` dB (the usable turns in dialogue order, then the reference sent as audio or the registered
-        voice's clips; the noisiest is the first of the lowest SNR)."""
+    ) -> tuple[tuple[float, float], AudioInput | None, str] | None:
+        """The speaker's noise match, (SNR range, the noisiest piece's audio, its key), if their pieces differ in SNR
+        by more than ``trigger`` dB (the usable turns in dialogue order, then the reference sent as audio or the
+        registered voice's clips; the noisiest is the first of the lowest SNR)."""
         if not trigger > 0:
             return None
         pieces = [(snr, key) for _, snr, key in sorted(entry.snrs)]
@@ -350,11 +350,11 @@ class ChannelMatcher:
         high = max(p[0] for p in pieces)
         if not high - low > trigger:
             return None
-        noisiest = self._noisiest[speaker] = next(key for snr, key in pieces if snr == low)
+        noisiest = next(key for snr, key in pieces if snr == low)
         source = self._noise_sources.get(noisiest) or self._kept.get(noisiest)
         if source is not None:
             self._noise_sources[noisiest] = source
-        return (low, high), source
+        return (low, high), source, noisiest
 
     def _reference_channels(self, speaker: str) -> list[Channel]:
         """The channels of the speaker's reference: the clip sent as audio, or each clip of the registered voice
@@ -522,7 +522,7 @@ class ChannelMatcher:
             voice = self._registered.get(s)
             if voice is None or match.snr is None or match.noise is not None or s in self._registered_noise:
                 continue
-            if self._noisiest.get(s) != _REF + s:  # a turn no longer kept (a stream past its bound)
+            if match.noisiest != _REF + s:  # a turn no longer kept (a stream past its bound)
                 continue
             try:
                 self._noise_sources[_REF + s] = await voice.noisiest()

@@ -15,7 +15,9 @@ judges.evidence_flags) judges each instance; a variant then UNFLAGS some of its 
 - ``f0abs:DELTA:TAU``  clear a flagged turn whose median F0 (f0_extract.py, the clip as sent) lies >= DELTA octaves from
                    the median F0 of the speaker's other usable turns and reference (a prosodic outlier) AND whose
                    CAM++ pairwise cosine is >= TAU;
-- ``f0gap:DELTA:D``    the same with the CAM++ evidence gap < D instead of the absolute cosine.
+- ``f0gap:DELTA:D``    the same with the CAM++ evidence gap < D instead of the absolute cosine;
+- ``f0both:DELTA:TAU:TAUG``  as f0abs, and also GE2E's pairwise cosine >= TAUG (both encoders must still find the
+                   turn close to the speaker in absolute terms).
 
 Per-turn statistics are cached in runs/expressive/turns_<split>_<root>.pkl. --grid prints mean Bal over the
 conditions for each parameter (choose on train); --variant prints each condition against the served judgment,
@@ -40,6 +42,8 @@ ap.add_argument("conditions", nargs="?")
 ap.add_argument("--root", type=Path, default=common.ROOT)
 ap.add_argument("--grid", action="store_true")
 ap.add_argument("--f0grid", action="store_true", help="with --grid: the F0-guarded rules' grids instead")
+ap.add_argument("--bothgrid", action="store_true", help="with --grid: the f0both grid instead")
+ap.add_argument("--dump", help="VARIANT: list every flag it clears (scenario, gold, F0 deviation, cosines)")
 ap.add_argument("--variant", action="append", default=[])
 args = ap.parse_args()
 root = args.root
@@ -59,10 +63,14 @@ if todo:
             mi = judges.channel_matched(inst, *common.MATCH)
             pw = judges.paper_scores(mi.views["campplus"], "pairwise")
             cidx = mi.views["campplus"].index
+            gpw = judges.paper_scores(mi.views["ge2e"], "pairwise")
+            gidx = mi.views["ge2e"].index
             for k, pos in enumerate(d["index"]):
                 j = int(np.searchsorted(cidx, pos))
                 cam = float(pw[j]) if pw is not None and j < len(cidx) and cidx[j] == pos else np.nan
-                turns[int(pos)] = dict(cam=cam, gap=float(d["evidence"]["campplus"]["gap"][k]),
+                j = int(np.searchsorted(gidx, pos))
+                ge = float(gpw[j]) if gpw is not None and j < len(gidx) and gidx[j] == pos else np.nan
+                turns[int(pos)] = dict(cam=cam, ge=ge, gap=float(d["evidence"]["campplus"]["gap"][k]),
                                        inside=bool(d["inside"]), flag=int(pos) in flagged)
         assert {p for p, t in turns.items() if t["flag"]} == set(flagged), inst.dialogue_id
         table.setdefault(inst.condition, []).append(dict(
@@ -93,7 +101,9 @@ def f0_dev(rec, pos):
 def apply(rec, kind, tau):
     keep = set()
     delta = None
-    if kind.startswith("f0"):
+    if kind == "f0both":
+        delta, tau = tau[0], tau[1:]
+    elif kind.startswith("f0"):
         delta, tau = tau
     for pos in rec["flagged"]:
         t = rec["turns"][pos]
@@ -107,6 +117,8 @@ def apply(rec, kind, tau):
                 continue
         if kind == "f0abs":
             clear = t["cam"] >= tau
+        elif kind == "f0both":
+            clear = t["cam"] >= tau[0] and t["ge"] >= tau[1]
         elif kind == "f0gap":
             clear = t["gap"] < tau
         if kind == "abs":
@@ -131,7 +143,10 @@ mserved = {c: judges.metrics(served[c]) for c in names}
 if args.grid:
     grids = {"abs": np.round(np.arange(0.50, 0.86, 0.025), 3), "absin": np.round(np.arange(0.50, 0.86, 0.025), 3),
              "gap": np.round(np.arange(0.10, 0.42, 0.02), 3)}
-    if args.f0grid:
+    if args.bothgrid:
+        grids = {"f0both": [(d, t, g) for d in (0.3, 0.4, 0.5) for t in (0.55, 0.6, 0.65)
+                            for g in np.round(np.arange(0.70, 0.86, 0.025), 3)]}
+    elif args.f0grid:
         grids = {"f0abs": [(d, t) for d in (0.1, 0.2, 0.3, 0.4, 0.5) for t in np.round(np.arange(0.45, 0.81, 0.05), 3)],
                  "f0gap": [(d, g) for d in (0.1, 0.2, 0.3, 0.4, 0.5) for g in np.round(np.arange(0.10, 0.42, 0.04), 3)]}
     base = np.mean([mserved[c]["bal"] for c in names])
@@ -141,11 +156,21 @@ if args.grid:
             ms = {c: judges.metrics(records(c, lambda r: apply(r, kind, tau))) for c in names}
             d = {c: ms[c]["bal"] - mserved[c]["bal"] for c in names}
             worst = min(d, key=d.get)
-            label = f"{tau[0]:g}:{tau[1]:g}" if isinstance(tau, tuple) else f"{tau:g}"
+            label = ":".join(f"{v:g}" for v in tau) if isinstance(tau, tuple) else f"{tau:g}"
             print(f"  {kind}:{label:<9s} mean Bal {np.mean([m['bal'] for m in ms.values()]):6.2f} "
                   f"({np.mean(list(d.values())):+.2f}); worst {worst} {d[worst]:+.2f}; "
                   f"mean S1/S2/S3 {np.mean([m['S1'] for m in ms.values()]):.1f}/{np.mean([m['S2'] for m in ms.values()]):.1f}/"
                   f"{np.mean([m['S3'] for m in ms.values()]):.1f}", flush=True)
+if args.dump:
+    kind, _, tau = args.dump.partition(":")
+    tau = tuple(float(v) for v in tau.split(":")) if kind.startswith("f0") else float(tau)
+    print(f"{args.split}: flags cleared by {args.dump}")
+    for c in names:
+        for r in table[c]:
+            for pos in sorted(r["flagged"] - apply(r, kind, tau)):
+                t = r["turns"][pos]
+                print(f"  {c:20s} {r['dialogue']:32s} {r['scenario']} turn {pos} {'INTRUDER' if pos in r['gold'] else 'genuine '}"
+                      f" F0 dev {t.get('f0dev', np.nan):.2f} oct  CAM++ {t['cam']:.3f}  GE2E {t['ge']:.3f}  CAM++ gap {t['gap']:.3f}")
 for spec in args.variant:
     kind, _, tau = spec.partition(":")
     tau = tuple(float(v) for v in tau.split(":")) if kind.startswith("f0") else float(tau)
