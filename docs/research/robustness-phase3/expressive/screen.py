@@ -16,6 +16,8 @@ judges.evidence_flags) judges each instance; a variant then UNFLAGS some of its 
                    the median F0 of the speaker's other usable turns and reference (a prosodic outlier) AND whose
                    CAM++ pairwise cosine is >= TAU;
 - ``f0gap:DELTA:D``    the same with the CAM++ evidence gap < D instead of the absolute cosine;
+- ``f0band:LO:HI:TAU``  as f0abs with the F0 deviation in [LO, HI) octaves: a jump of about an octave (another
+                   gender's typical distance) is never cleared;
 - ``f0both:DELTA:TAU:TAUG``  as f0abs, and also GE2E's pairwise cosine >= TAUG (both encoders must still find the
                    turn close to the speaker in absolute terms).
 
@@ -42,6 +44,7 @@ ap.add_argument("conditions", nargs="?")
 ap.add_argument("--root", type=Path, default=common.ROOT)
 ap.add_argument("--grid", action="store_true")
 ap.add_argument("--f0grid", action="store_true", help="with --grid: the F0-guarded rules' grids instead")
+ap.add_argument("--bandgrid", action="store_true", help="with --grid: the f0band grid instead")
 ap.add_argument("--bothgrid", action="store_true", help="with --grid: the f0both grid instead")
 ap.add_argument("--dump", help="VARIANT: list every flag it clears (scenario, gold, F0 deviation, cosines)")
 ap.add_argument("--variant", action="append", default=[])
@@ -101,8 +104,11 @@ def f0_dev(rec, pos):
 def apply(rec, kind, tau):
     keep = set()
     delta = None
+    hi = np.inf
     if kind == "f0both":
         delta, tau = tau[0], tau[1:]
+    elif kind == "f0band":
+        delta, hi, tau = tau
     elif kind.startswith("f0"):
         delta, tau = tau
     for pos in rec["flagged"]:
@@ -112,10 +118,10 @@ def apply(rec, kind, tau):
             dev = t.get("f0dev")
             if dev is None:
                 dev = t["f0dev"] = f0_dev(rec, pos)
-            if not (dev >= delta):
+            if not (delta <= dev < hi):
                 keep.add(pos)
                 continue
-        if kind == "f0abs":
+        if kind in ("f0abs", "f0band"):
             clear = t["cam"] >= tau
         elif kind == "f0both":
             clear = t["cam"] >= tau[0] and t["ge"] >= tau[1]
@@ -143,7 +149,10 @@ mserved = {c: judges.metrics(served[c]) for c in names}
 if args.grid:
     grids = {"abs": np.round(np.arange(0.50, 0.86, 0.025), 3), "absin": np.round(np.arange(0.50, 0.86, 0.025), 3),
              "gap": np.round(np.arange(0.10, 0.42, 0.02), 3)}
-    if args.bothgrid:
+    if args.bandgrid:
+        grids = {"f0band": [(lo, hi, t) for lo in (0.3, 0.4, 0.5) for hi in (0.6, 0.65, 0.7, 0.75, 0.8, 0.9)
+                            for t in (0.5, 0.55, 0.6, 0.65) if hi > lo]}
+    elif args.bothgrid:
         grids = {"f0both": [(d, t, g) for d in (0.3, 0.4, 0.5) for t in (0.55, 0.6, 0.65)
                             for g in np.round(np.arange(0.70, 0.86, 0.025), 3)]}
     elif args.f0grid:
@@ -188,4 +197,16 @@ for spec in args.variant:
               f"{m['S2']:.1f}/{m['S3']:.1f}) | {cmp.bal.difference:+.2f} [{cmp.bal.low:+.2f}, {cmp.bal.high:+.2f}] | {cleared} |",
               flush=True)
     b, v = np.array(means).T
-    print(f"| mean of {len(names)} | {b.mean():.2f} | {v.mean():.2f} | {v.mean() - b.mean():+.2f} | |")
+    # The mean over the conditions, paired: each condition's dialogues resampled on their own (2000 times, seed 0).
+    rng = np.random.default_rng(0)
+    boot = np.zeros(2000)
+    for c in names:
+        rb, vb = paired._per_dialogue(served[c]), paired._per_dialogue(records(c, lambda r: apply(r, kind, tau)))
+        ids = sorted(rb)
+        B = np.array([[rb[d][x][0] for x in ("S1", "S2", "S3")] for d in ids])
+        V = np.array([[vb[d][x][0] for x in ("S1", "S2", "S3")] for d in ids])
+        idx = rng.integers(0, len(ids), size=(2000, len(ids)))
+        boot += paired._balanced(V[idx].mean(axis=1)) - paired._balanced(B[idx].mean(axis=1))
+    boot /= len(names)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    print(f"| mean of {len(names)} | {b.mean():.2f} | {v.mean():.2f} | {v.mean() - b.mean():+.2f} [{lo:+.2f}, {hi:+.2f}] | |")
