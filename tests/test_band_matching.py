@@ -545,3 +545,51 @@ async def test_a_voice_registered_before_its_low_band_was_recorded_has_it_measur
     )  # fmt: skip
     assert _telephoned(by_id) == _telephoned(sent)
     assert all(t.compared_above_hz == 300.0 for t in by_id.turns)
+
+
+# ---- RankCandidates: a candidate's fit is the verdict CheckDialogue gives it in the slot
+
+
+async def test_a_candidates_fit_is_the_verdict_check_dialogue_gives_it_in_the_slot(
+    stub: pb_grpc.SleuthStub, speech: Speech
+) -> None:
+    """A regenerated turn's candidates: the speaker's own voice as WAV, through the telephone and as lowest-bitrate
+    Opus, and another voice as WAV and through the telephone. Each candidate's fit (probability, status, detail) is
+    exactly what CheckDialogue's auto gives it as one more turn beside the context, with the reference, channel
+    matching included, whatever the ranking method. It had been the calibration's alone on the clips as sent: the
+    speaker's own telephone candidate got 0.000 where the gate, comparing at the telephone band, passes it (0.94)."""
+    from sleuthd.client.results import Ranking
+
+    context = [speech.wav_bytes(VOICE_A, k) for k in range(4)]
+    reference = speech.wav_bytes(VOICE_A, 5)
+    candidates = {
+        "own": speech.wav_bytes(VOICE_A, 6),
+        "own-phone": telephone(speech.wav_bytes(VOICE_A, 6)),
+        "own-opus": lowest_bitrate_opus(speech.wav_bytes(VOICE_A, 6)),
+        "other": speech.wav_bytes(VOICE_F, 3),
+        "other-phone": telephone(speech.wav_bytes(VOICE_F, 3)),
+    }
+    in_slot = {}
+    for cid, data in candidates.items():
+        req = check_request([*context, data])
+        req.references.add(speaker="B", audio=enc(reference))
+        in_slot[cid] = (await stub.CheckDialogue(req, timeout=120)).turns[-1]
+    for method in (pb.METHOD_AUTO, pb.METHOD_CENTROID):
+        rank = pb.RankCandidatesRequest(speaker="B", options=pb.CheckOptions(encoder="fused", method=method))
+        rank.context.extend(enc(c) for c in context)
+        rank.reference.CopyFrom(enc(reference))
+        for cid, data in candidates.items():
+            rank.candidates.add(candidate_id=cid, audio=enc(data))
+        ranked = await stub.RankCandidates(rank, timeout=120)
+        for c in ranked.candidates:
+            slot = in_slot[c.candidate_id]
+            assert c.fit_probability == pytest.approx(1 - slot.score, abs=1e-9), (c.candidate_id, method)
+            assert (c.fit_status, c.fit_detail) == (slot.status, slot.detail), (c.candidate_id, method)
+    fit = {c.candidate_id: c for c in ranked.candidates}
+    assert fit["own"].fit_status == pb.CONSISTENT and fit["own"].fit_probability > 0.9
+    assert fit["own-phone"].fit_status == pb.CONSISTENT and fit["own-phone"].fit_probability > 0.5
+    assert fit["own-phone"].fit_detail.startswith("compared at 0.3-3.6 kHz"), fit["own-phone"].fit_detail
+    assert all(fit[c].fit_status == pb.INCONSISTENT for c in ("other", "other-phone")), ranked
+    typed = {c.candidate_id: c for c in Ranking.from_pb(ranked).candidates}  # the client library reads them
+    assert typed["own-phone"].fit_status == "consistent" and typed["other"].fit_status == "inconsistent"
+    assert typed["own-phone"].fit_detail == fit["own-phone"].fit_detail

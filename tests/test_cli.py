@@ -192,9 +192,10 @@ def test_rank_ids_stay_unique_across_folders_and_auto_shows_fit_probability(
     table = run(*args, "--method", "auto")
     assert table.returncode == 0, table.stderr
     header, first = table.stdout.splitlines()[1:3]
-    assert header.split() == ["rank", "candidate", "score", "fit", "p", "speech", "s"]
+    assert header.split() == ["rank", "candidate", "score", "fit", "p", "verdict", "speech", "s"]
     fit = float(first.split()[3])
-    assert first.split()[1] == "c1/t05.wav" and 0.5 < fit <= 1.0
+    assert first.split()[1] == "c1/t05.wav" and 0.5 < fit <= 1.0 and first.split()[4] == "consistent"
+    assert "(verdict = what CheckDialogue would say of the candidate in the slot)" in table.stdout
     twice = str(tmp_path / "c2" / ".." / "c1" / "t05.wav")
     same = run("rank", "--target", served, "--context", *context, "--candidate", c1, "--candidate", twice)
     assert same.returncode == 2 and "is given twice" in same.stderr

@@ -257,6 +257,10 @@ class RankedCandidateResult:
     higher_is_better: bool
     speech_seconds: float
     fit_probability: float | None = None  # P(belongs to the speaker), when the encoder is calibrated
+    # The verdict CheckDialogue's auto gives the candidate in the slot (beside the context, with the reference), and
+    # its detail: the fit's status and why (encoder methods with a calibration; None and "" otherwise).
+    fit_status: TurnStatus | None = None
+    fit_detail: str = ""
     # Method lalm (the score is then the judge's probability that this candidate is the speaker's voice):
     judge_answer_mass: float | None = None  # mean probability the judge put on any option letter
     judge_calibrated: bool = False

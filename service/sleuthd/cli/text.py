@@ -83,13 +83,19 @@ def ranking_table(r: pb.RankCandidatesResponse) -> str:
         f"score = {scale.replace('_', ' ')} ({better} is better), {r.usable_context} usable context clips"
     ]
     calibrated = any(c.HasField("fit_probability") for c in r.candidates)
-    rows = [("rank", "candidate", "score", *(("fit p",) if calibrated else ()), "speech s")]
+    judged = any(c.HasField("fit_status") for c in r.candidates)
+    fit_head = (("fit p",) if calibrated else ()) + (("verdict",) if judged else ())
+    rows = [("rank", "candidate", "score", *fit_head, "speech s")]
     for c in r.candidates:
-        fit = (_fmt(c, "fit_probability"),) if calibrated else ()
+        fit: tuple[str, ...] = (_fmt(c, "fit_probability"),) if calibrated else ()
+        if judged:
+            fit += (pb.TurnStatus.Name(c.fit_status).lower() if c.HasField("fit_status") else "-",)
         rows.append((f"{c.rank}.", c.candidate_id, f"{c.score:.4f}", *fit, f"{c.speech_seconds:.2f}"))
     lines += _align(rows)
     if calibrated:
         lines.append("(fit p = probability that the candidate belongs to the speaker if it filled the slot)")
+    if judged:
+        lines.append("(verdict = what CheckDialogue would say of the candidate in the slot)")
     return "\n".join(lines)
 
 

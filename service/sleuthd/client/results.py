@@ -260,6 +260,10 @@ class RankedCandidate:
     higher_is_better: bool
     speech_seconds: float
     fit_probability: float | None  # P(the candidate belongs to the speaker), 0..1, when calibrated
+    # CheckDialogue's verdict for the candidate in the slot ("consistent", "inconsistent", "uncertain"; None when not
+    # judged so: uncalibrated encoder, or method lalm) and its detail.
+    fit_status: str | None = None
+    fit_detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -279,6 +283,7 @@ class Ranking:
             RankedCandidate(
                 c.candidate_id, c.rank, c.score, c.score_scale, c.higher_is_better, c.speech_seconds,
                 _opt(c, "fit_probability"),
+                _name(pb.TurnStatus, c.fit_status) if c.HasField("fit_status") else None, c.fit_detail,
             )
             for c in r.candidates
         )  # fmt: skip

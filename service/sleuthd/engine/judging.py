@@ -26,10 +26,12 @@ from sleuthd.audio import SAMPLE_RATE
 from sleuthd.config import JudgeConfig
 from sleuthd.domain import (
     AudioInput,
+    CandidateInput,
     RankedCandidateResult,
     RankRequest,
     RankResult,
     Reference,
+    TurnResult,
     VoiceRef,
 )
 from sleuthd.encoders.clips import ClipEmbedding, Heard
@@ -38,11 +40,12 @@ from sleuthd.encoders.runner import WindowEncoder
 from sleuthd.engine.loading import start_judge
 from sleuthd.engine.memory import KeptAudio
 from sleuthd.errors import InvalidRequest, Unsupported
-from sleuthd.judgment.calibration import Calibration
+from sleuthd.judgment.calibration import Calibration, candidate_fit
 from sleuthd.judgment.channel_matching import ReferenceClip, RegisteredReference
-from sleuthd.judgment.dialogue import Dialogue, EncoderDialogue
+from sleuthd.judgment.dialogue import Dialogue, EncoderDialogue, TurnAudio
 from sleuthd.judgment.lalm_dialogue import LalmDialogue
 from sleuthd.judgment.options import LALM_THRESHOLD, ResolvedOptions
+from sleuthd.judgment.pool import stack_embeddings
 from sleuthd.judgment.ranking import check_evidence, rank_candidates, usable_context
 from sleuthd.judgment.scoring import Method
 from sleuthd.lalm.judge import NO_JUDGE, Judge
@@ -178,15 +181,36 @@ class EncoderJudging:
         )
         if reference_clip is not None:
             reference = reference_clip.embedding
+        fits = await self._slot_verdicts(request, opts, deadline) if opts.judgment.calibration is not None else None
         ranked = rank_candidates(
-            opts.method,
-            [c.candidate_id for c in request.candidates],
-            clips[:n_cand],
-            context,
-            reference,
-            opts.judgment.calibration,
+            opts.method, [c.candidate_id for c in request.candidates], clips[:n_cand], context, reference, fits
         )
         return RankResult(candidates=ranked, encoder=manifest.name, method=opts.method, usable_context=len(context))
+
+    async def _slot_verdicts(
+        self, request: RankRequest, opts: ResolvedOptions, deadline: float | None
+    ) -> list[TurnResult]:
+        """Each candidate's verdict as CheckDialogue's auto gives it in the slot: a dialogue of the speaker's context
+        clips and the candidate (last), with the reference, judged the same way (the fused encoder's blend and channel
+        matching included), so a candidate called fit is one the gate passes. Its fit had been the calibration's
+        alone on the clips as sent: a telephone candidate of the speaker's own voice beside full-band context got
+        0.000 where CheckDialogue, comparing at the telephone band, gives 0.94. The clips' embeddings and copies
+        come from the cache after the first candidate."""
+        auto = opts.as_auto()
+        references = {} if request.reference is None else {request.speaker: request.reference}
+        context = [TurnAudio(f"context clip #{n}", request.speaker, n, a) for n, a in enumerate(request.context)]
+
+        async def in_slot(candidate: CandidateInput) -> TurnResult:
+            slot = TurnAudio(f"candidate {candidate.candidate_id!r}", request.speaker, len(context), candidate.audio)
+            dialogue = await self.open_dialogue("rank-candidates", references, auto, deadline)
+            try:
+                await dialogue.add_turns([*context, slot], deadline)
+                verdict = await dialogue.result(deadline)
+            finally:
+                dialogue.close()
+            return next(t for t in verdict.turns if t.turn_id == slot.turn_id)
+
+        return await gather_or_cancel(in_slot(c) for c in request.candidates)
 
 
 class LalmJudging:
@@ -342,16 +366,20 @@ def _fit(
     reference: Heard | None,
 ) -> dict[str, float]:
     """auto's P(each candidate belongs to the speaker), when the encoder is calibrated ("whatever the
-    method", as RankedCandidate.fit_probability promises); empty otherwise."""
+    method", as RankedCandidate.fit_probability promises); empty otherwise. The judge's encoder is a single one
+    (resolve() takes a fusion's first), whose auto is its calibration alone, as CheckDialogue's is."""
     cal = opts.entry.calibration
     if not isinstance(cal, Calibration):
         return {}
-    ranked = rank_candidates(
-        Method.AUTO,
-        ids,
-        [h.clip for h in candidates],
-        [h.clip for h in context],
-        reference.clip.embedding if reference is not None else None,
+    if not context and reference is None:
+        return {}
+    cand = stack_embeddings([h.clip for h in candidates])
+    fit, _ = candidate_fit(
         cal,
+        cand,
+        np.array([h.clip.speech_seconds for h in candidates]),
+        stack_embeddings([h.clip for h in context]) if context else np.zeros((0, cand.shape[1]), np.float32),
+        np.array([h.clip.speech_seconds for h in context]),
+        reference.clip.embedding if reference is not None else None,
     )
-    return {r.candidate_id: r.fit_probability for r in ranked if r.fit_probability is not None}
+    return dict(zip(ids, map(float, fit), strict=True))

@@ -6,6 +6,7 @@ thresholds) > the encoder manifest's defaults; method auto uses its calibration'
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -86,6 +87,18 @@ class ResolvedOptions:
         if self.detect_drift and self.entry.drift is not None:
             return (None, drift_window(self.encoder.manifest.window, self.entry.drift))
         return (None,)
+
+    def as_auto(self) -> ResolvedOptions:
+        """These options under auto with the encoder's calibration and the server's channel matching, without drift
+        or the similarity matrix: how a RankCandidates candidate's fit is judged, whatever the request's method."""
+        calibration = self.entry.calibration
+        assert isinstance(calibration, Calibration), "auto needs the encoder's calibration"
+        judgment = dataclasses.replace(
+            self.judgment, method=Method.AUTO, threshold=calibration.decision_threshold, calibration=calibration
+        )
+        return dataclasses.replace(
+            self, judgment=judgment, threshold_set=ThresholdSet.DEFAULT, detect_drift=False, similarity_matrix=False
+        )
 
     def result(
         self,

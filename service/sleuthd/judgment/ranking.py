@@ -1,7 +1,8 @@
 """Discrimination: ranking regenerated candidates for one speaker's slot. Pure functions.
 
-The engine embeds the candidates, the speaker's context turns and the reference, then calls
-:func:`rank_candidates`; requests are checked first with :func:`validate_rank` and :func:`check_evidence`.
+The engine embeds the candidates, the speaker's context turns and the reference, judges each candidate in the slot
+as CheckDialogue would (its fit), then calls :func:`rank_candidates`; requests are checked first with
+:func:`validate_rank` and :func:`check_evidence`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sleuthd.domain import RankedCandidateResult, RankRequest
+from sleuthd.domain import RankedCandidateResult, RankRequest, TurnResult
 from sleuthd.encoders.clips import ClipEmbedding
 from sleuthd.errors import InvalidRequest, LimitExceeded
 from sleuthd.judgment import scoring
-from sleuthd.judgment.calibration import Calibration, candidate_fit
 from sleuthd.judgment.dialogue import check_id
 from sleuthd.judgment.pool import stack_embeddings
 from sleuthd.judgment.scoring import METHODS, Method
@@ -82,23 +82,14 @@ def rank_candidates(
     candidates: Sequence[ClipEmbedding],
     context: Sequence[ClipEmbedding],
     reference: np.ndarray | None,
-    calibration: Calibration | None,
+    fits: Sequence[TurnResult] | None = None,
 ) -> tuple[RankedCandidateResult, ...]:
     """Candidates best first under ``method``. Every candidate must be usable; ``context`` holds only
-    usable clips. With a calibration, each candidate also gets P(it belongs to the speaker)."""
+    usable clips. ``fits``: each candidate's verdict in the slot under auto (in candidate order), whose
+    P(it belongs to the speaker), status and detail each candidate then carries."""
     cand = stack_embeddings(candidates)
     context_emb = stack_embeddings(context) if context else np.zeros((0, cand.shape[1]), np.float32)
     scores = scoring.candidate_scores(method, cand, context_emb, reference)
-    fit: np.ndarray | None = None
-    if calibration is not None and (context or reference is not None):
-        fit, _ = candidate_fit(
-            calibration,
-            cand,
-            np.array([c.speech_seconds for c in candidates]),
-            context_emb,
-            np.array([c.speech_seconds for c in context]),
-            reference,
-        )
     info = METHODS[method]
     order = scoring.rank_order(scores, info.higher_is_better)
     return tuple(
@@ -109,7 +100,15 @@ def rank_candidates(
             score_scale=info.candidate_scale,
             higher_is_better=info.higher_is_better,
             speech_seconds=candidates[j].speech_seconds,
-            fit_probability=None if fit is None else float(fit[j]),
+            fit_probability=None if fits is None else _belongs(fits[j]),
+            fit_status=None if fits is None else fits[j].status,
+            fit_detail="" if fits is None else fits[j].detail,
         )
         for r, j in enumerate(order)
     )
+
+
+def _belongs(verdict: TurnResult) -> float | None:
+    """P(the candidate belongs to the speaker) from its verdict in the slot."""
+    p = verdict.inconsistency_probability
+    return None if p is None else 1.0 - p

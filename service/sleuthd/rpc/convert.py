@@ -240,6 +240,9 @@ def rank_to_pb(result: domain.RankResult) -> pb.RankCandidatesResponse:
         )
         if c.fit_probability is not None:
             msg.fit_probability = c.fit_probability
+        if c.fit_status is not None:
+            msg.fit_status = _STATUS_TO_PB[c.fit_status]
+            msg.fit_detail = c.fit_detail
         if c.judge_answer_mass is not None:
             msg.judge_answer_mass = c.judge_answer_mass
         ranked.append(msg)

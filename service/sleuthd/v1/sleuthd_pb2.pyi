@@ -307,7 +307,7 @@ class RankCandidatesRequest(_message.Message):
     def __init__(self, speaker: _Optional[str] = ..., context: _Optional[_Iterable[_Union[Audio, _Mapping]]] = ..., reference: _Optional[_Union[Audio, _Mapping]] = ..., reference_voice_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., options: _Optional[_Union[CheckOptions, _Mapping]] = ...) -> None: ...
 
 class RankedCandidate(_message.Message):
-    __slots__ = ("candidate_id", "rank", "score", "score_scale", "higher_is_better", "speech_seconds", "fit_probability", "judge_answer_mass", "judge_calibrated", "judge_model")
+    __slots__ = ("candidate_id", "rank", "score", "score_scale", "higher_is_better", "speech_seconds", "fit_probability", "judge_answer_mass", "judge_calibrated", "judge_model", "fit_status", "fit_detail")
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +318,8 @@ class RankedCandidate(_message.Message):
     JUDGE_ANSWER_MASS_FIELD_NUMBER: _ClassVar[int]
     JUDGE_CALIBRATED_FIELD_NUMBER: _ClassVar[int]
     JUDGE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    FIT_STATUS_FIELD_NUMBER: _ClassVar[int]
+    FIT_DETAIL_FIELD_NUMBER: _ClassVar[int]
     candidate_id: str
     rank: int
     score: float
@@ -328,7 +330,9 @@ class RankedCandidate(_message.Message):
     judge_answer_mass: float
     judge_calibrated: bool
     judge_model: str
-    def __init__(self, candidate_id: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., higher_is_better: _Optional[bool] = ..., speech_seconds: _Optional[float] = ..., fit_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_calibrated: _Optional[bool] = ..., judge_model: _Optional[str] = ...) -> None: ...
+    fit_status: TurnStatus
+    fit_detail: str
+    def __init__(self, candidate_id: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ..., score_scale: _Optional[str] = ..., higher_is_better: _Optional[bool] = ..., speech_seconds: _Optional[float] = ..., fit_probability: _Optional[float] = ..., judge_answer_mass: _Optional[float] = ..., judge_calibrated: _Optional[bool] = ..., judge_model: _Optional[str] = ..., fit_status: _Optional[_Union[TurnStatus, str]] = ..., fit_detail: _Optional[str] = ...) -> None: ...
 
 class RankCandidatesResponse(_message.Message):
     __slots__ = ("candidates", "encoder", "method", "usable_context")
