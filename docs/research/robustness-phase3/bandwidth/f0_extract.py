@@ -1,13 +1,18 @@
 """Median F0 (log2 Hz) of every robustness-matrix clip: YIN-style cumulative mean normalised difference on
 40 ms frames (10 ms hop) of the 16 kHz mono decode, voiced = CMND minimum < 0.2 and frame energy within
-35 dB of the clip's loudest frame; 60-400 Hz."""
+35 dB of the clip's loudest frame; 60-400 Hz.
+
+    python f0_extract.py [ROOT [OUT.npz]]    # default data/robustness, runs/f0/f0.npz (saved every 500 clips too)
+"""
 import sys, time
 from pathlib import Path
 import numpy as np
 from sleuthd.audio.decode import decode_encoded, to_model_rate
 from sleuthd_bench.robustness import embed
 
-root = Path("data/robustness")
+root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("data/robustness")
+OUT = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("runs/f0/f0.npz")
+OUT.parent.mkdir(parents=True, exist_ok=True)
 paths = embed.load(root, "ge2e").paths
 SR, FR, HOP = 16000, 640, 160
 LMIN, LMAX = SR // 400, SR // 60  # 40 .. 266
@@ -61,5 +66,6 @@ for k, p in enumerate(paths):
         print("fail", p, exc, file=sys.stderr)
     if k % 500 == 0:
         print(k, len(paths), round(time.time() - t0), out[k], flush=True)
-np.savez("runs/f0/f0.npz", paths=np.array(paths), f0=out)
+        np.savez(OUT, paths=np.array(paths), f0=out, done=k)
+np.savez(OUT, paths=np.array(paths), f0=out, done=len(paths))
 print("done", np.isnan(out[:, 0]).sum(), "nan of", len(paths))

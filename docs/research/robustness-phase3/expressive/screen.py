@@ -12,7 +12,7 @@ judges.evidence_flags) judges each instance; a variant then UNFLAGS some of its 
 - ``absin:TAU``    the same, only for speakers inside the blend's gate (judged by today's `auto`);
 - ``gap:D``        clear a flagged turn whose CAM++ evidence gap (``level - own``, leave-one-out, cosine units, the
                    evidence model's own feature) is < D;
-- ``f0abs:DELTA:TAU``  clear a flagged turn whose median F0 (f0_extract.py, the clip as sent) lies >= DELTA octaves from
+- ``f0abs:DELTA:TAU``  clear a flagged turn whose median F0 (../bandwidth/f0_extract.py, the clip as sent) lies >= DELTA octaves from
                    the median F0 of the speaker's other usable turns and reference (a prosodic outlier) AND whose
                    CAM++ pairwise cosine is >= TAU;
 - ``f0gap:DELTA:D``    the same with the CAM++ evidence gap < D instead of the absolute cosine;
