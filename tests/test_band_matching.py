@@ -509,27 +509,36 @@ async def test_a_registered_voice_counts_its_clips_low_band_as_its_clip_sent_as_
     assert flagged == [[], [f"t{PHONE_SLOT}"]], [_telephoned(by.kept) for by in judged]
 
 
-async def test_a_voice_registered_before_its_low_band_was_recorded_has_it_measured_from_its_kept_clips(
-    engine: Engine, speech: Speech, tmp_path: Path
-) -> None:
-    """A voice from a registry older than schema version 4 has no low band level recorded. Where its clips were
-    kept, it is measured on the voice's first use as a reference (and stored, GetVoice shows it), and the speaker is
-    compared at the telephone band exactly as with the clip sent as audio."""
+@dataclasses.dataclass
+class OldVoice:
+    """A voice registered from one clip (audio kept), then its clips' columns NULLed as an older registry left them:
+    its clip as registered, as GetVoice read it before and after its first use as speaker B's reference, and the
+    dialogue judged with it and with the clip sent as audio."""
+
+    registered: Any
+    before: Any
+    after: Any
+    by_id: pb.DialogueVerdict
+    sent: pb.DialogueVerdict
+
+
+async def judged_with_an_older_voice(
+    engine: Engine, tmp_path: Path, clip: bytes, audio: list[bytes], columns: str
+) -> OldVoice:
+    """``columns``: those NULLed, e.g. "low_band_db = NULL" (what the schema versions before recorded)."""
     import sqlite3
 
     from sleuthd.client import AsyncSleuthClient
 
     from tests.test_voices import start_voice_server
 
-    clip = speech.wav_bytes(VOICE_A, 5)
-    audio = all_phoned(speech, VOICE_A)
-    location = str(tmp_path / "voices.sqlite3")
+    location = str(tmp_path / "voices-old.sqlite3")
     server = await start_voice_server(engine, location)
     try:
         async with AsyncSleuthClient(server.target, timeout=120) as client:
             registered = (await client.register_voice("old", clip, keep_audio=True)).clips[0]
-            with sqlite3.connect(location) as db:  # as a registry of schema version 3 left it, upgraded
-                db.execute("UPDATE registry_clips SET low_band_db = NULL")
+            with sqlite3.connect(location) as db:  # as an older registry left it, upgraded
+                db.execute(f"UPDATE registry_clips SET {columns}")
             before = (await client.get_voice("old")).clips[0]
             async with grpc.aio.insecure_channel(server.target) as channel:
                 stub = pb_grpc.SleuthStub(channel)
@@ -538,6 +547,19 @@ async def test_a_voice_registered_before_its_low_band_was_recorded_has_it_measur
             after = (await client.get_voice("old")).clips[0]
     finally:
         await server.stop()
+    return OldVoice(registered, before, after, by_id, sent)
+
+
+async def test_a_voice_registered_before_its_low_band_was_recorded_has_it_measured_from_its_kept_clips(
+    engine: Engine, speech: Speech, tmp_path: Path
+) -> None:
+    """A voice from a registry older than schema version 4 has no low band level recorded. Where its clips were
+    kept, it is measured on the voice's first use as a reference (and stored, GetVoice shows it), and the speaker is
+    compared at the telephone band exactly as with the clip sent as audio."""
+    old = await judged_with_an_older_voice(
+        engine, tmp_path, speech.wav_bytes(VOICE_A, 5), all_phoned(speech, VOICE_A), "low_band_db = NULL"
+    )
+    registered, before, after, by_id, sent = old.registered, old.before, old.after, old.by_id, old.sent
     assert before.low_band_db is None and registered.low_band_db is not None
     assert after.low_band_db == pytest.approx(registered.low_band_db)  # measured again, and stored
     assert (after.bandwidth_hz, after.clipped_fraction, after.snr_db) == (

@@ -26,8 +26,8 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .offline_judges import assert_offline_flags_as_served, offline_judges
-from .support import VOICE_A, VOICE_B, VOICE_F, Speech, check_request, count_copies, enc
-from .test_band_matching import _stream, judged_with_registered, lowest_bitrate_opus
+from .support import VOICE_A, VOICE_B, VOICE_F, Speech, check_request, count_copies
+from .test_band_matching import _stream, judged_with_an_older_voice, judged_with_registered, lowest_bitrate_opus
 
 # That module's engine and server that keep no stream audio (fixtures: imported under their own names).
 from .test_band_matching import narrowing_engine as narrowing_engine
@@ -263,30 +263,14 @@ async def test_a_voice_registered_before_its_channels_were_recorded_has_them_mea
     """A voice from a registry older than schema version 3 has no plateau fraction or SNR recorded. Where its clips
     were kept, they are measured on its first use as a reference (and stored), so a speaker whose voice is the most
     clipped piece is clip-matched at its share, exactly as with the clip sent as audio."""
-    import sqlite3
-
-    from sleuthd.client import AsyncSleuthClient
-
-    from tests.test_band_matching import _with_reference
-    from tests.test_voices import start_voice_server
 
     hot = clipped(speech.wav_bytes(VOICE_B, 5), 12.0)
     audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
-    location = str(tmp_path / "voices.sqlite3")
-    server = await start_voice_server(engine, location)
-    try:
-        async with AsyncSleuthClient(server.target, timeout=120) as client:
-            registered = (await client.register_voice("old", hot, keep_audio=True)).clips[0]
-            with sqlite3.connect(location) as db:  # as a registry of schema version 1 left it, upgraded
-                db.execute("UPDATE registry_clips SET bandwidth_hz = NULL, plateau = NULL, snr_db = NULL")
-            before = (await client.get_voice("old")).clips[0]
-            async with grpc.aio.insecure_channel(server.target) as channel:
-                stub = pb_grpc.SleuthStub(channel)
-                by_id = await stub.CheckDialogue(_with_reference(audio, voice_id="old"), timeout=120)
-                sent = await stub.CheckDialogue(_with_reference(audio, audio=enc(hot)), timeout=120)
-            after = (await client.get_voice("old")).clips[0]
-    finally:
-        await server.stop()
+    # As a registry of schema version 1 left it, upgraded.
+    old = await judged_with_an_older_voice(
+        engine, tmp_path, hot, audio, "bandwidth_hz = NULL, plateau = NULL, snr_db = NULL"
+    )
+    registered, before, after, by_id, sent = old.registered, old.before, old.after, old.by_id, old.sent
     assert (before.bandwidth_hz, before.clipped_fraction, before.snr_db) == (None, None, None)
     figures = (registered.bandwidth_hz, registered.clipped_fraction, registered.snr_db)
     assert (after.bandwidth_hz, after.clipped_fraction, after.snr_db) == figures  # measured again, and stored
