@@ -411,7 +411,7 @@ async def replay(config: ReplayConfig) -> ReplayResult:
     for run in runs:
         det = [detections[k].record for k in _keys(lines, run.name) if k in detections]
         disc = [
-            _discrimination_record(line, rankings[(run.method, line.dialogue_id)])
+            _discrimination_record(line, rankings[(run.method, line.dialogue_id)], run.method)
             for line in lines
             if (run.method, line.dialogue_id) in rankings
         ]
@@ -532,11 +532,18 @@ async def _send_all(
     return detections, rankings
 
 
-def _discrimination_record(line: ManifestLine, outcome: RankOutcome) -> DiscriminationRecord:
+def _discrimination_record(line: ManifestLine, outcome: RankOutcome, method: str) -> DiscriminationRecord:
+    """The instance as the metrics read it: the candidates' scores, except under auto, which ranks the candidates
+    the gate would pass first (RankedCandidate.fit_status) and so is not ordered by its score alone: there the
+    server's order is what is scored (its rank, as a score)."""
+    labels = tuple(c.label for c in outcome.candidates)
+    if method == AUTO:
+        ranks = tuple(-float(outcome.server_order.index(label)) for label in labels)
+        return DiscriminationRecord(line.dialogue_id, line.source, labels, ranks, higher_is_better=True)
     return DiscriminationRecord(
         dialogue_id=line.dialogue_id,
         source=line.source,
-        labels=tuple(c.label for c in outcome.candidates),
+        labels=labels,
         scores=tuple(outcome.scores),
         higher_is_better=outcome.higher_is_better,
     )
