@@ -196,6 +196,10 @@ async def test_small_devset_replays_with_a_complete_report(
     assert len(s2["turns"]) == 5 and all(t["reference_cosine"] is not None for t in s2["turns"])
     disc = next(p for p in predictions if p["scenario"] == "discrimination")
     assert sorted(disc["labels"]) == ["S1", "S2", "S3"] and len(disc["scores"]) == 3
+    # auto's order is the server's (the candidates the gate would pass first), not its score's: that is what counts.
+    auto_disc = [p for p in predictions if p["run"] == "auto" and p["scenario"] == "discrimination"]
+    top1 = 100 * sum(p["pred_order"][0] == "S1" for p in auto_disc) / len(auto_disc)
+    assert report["methods"]["auto"]["discrimination"]["accuracy"]["avg"] == pytest.approx(top1, abs=0.05)
 
     sweep = json.loads((out / "sweep.json").read_text())
     assert set(sweep["methods"]) == {"pairwise", "centroid", "reference"}
@@ -370,3 +374,20 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
 
     bad_option = _cli("replay", str(manifest), "--thresholds", "paper,tuned")
     assert bad_option.returncode == 2 and "unknown tuned" in bad_option.stderr
+
+
+def test_auto_discrimination_is_scored_by_the_servers_order() -> None:
+    """auto ranks the candidates the gate would pass first, so its order may disagree with its scores (cosines):
+    the metrics read its server order; every other method is read by score, ties pessimistically."""
+    from sleuthd_bench.instances import Candidate
+    from sleuthd_bench.metrics import discrimination_metrics
+    from sleuthd_bench.replay import RankOutcome, _discrimination_record
+
+    line = _line()
+    candidates = [Candidate("c0", "S3", "y.wav"), Candidate("c1", "S1", "t1.wav"), Candidate("c2", "S2", "x.wav")]
+    # The similar voice has the higher cosine; the server put the original first (the gate passes only it).
+    outcome = RankOutcome(candidates, [0.91, 0.88, 0.40], True, ["S1", "S3", "S2"], "fused")
+    auto = discrimination_metrics([_discrimination_record(line, outcome, "auto")])
+    by_score = discrimination_metrics([_discrimination_record(line, outcome, "centroid")])
+    assert auto["accuracy"]["avg"] == 100.0 and auto["exact_match"] == 100.0
+    assert by_score["accuracy"]["avg"] == 0.0
