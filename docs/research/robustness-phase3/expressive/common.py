@@ -11,6 +11,7 @@ from sleuthd.api import SpeakerEncoder
 from sleuthd.config import EngineConfig
 from sleuthd.judgment.calibration import Calibration
 from sleuthd.judgment.evidence import EvidenceCalibration, RampModel, feature_matrix, pool_evidence, variant_of
+from sleuthd_bench import paired
 from sleuthd_bench.robustness import judges
 from sleuthd_bench.robustness.build import EMOTIONS
 from sleuthd_bench.robustness.cli import _load_all
@@ -85,3 +86,20 @@ def decompose(inst, ev, fcal):
     return dict(index=index, inside=inside, auto=a, aclip=aclip, aw=aw, ew=ew, sbias=bias, zev=zev, model_bias=model.bias,
                 terms=terms, final=final, evidence=evidence, levels=levels, variant=variant, x=x,
                 inputs=model.inputs)
+
+
+def paired_mean_interval(pairs, n=2000, seed=0):
+    """95 % interval of the difference in mean Bal over conditions, paired: each condition's dialogues resampled on
+    their own (n times). ``pairs``: per condition, (baseline records, variant records)."""
+    rng = np.random.default_rng(seed)
+    boot = np.zeros(n)
+    for base, variant in pairs:
+        rb, vb = paired._per_dialogue(base), paired._per_dialogue(variant)
+        ids = sorted(rb)
+        B = np.array([[rb[d][x][0] for x in ("S1", "S2", "S3")] for d in ids])
+        V = np.array([[vb[d][x][0] for x in ("S1", "S2", "S3")] for d in ids])
+        idx = rng.integers(0, len(ids), size=(n, len(ids)))
+        boot += paired._balanced(V[idx].mean(axis=1)) - paired._balanced(B[idx].mean(axis=1))
+    boot /= len(pairs)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return lo, hi

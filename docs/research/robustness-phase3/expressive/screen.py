@@ -198,15 +198,5 @@ for spec in args.variant:
               flush=True)
     b, v = np.array(means).T
     # The mean over the conditions, paired: each condition's dialogues resampled on their own (2000 times, seed 0).
-    rng = np.random.default_rng(0)
-    boot = np.zeros(2000)
-    for c in names:
-        rb, vb = paired._per_dialogue(served[c]), paired._per_dialogue(records(c, lambda r: apply(r, kind, tau)))
-        ids = sorted(rb)
-        B = np.array([[rb[d][x][0] for x in ("S1", "S2", "S3")] for d in ids])
-        V = np.array([[vb[d][x][0] for x in ("S1", "S2", "S3")] for d in ids])
-        idx = rng.integers(0, len(ids), size=(2000, len(ids)))
-        boot += paired._balanced(V[idx].mean(axis=1)) - paired._balanced(B[idx].mean(axis=1))
-    boot /= len(names)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
+    lo, hi = common.paired_mean_interval([(served[c], records(c, lambda r: apply(r, kind, tau))) for c in names])
     print(f"| mean of {len(names)} | {b.mean():.2f} | {v.mean():.2f} | {v.mean() - b.mean():+.2f} [{lo:+.2f}, {hi:+.2f}] | |")
