@@ -642,3 +642,41 @@ async def test_auto_ranks_the_candidates_the_gate_would_pass_first(stub: pb_grpc
     assert [(c.candidate_id, c.rank, c.fit_status) for c in auto] == [
         ("own", 1, pb.CONSISTENT), ("similar-opus", 2, pb.INCONSISTENT)
     ], auto  # fmt: skip
+
+
+async def test_a_registered_voice_from_an_older_registry_ranks_candidates_as_its_clip_sent_as_audio(
+    engine: Engine, speech: Speech, tmp_path: Path
+) -> None:
+    """RankCandidates judges each candidate in the slot on a dialogue of its own, all at once: a registered voice
+    whose low band level was not recorded (schema version 3) is measured by those concurrent judgments without error,
+    and the candidates' fits and order are those of the same clip sent as the reference."""
+    import sqlite3
+
+    from sleuthd.client import AsyncSleuthClient
+
+    from tests.test_voices import start_voice_server
+
+    clip = speech.wav_bytes(VOICE_A, 5)
+    location = str(tmp_path / "voices-rank.sqlite3")
+    server = await start_voice_server(engine, location)
+    try:
+        async with AsyncSleuthClient(server.target, timeout=120) as client:
+            await client.register_voice("old", clip, keep_audio=True)
+            with sqlite3.connect(location) as db:
+                db.execute("UPDATE registry_clips SET low_band_db = NULL")
+            answers = []
+            async with grpc.aio.insecure_channel(server.target) as channel:
+                stub = pb_grpc.SleuthStub(channel)
+                for reference in ({"reference_voice_id": "old"}, {"reference": enc(clip)}):
+                    req = pb.RankCandidatesRequest(speaker="B", options=pb.CheckOptions(encoder="fused"), **reference)
+                    req.context.extend(enc(telephone(speech.wav_bytes(VOICE_A, k))) for k in range(4))
+                    for cid, voice, k in (("own", VOICE_A, 6), ("other", VOICE_F, 3), ("similar", VOICE_B, 3)):
+                        req.candidates.add(candidate_id=cid, audio=enc(telephone(speech.wav_bytes(voice, k))))
+                    answers.append(await stub.RankCandidates(req, timeout=120))
+            stored = (await client.get_voice("old")).clips[0]
+    finally:
+        await server.stop()
+    by_id, sent = ([(c.candidate_id, c.rank, c.fit_status, c.fit_detail) for c in a.candidates] for a in answers)
+    assert by_id == sent
+    assert by_id[0][:3] == ("own", 1, pb.CONSISTENT) and "compared at 0.3-3.6 kHz" in by_id[0][3], by_id
+    assert stored.low_band_db is not None  # measured by the first of the concurrent judgments, and stored
