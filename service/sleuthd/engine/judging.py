@@ -101,6 +101,18 @@ class EncoderJudging:
         deadline: float | None,
         stream: bool = False,
     ) -> Dialogue:
+        return (await self._dialogues(references, opts, deadline, stream))(dialogue_id)
+
+    async def _dialogues(
+        self,
+        references: Mapping[str, Reference],
+        opts: ResolvedOptions,
+        deadline: float | None,
+        stream: bool = False,
+    ) -> Callable[[str], EncoderDialogue]:
+        """The speakers' references heard once (embedded; a registered voice's channels read, measured if they were
+        never recorded), and what opens empty dialogues judged with them: one for a request, one per candidate for
+        RankCandidates' slot verdicts, which would otherwise read the same voice once per candidate."""
         embedded, clips = await self._reference_clips(references, opts.encoder, deadline)
         embed = functools.partial(self._embed, opts.encoder, opts.placements)
         copies = functools.partial(self._embedder.copies, opts.encoder)  # used if the judgment channel-matches
@@ -123,7 +135,7 @@ class EncoderJudging:
                     )
         # A stream holds what it keeps in the process's keeper; a CheckDialogue's audio is its request's.
         keeper, bound = (self._kept, self._max_kept_stream_bytes) if stream else (None, 0)
-        return EncoderDialogue(
+        return lambda dialogue_id: EncoderDialogue(
             dialogue_id, opts, embedded, self._observer, embed, copies, reference_clips, registered, keeper, bound
         )
 
@@ -196,13 +208,13 @@ class EncoderJudging:
         alone on the clips as sent: a telephone candidate of the speaker's own voice beside full-band context got
         0.000 where CheckDialogue, comparing at the telephone band, gives 0.94. The clips' embeddings and copies
         come from the cache after the first candidate."""
-        auto = opts.as_auto()
         references = {} if request.reference is None else {request.speaker: request.reference}
+        open_dialogue = await self._dialogues(references, opts.as_auto(), deadline)
         context = [TurnAudio(f"context clip #{n}", request.speaker, n, a) for n, a in enumerate(request.context)]
 
         async def in_slot(candidate: CandidateInput) -> TurnResult:
             slot = TurnAudio(f"candidate {candidate.candidate_id!r}", request.speaker, len(context), candidate.audio)
-            dialogue = await self.open_dialogue("rank-candidates", references, auto, deadline)
+            dialogue = open_dialogue("rank-candidates")
             try:
                 await dialogue.add_turns([*context, slot], deadline)
                 verdict = await dialogue.result(deadline)
