@@ -84,6 +84,16 @@ class Instance:
         ok = np.array_equal(self.views[FUSED].index, views[FUSED].index) and views[FUSED].reference is not None
         return views if ok else None
 
+    def _embedded(self, views: dict[str, Turns] | None, mixed: str, option: str = "--clipped") -> dict[str, Turns]:
+        """The views of copies the instance is judged on (``mixed``: how its clips differ, and which copies), or
+        LookupError saying which `robustness embed` makes them."""
+        if not views:
+            raise LookupError(
+                f"{self.dialogue_id}/{self.scenario}: {mixed} are not embedded: run `sleuthd-bench robustness embed "
+                f"{option}`"
+            )
+        return views
+
     # Whether the server would call the instance mixed (ChannelMatcher.matches), whatever copies were embedded.
     def band_mixed(self, octaves: float) -> bool:
         return 0 < octaves < self.band_octaves
@@ -103,13 +113,8 @@ class Instance:
         if not self.noise_mixed(db):
             return None
         assert self.noise is not None
-        if not self.noise_views:
-            raise LookupError(
-                f"{self.dialogue_id}/{self.scenario}: its clips differ in SNR ({self.noise[0]:.1f}-{self.noise[1]:.1f} "
-                "dB), and their noisy copies are not embedded: run `sleuthd-bench robustness embed --clipped`"
-            )
-        views = self.noise_views
-        return self._standing_in(views)
+        why = f"its clips differ in SNR ({self.noise[0]:.1f}-{self.noise[1]:.1f} dB), and their noisy copies"
+        return self._standing_in(self._embedded(self.noise_views, why))
 
     def composed_matched(self, db: float, narrow: bool, clipped: bool) -> dict[str, Turns] | None:
         """The views the server judges a speaker matched by band (``narrow``) or clipping (``clipped``) on when its
@@ -120,13 +125,8 @@ class Instance:
             raise LookupError(f"{self.dialogue_id}: clips without an SNR: {_MEASURE}")
         if not (narrow or clipped) or not self.noise_mixed(db):
             return None
-        views = self.composed_views.get((narrow, clipped))
-        if views is None:
-            raise LookupError(
-                f"{self.dialogue_id}/{self.scenario}: its clips differ in SNR and in band or clipping, and their "
-                "composed copies are not embedded: run `sleuthd-bench robustness embed --clipped`"
-            )
-        return self._standing_in(views)
+        why = "its clips differ in SNR and in band or clipping, and their composed copies"
+        return self._standing_in(self._embedded(self.composed_views.get((narrow, clipped)), why))
 
     def composed_copy_keys(
         self, turns: Sequence[str], reference: str, narrow: bool, clipped: bool
@@ -150,13 +150,8 @@ class Instance:
     def telephone_matched(self, clipped: bool, noisy: bool) -> dict[str, Turns] | None:
         """The views of the copies band-passed at the telephone band (clipped, with the noise added, as asked), or
         None when a copy lost a usable turn or the reference. Raises when they were never embedded."""
-        views = self.telephone_views.get((clipped, noisy))
-        if views is None:
-            raise LookupError(
-                f"{self.dialogue_id}/{self.scenario}: it has a telephone clip among clips that kept their low band, "
-                "and its telephone-band copies are not embedded: run `sleuthd-bench robustness embed --clipped`"
-            )
-        return self._standing_in(views)
+        why = "it has a telephone clip among clips that kept their low band, and its telephone-band copies"
+        return self._standing_in(self._embedded(self.telephone_views.get((clipped, noisy)), why))
 
     def telephone_copy_keys(self, turns: Sequence[str], reference: str, clipped: bool, noisy: bool) -> dict[str, str]:
         """Each clip's telephone-band copy key (embed.telephone_key)."""
@@ -184,14 +179,8 @@ class Instance:
         if not self.clip_mixed(spread):
             return None
         assert self.plateaus is not None
-        if narrow not in self.clip_views:
-            raise LookupError(
-                f"{self.dialogue_id}/{self.scenario}: its clips differ in clipping "
-                f"({self.plateaus[0]:.4f}-{self.plateaus[1]:.4f}), and their clipped copies are not embedded: run "
-                "`sleuthd-bench robustness embed --clipped`"
-            )
-        views = self.clip_views[narrow]
-        return self._standing_in(views)
+        why = f"its clips differ in clipping ({self.plateaus[0]:.4f}-{self.plateaus[1]:.4f}), and their clipped copies"
+        return self._standing_in(self._embedded(self.clip_views.get(narrow), why))
 
     def clip_target(self) -> float | None:
         """The plateau fraction its copies are clipped to when clip-matched (the server's rounding)."""
@@ -205,12 +194,8 @@ class Instance:
         clips as sent). Raises when it is mixed and the copies were never embedded."""
         if not self.band_mixed(octaves):
             return False
-        if not self.narrow_views:
-            raise LookupError(
-                f"{self.dialogue_id}/{self.scenario}: its clips span {self.band_octaves:.2f} octave of bandwidth, and "
-                "their narrowband copies are not embedded: run `sleuthd-bench robustness embed --narrowband`"
-            )
-        return self._standing_in(self.narrow_views) is not None
+        why = f"its clips span {self.band_octaves:.2f} octave of bandwidth, and their narrowband copies"
+        return self._standing_in(self._embedded(self.narrow_views, why, "--narrowband")) is not None
 
 
 def _view(emb: Sequence[np.ndarray | None], seconds: Sequence[float], ref: np.ndarray | None, dim: int) -> Turns:
