@@ -480,10 +480,8 @@ def _telephoned(v: pb.DialogueVerdict) -> list[tuple[str, int, float, float, flo
 
 
 def all_phoned(speech: Speech, slot_voice: str) -> list[bytes]:
-    """Five turns of VOICE_A, every one through the telephone (``slot_voice``'s clip at PHONE_SLOT)."""
-    audio = [telephone(speech.wav_bytes(VOICE_A, k)) for k in range(5)]
-    audio[PHONE_SLOT] = telephone(speech.wav_bytes(slot_voice, PHONE_SLOT if slot_voice == VOICE_A else 0))
-    return audio
+    """:func:`phoned` with every turn through the telephone."""
+    return [data if k == PHONE_SLOT else telephone(data) for k, data in enumerate(phoned(speech, slot_voice))]
 
 
 async def test_a_registered_voice_counts_its_clips_low_band_as_its_clip_sent_as_reference(
