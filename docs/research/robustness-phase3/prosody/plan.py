@@ -29,6 +29,9 @@ ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--min-dev", type=float, default=0.3)
 ap.add_argument("--conditions")
 ap.add_argument("--full", default="", help="conditions kept whole (their items first)")
+ap.add_argument("--matched", action="store_true",
+                help="keep instances judged on narrowband copies too (kind 'narrow'; other channel matching skipped)")
+ap.add_argument("--out", type=Path, help="plan file (default runs/prosody/plan_<split>_<root>.pkl)")
 args = ap.parse_args()
 root = args.root
 names = args.conditions.split(",") if args.conditions else [
@@ -52,7 +55,9 @@ for inst in insts:
     r = served[(inst.dialogue_id, inst.scenario)]
     if not r["flagged"]:
         continue
-    if judges.channel_matched(inst, *common.MATCH) is not inst:
+    matched = judges.channel_matched(inst, *common.MATCH)
+    kind = "sent" if matched is inst else "narrow" if matched.views is inst.narrow_views else "other"
+    if kind != "sent" and not (args.matched and kind == "narrow"):
         continue
     line = lines[inst.dialogue_id]
     turns = scenario_turns(line, inst.scenario)
@@ -67,11 +72,11 @@ for inst in insts:
         continue
     plan["items"].append(dict(cond=inst.condition, dialogue=inst.dialogue_id, scenario=inst.scenario,
                               turns=list(turns), reference=line.reference, usable=usable,
-                              flagged=sorted(r["flagged"]), devs=devs, gold=sorted(inst.gold)))
+                              flagged=sorted(r["flagged"]), devs=devs, gold=sorted(inst.gold), kind=kind))
 first = args.full.split(",")
 plan["items"].sort(key=lambda it: (first.index(it["cond"]) if it["cond"] in first else len(first)))
 plan["per"], plan["full"] = args.per, first
-out = Path(f"runs/prosody/plan_{args.split}_{root.name}.pkl")
+out = args.out or Path(f"runs/prosody/plan_{args.split}_{root.name}.pkl")
 out.parent.mkdir(parents=True, exist_ok=True)
 out.write_bytes(pickle.dumps(plan))
 clips = {p for it in plan["items"] for p in [it["reference"]] + [it["turns"][u] for u in it["usable"]]}
