@@ -146,6 +146,14 @@ class EngineConfig:
         "power at 300-3400 Hz counts as a telephone clip; a band-matched speaker with one among clips that kept "
         "their low band is compared on copies band-passed at 0.3-3.6 kHz; 0 = never",
     )
+    pitch_match_octaves: float = option(
+        0.0,
+        help="opt-in: under the fused encoder's auto with channel matching on, a speaker with a flagged turn whose "
+        "median pitch lies this many octaves or more (and under 0.5) from the speaker's other clips is judged again "
+        "with that turn moved to their pitch, spectral envelope with it, so a resampling pitch control (or audio "
+        "played at the wrong rate) is not read as another voice; it only clears turns, and costs catching a similar "
+        "voice that differs that way (the screened setting is 0.15); 0 = off",
+    )
     band_match_stream_mb: float = option(
         128.0,
         help="channel matching: a stream keeps its turns' audio until this many MiB, so that a speaker who becomes "
@@ -174,6 +182,11 @@ class EngineConfig:
         _at_least(self, "noise_compose_db", 0)
         if not self.telephone_band_db <= 0:  # also refuses NaN
             raise ConfigError(f"telephone_band_db must be 0 (off) or negative (dB), got {self.telephone_band_db}")
+        if not 0 <= self.pitch_match_octaves < 0.5:  # also refuses NaN
+            raise ConfigError(
+                f"pitch_match_octaves must be 0 (off) or under 0.5 octave (a larger jump is never moved), "
+                f"got {self.pitch_match_octaves}"
+            )
         _at_least(self, "band_match_stream_mb", 0)
         _at_least(self, "band_match_kept_mb", 0)
         _at_least(self, "workers", 0)

@@ -30,6 +30,7 @@ from sleuthd.audio.decode import (
     to_model_rate,
 )
 from sleuthd.audio.noise import add_noise, noise_bed, snr_db
+from sleuthd.audio.pitch import STEPS_PER_OCTAVE, median_pitch_octaves, shift_pitch
 from sleuthd.audio.vad import Vad
 from sleuthd.audio.windows import WindowSpec, make_windows
 from sleuthd.domain import AudioInput, PcmEncoding, PcmSpec
@@ -152,6 +153,12 @@ def measure_channel(samples: np.ndarray) -> Channel:
     return Channel(bandwidth, plateau_fraction(samples), snr_db(samples), low_band)
 
 
+def clip_pitch(audio: AudioInput, max_seconds: float) -> float | None:
+    """The clip's median pitch, log2(Hz) (sleuthd.audio.pitch; None: too little voiced), measured only for a speaker
+    pitch matching looks at (a flagged turn), so only then."""
+    return median_pitch_octaves(decode(audio, max_seconds).samples)
+
+
 def clip_channel(audio: AudioInput, max_seconds: float) -> Channel:
     """The clip's channel alone (Speech.channel), for a clip whose embeddings were all
     cached, and for a registration."""
@@ -172,13 +179,17 @@ class ChannelCopy:
     noise: AudioInput | None = None
     # With ``narrow``: the band below the telephone's low edge removed too (a speaker with a telephone clip).
     telephone: bool = False
+    # Moved this many quarter tones in pitch, spectral envelope with it, before anything else (pitch matching:
+    # sleuthd.judgment.pitch_matching; sleuthd.audio.pitch.shift_pitch).
+    pitch_steps: int = 0
 
     def describe(self) -> str:
         """What the copy is, for labels and details ("narrowband copy", "copy clipped to 4.2 %", ...)."""
+        moved = "" if not self.pitch_steps else f" moved {self.pitch_steps / STEPS_PER_OCTAVE:+.2f} octave in pitch"
         clipped = "" if self.plateau is None else f" clipped to {100 * self.plateau:.2f} % at the peak"
         noisy = "" if self.snr_db is None else f" with noise added to {self.snr_db:.1f} dB SNR"
         band = "telephone-band " if self.narrow and self.telephone else "narrowband " if self.narrow else ""
-        return f"{band}copy{clipped}{noisy}"
+        return f"{band}copy{moved}{clipped}{noisy}"
 
 
 NARROWBAND = ChannelCopy(narrow=True)  # band matching's copy
@@ -198,7 +209,7 @@ def channel_copy(audio: AudioInput, max_seconds: float, copy: ChannelCopy, bed: 
     differ in channel is compared on. ``bed``: :func:`copy_noise` of ``copy`` when the caller has it. It goes
     through the same listener as any client clip, so the embedding cache and single flight apply to it. Raises
     AudioError for unusable bytes."""
-    samples = decode(audio, max_seconds).samples
+    samples = shift_pitch(decode(audio, max_seconds).samples, copy.pitch_steps)
     if copy.plateau is not None:
         samples = clip_to_plateau(samples, copy.plateau)
     if bed is None:

@@ -38,6 +38,7 @@ from sleuthd.encoders.clips import (
     channel_copy,
     check_request_audio,
     clip_channel,
+    clip_pitch,
     copy_noise,
     cut_placements,
     decode_and_prepare,
@@ -171,7 +172,7 @@ class ClipEmbedder:
         keys = [""] * len(audios)
         if self.cache.max_entries > 0:
             noise = "" if how.noise is None else how.noise.digest
-            made_as = f"copy:{how.narrow}:{how.telephone}:{how.plateau!r}:{how.snr_db!r}:{noise}"
+            made_as = f"copy:{how.narrow}:{how.telephone}:{how.plateau!r}:{how.snr_db!r}:{noise}:{how.pitch_steps}"
             keys = [f"{audio_key(encoder.manifest.sha256, a.digest)}:{made_as}" for a, _ in audios]
             found = [self.cache.get(k) for k in keys]
         todo = [i for i, clip in enumerate(found) if clip is None]
@@ -213,6 +214,19 @@ class ClipEmbedder:
         async def one(audio: AudioInput, label: str) -> Channel:
             try:
                 return await self._channel(audio)
+            except AudioError as exc:
+                raise AudioError(f"{label}: {exc}") from exc
+
+        return await gather_or_cancel(one(a, label) for a, label in audios)
+
+    async def pitches(self, audios: Sequence[tuple[AudioInput, str]]) -> list[float | None]:
+        """Each clip's median pitch, log2(Hz) (None: too little voiced; sleuthd.audio.pitch), on worker threads.
+        AudioError names the label."""
+        loop = asyncio.get_running_loop()
+
+        async def one(audio: AudioInput, label: str) -> float | None:
+            try:
+                return await loop.run_in_executor(self._prep_pool, clip_pitch, audio, self.max_clip_seconds)
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
 

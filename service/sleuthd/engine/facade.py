@@ -140,6 +140,7 @@ class Engine:
             config.noise_match_db,
             config.noise_compose_db,
             config.telephone_band_db,
+            config.pitch_match_octaves,
         )
 
     def _judging(self, opts: ResolvedOptions) -> Judging:

@@ -135,8 +135,19 @@ class EncoderJudging:
                     )
         # A stream holds what it keeps in the process's keeper; a CheckDialogue's audio is its request's.
         keeper, bound = (self._kept, self._max_kept_stream_bytes) if stream else (None, 0)
+        pitches = self._embedder.pitches  # used if the judgment pitch-matches
         return lambda dialogue_id: EncoderDialogue(
-            dialogue_id, opts, embedded, self._observer, embed, copies, reference_clips, registered, keeper, bound
+            dialogue_id,
+            opts,
+            embedded,
+            self._observer,
+            embed,
+            copies,
+            reference_clips,
+            registered,
+            keeper,
+            bound,
+            pitches,
         )
 
     async def _embed(

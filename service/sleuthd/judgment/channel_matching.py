@@ -379,6 +379,14 @@ class ChannelMatcher:
                     break
         return out
 
+    def audio(self, turn_id: str) -> AudioInput | None:
+        """A usable turn's audio, while kept (pitch matching copies it too)."""
+        return self._kept.get(turn_id)
+
+    def reference_audio(self, speaker: str) -> AudioInput | None:
+        """The speaker's reference sent as audio, while kept (None: none, or a registered voice)."""
+        return self._kept.get(_REF + speaker)
+
     def pools(self, copy: ChannelCopy, order: Sequence[str]) -> dict[str, SpeakerPool]:
         """The pools of these speakers' copies of this kind that exist, in that order (a matched speaker's
         cohort)."""

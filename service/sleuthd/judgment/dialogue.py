@@ -33,11 +33,12 @@ from sleuthd.domain import (
     TurnStatus,
     TurnUpdate,
 )
-from sleuthd.encoders.clips import UNMEASURED, Channel, ClipEmbedding
+from sleuthd.encoders.clips import NARROWBAND, UNMEASURED, Channel, ClipEmbedding
 from sleuthd.errors import InvalidRequest, LimitExceeded, UnknownName
 from sleuthd.judgment.channel_matching import ChannelMatcher, Copies, Keeper, ReferenceClip, RegisteredReference
 from sleuthd.judgment.drift import attach_drift, find_drift
 from sleuthd.judgment.options import ResolvedOptions
+from sleuthd.judgment.pitch_matching import PitchCandidate, Pitches, PitchMatcher
 from sleuthd.judgment.pool import SpeakerPool
 from sleuthd.judgment.scoring import Method
 from sleuthd.judgment.similarity import similarity_matrix
@@ -183,12 +184,14 @@ class EncoderDialogue:
         registered: Mapping[str, RegisteredReference] | None = None,
         keeper: Keeper | None = None,
         max_kept_audio_bytes: int = 0,
+        pitches: Pitches | None = None,
     ) -> None:
         """``embed``: the listener (None: turns are added as embeddings, :meth:`add_clip`). ``copies``: the
         listener of clips' copies (None: no channel matching); ``reference_clips``: speaker -> the reference
         sent as audio, with its channel; ``registered``: speaker -> the registered voice that is its reference
         (its bandwidths and narrowband embedding); ``keeper`` and ``max_kept_audio_bytes``: a stream's, where it
-        holds the turns' audio kept for channel matching and how much it may (None: CheckDialogue)."""
+        holds the turns' audio kept for channel matching and how much it may (None: CheckDialogue); ``pitches``: the
+        listener of clips' pitches (None: no pitch matching, which also needs channel matching's kept audio)."""
         self.dialogue_id = dialogue_id
         self.opts = opts
         self.references = references
@@ -212,6 +215,10 @@ class EncoderDialogue:
                 keeper,
                 max_kept_audio_bytes,
             )
+        self._pitch: PitchMatcher | None = None
+        if self._channels is not None and pitches is not None and opts.judgment.pitch_match_octaves > 0:
+            assert copies is not None
+            self._pitch = PitchMatcher(copies, pitches, opts.judgment.pitch_match_octaves, opts.judgment)
 
     @property
     def kept_audio_bytes(self) -> int:
@@ -235,6 +242,28 @@ class EncoderDialogue:
                 self._channels.heard(turn.turn_id, turn.speaker, turn.position, turn.audio, clips[0])
         if self._channels is not None:
             await self._channels.ensure(deadline)
+        if self._pitch is not None:
+            await self._pitch.ensure(len(self._turns), self._pitch_candidates(), deadline)
+
+    def _pitch_candidates(self) -> list[PitchCandidate]:
+        """The speakers as judged before pitch matching, with their pools and audio, for those it may judge again:
+        judged as heard or on narrowband copies (the kinds it was screened on)."""
+        assert self._channels is not None
+        order, scores = self._score(pitch=False)
+        matched = self._channels.matched()
+        heard = {s: self._speakers[s].pool for s in order}
+        out = []
+        for s in order:
+            copy = matched.get(s)
+            if s not in scores or copy not in (None, NARROWBAND):
+                continue
+            ids = [t.turn_id for t in self._speakers[s].turns if t.usable]
+            pools = heard if copy is None else self._channels.pools(copy, order)
+            audio = [self._channels.audio(i) for i in ids]
+            out.append(
+                PitchCandidate(s, scores[s], pools, ids, audio, self._channels.reference_audio(s), copy is not None)
+            )
+        return out
 
     async def finish_turn(self, turn: TurnAudio, deadline: float | None) -> list[TurnUpdate]:
         await self.add_turns([turn], deadline)
@@ -280,9 +309,10 @@ class EncoderDialogue:
         if dense is not None and clip.usable and config is not None:
             self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
 
-    def _score(self) -> tuple[list[str], dict[str, SpeakerScores]]:
+    def _score(self, pitch: bool = True) -> tuple[list[str], dict[str, SpeakerScores]]:
         """Speakers in order of first appearance, and their verdict arrays (a channel-matched speaker's from the
-        pools of its copies, against the other speakers' copies of the same kind: ChannelMatcher.matched)."""
+        pools of its copies, against the other speakers' copies of the same kind: ChannelMatcher.matched; then, with
+        ``pitch``, a pitch-matched speaker's as pitch matching left them: PitchMatcher)."""
         order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
         scores = score_speakers({s: self._speakers[s].pool for s in order}, self.opts.judgment)
         if self._channels is not None:
@@ -290,6 +320,8 @@ class EncoderDialogue:
             for copy in dict.fromkeys(matched.values()):
                 judged = score_speakers(self._channels.pools(copy, order), self.opts.judgment)
                 scores.update({s: v for s, v in judged.items() if matched.get(s) == copy})
+        if pitch and self._pitch is not None:
+            scores.update({s: r.scores for s, r in self._pitch.rematched(len(self._turns)).items()})
         return order, scores
 
     def _statuses(self, speaker: str, scores: dict[str, SpeakerScores]) -> list[tuple[str, TurnStatus]]:
@@ -305,11 +337,14 @@ class EncoderDialogue:
         out = []
         before: dict[str, np.ndarray] = {}  # speaker -> usable turns up to each of their turns
         matched = self._channels.matched() if self._channels is not None else {}
+        rematched = self._pitch.rematched(len(self._turns)) if self._pitch is not None else {}
         for t in turns:
             entry = self._speakers[t.speaker]
             if t.speaker not in before:
                 before[t.speaker] = np.cumsum(np.array(entry.has_embedding, bool))
             k = int(before[t.speaker][bisect.bisect_left(entry.positions, t.position)]) - 1
+            copy, note = self._channels.note(t.speaker, matched) if self._channels is not None else (None, "")
+            pitched = rematched[t.speaker].notes.get(k, "") if t.usable and t.speaker in rematched else ""
             out.append(
                 turn_result(
                     t.turn_id,
@@ -321,7 +356,8 @@ class EncoderDialogue:
                     k,
                     self.opts.judgment,
                     t.channel,
-                    *(self._channels.note(t.speaker, matched) if self._channels is not None else (None, "")),
+                    copy,
+                    "; ".join(n for n in (note, pitched) if n),
                 )
             )
         if self.opts.detect_drift and self.opts.entry.drift is not None:

@@ -47,6 +47,9 @@ class Judgment:
     noise_match_db: float = 0.0  # the same for SNR (dB)
     noise_compose_db: float = 0.0  # the same for SNR, for a speaker matched by band or clipping (0: never)
     telephone_band_db: float = 0.0  # a clip's low band level (dB) below which it counts as a telephone one (0: never)
+    # Judge a speaker again with a flagged turn pitched this many octaves or more from the speaker's other clips moved
+    # to their pitch (sleuthd.judgment.pitch_matching; 0: never). Reads the audio channel matching keeps.
+    pitch_match_octaves: float = 0.0
 
     @property
     def channel_matching(self) -> bool:

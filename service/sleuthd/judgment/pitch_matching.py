@@ -1,0 +1,206 @@
+"""Pitch matching: a flagged turn pitched well away from its speaker is judged again on a copy moved to their pitch.
+
+Why: a pitch shift that moves the spectral envelope with the pitch (sox's `pitch` effect, a resampling pitch control,
+audio played at the wrong rate) makes a voice sound like a smaller or larger person, and both speaker encoders read
+it as another voice. In the robustness matrix the turn flagged in a consistent speaker under such shifts was the
+speaker's pitch outlier in 34 of 34 cases on real speech (f-fsdd-prosody) and 62 of 66 on espeak-ng voices (train
+b-espeak-sox). Screened offline, chosen on the train split, reported on the eval split
+(docs/research/robustness-phase3/resample/REPORT.md): f-fsdd-prosody 78.6 -> 92.0 balanced accuracy, b-espeak-sox
+71.1 -> 80.9, mean over 25 conditions +0.90 [+0.66, +1.14]; three conditions lose one similar-voice intruder each.
+
+What: under the fused encoder's auto, once the dialogue is judged (channel matching included), a speaker judged as
+heard or on its narrowband copies with an INCONSISTENT turn whose median pitch (sleuthd.audio.pitch) lies at least
+``octaves`` and less than CEILING_OCTAVES from the median of the speaker's other pieces (usable turns, and the
+reference when it was sent as audio) is judged again with each such turn replaced by its copy moved to that median
+(pitch and envelope together, as the shift did; low-passed too where the speaker is band-matched), the other
+speakers as they were. It only ever clears: a turn flagged before and not after is cleared, and only when every
+moved copy's mean CAM++ cosine to the speaker's other pieces is within GUARD_COSINE of the speaker's own CAM++ level
+(the median of those pieces' mean cosine to each other): an intruder whose voice the move merely brings closer
+stays flagged. Everything else keeps its first verdict. Not done (not screened, or no audio to copy): speakers
+judged on clipped, noisy or telephone-band copies; a stream's turns whose audio it no longer keeps (past
+--band-match-stream-mb); the pitch of a registered voice (its speaker's median is its turns'). A copy that cannot be
+embedded leaves the speaker as first judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import logging
+
+import numpy as np
+
+from sleuthd.audio.pitch import STEPS_PER_OCTAVE, shift_steps
+from sleuthd.domain import AudioInput
+from sleuthd.encoders.clips import ChannelCopy
+from sleuthd.judgment.channel_matching import Copies
+from sleuthd.judgment.pool import SpeakerPool
+from sleuthd.judgment.verdicts import CONFUSED, OVER_THRESHOLD, Judgment, SpeakerScores, score_speakers
+
+logger = logging.getLogger(__name__)
+
+# A jump of about an octave is another gender's voice (and a man's voice moved up half an octave passed both
+# encoders in the WORLD screen, docs/research/robustness-phase3/prosody/REPORT.md): never moved from 0.5 octave.
+CEILING_OCTAVES = 0.5
+# The moved copy must sit this close to the speaker's own CAM++ level (cosine; chosen on the train split among
+# -0.15 .. +0.025: the best mean balanced accuracy with no train condition worse).
+GUARD_COSINE = -0.075
+GUARD_ENCODER = "campplus"
+
+# Hears clips' median pitches, log2(Hz) (sleuthd.encoders.embedder.ClipEmbedder.pitches).
+Pitches = Callable[[Sequence[tuple[AudioInput, str]]], Awaitable[list[float | None]]]
+
+
+@dataclass(frozen=True)
+class PitchCandidate:
+    """A speaker as first judged, with what judging them again needs."""
+
+    speaker: str
+    scores: SpeakerScores  # their verdicts
+    pools: Mapping[str, SpeakerPool]  # the pools they were judged with: theirs and their cohort's
+    turn_ids: Sequence[str]  # their usable turns, the rows of their pool
+    audio: Sequence[AudioInput | None]  # each row's audio (None: no longer kept)
+    reference: AudioInput | None  # the reference sent as audio (None: none, or a registered voice)
+    narrow: bool  # judged on narrowband copies
+
+
+@dataclass(frozen=True)
+class Rematched:
+    """A speaker's verdicts after pitch matching, and what each cleared turn's detail says (row -> note)."""
+
+    scores: SpeakerScores
+    notes: Mapping[int, str]
+
+
+class PitchMatcher:
+    """The pitch-matching side of one dialogue: the pitches measured and the copies embedded (each once), and the
+    speakers' verdicts after matching, for the turns heard so far."""
+
+    def __init__(self, copies: Copies, pitches: Pitches, octaves: float, judgment: Judgment) -> None:
+        """``octaves``: the least pitch distance (from the speaker's other pieces) at which a flagged turn is moved."""
+        self._listen = copies
+        self._pitches = pitches
+        self._octaves = octaves
+        self._judgment = judgment
+        self._pitch: dict[str, float | None] = {}  # a clip's digest -> its median pitch
+        self._made: dict[tuple[str, ChannelCopy], tuple[np.ndarray, float] | None] = {}  # (turn, copy) -> emb, speech s
+        self._stamp = -1
+        self._rematched: dict[str, Rematched] = {}
+
+    def rematched(self, stamp: int) -> Mapping[str, Rematched]:
+        """The speakers pitch matching changed, for the dialogue at ``stamp`` turns (empty at any other)."""
+        return self._rematched if stamp == self._stamp else {}
+
+    async def ensure(self, stamp: int, candidates: Sequence[PitchCandidate], deadline: float | None) -> None:
+        """Judge again each candidate with a flagged turn pitched away from them (the dialogue at ``stamp`` turns)."""
+        out = {}
+        for c in candidates:
+            flagged = np.isin(c.scores.codes, (OVER_THRESHOLD, CONFUSED))
+            if not flagged.any() or any(a is None for a in c.audio):
+                continue
+            moves = await self._moves(c, flagged, deadline)
+            if moves:
+                found = await self._judge_again(c, flagged, moves, deadline)
+                if found is not None:
+                    out[c.speaker] = found
+        self._stamp, self._rematched = stamp, out
+
+    async def _moves(self, c: PitchCandidate, flagged: np.ndarray, deadline: float | None) -> dict[int, int]:
+        """Flagged row -> quarter-tone steps to the median pitch of the speaker's other pieces, for the rows lying
+        ``octaves`` .. CEILING_OCTAVES from it."""
+        pieces = [a for a in c.audio if a is not None] + ([c.reference] if c.reference is not None else [])
+        todo = list({a.digest: a for a in pieces if a.digest not in self._pitch}.values())
+        if todo:
+            found = await self._pitches([(a, f"a clip of speaker {c.speaker!r}") for a in todo])
+            self._pitch.update((a.digest, p) for a, p in zip(todo, found, strict=True))
+        pitch = [self._pitch[a.digest] for a in pieces]
+        moves = {}
+        for j in np.flatnonzero(flagged).tolist():
+            own = pitch[j]
+            others = [p for i, p in enumerate(pitch) if i != j and p is not None]
+            if own is None or not others:
+                continue
+            target = float(np.median(others))
+            if self._octaves <= abs(own - target) < CEILING_OCTAVES and shift_steps(own, target):
+                moves[j] = shift_steps(own, target)
+        return moves
+
+    async def _judge_again(
+        self, c: PitchCandidate, flagged: np.ndarray, moves: dict[int, int], deadline: float | None
+    ) -> Rematched | None:
+        copies = {}
+        for j, steps in moves.items():
+            copy = ChannelCopy(narrow=c.narrow, pitch_steps=steps)
+            key = (c.turn_ids[j], copy)
+            if key not in self._made:
+                audio = c.audio[j]
+                assert audio is not None
+                clip = (await self._listen(copy, [(audio, f"turn {c.turn_ids[j]!r}")], deadline))[0]
+                self._made[key] = None if clip.embedding is None else (clip.embedding, clip.speech_seconds)
+            made = self._made[key]
+            if made is None:  # too little speech left to embed: judged as first judged
+                return None
+            copies[j] = made
+        base = c.pools[c.speaker]
+        pool = SpeakerPool(base.reference, self._judgment.components)
+        for k in range(base.n):
+            emb, seconds = copies.get(k, (base.emb[k], float(base.seconds[k])))
+            pool.add(k, emb, seconds)
+        again = score_speakers({**c.pools, c.speaker: pool}, self._judgment)[c.speaker]
+        cleared = flagged & ~np.isin(again.codes, (OVER_THRESHOLD, CONFUSED))
+        guard = _guard(pool, list(moves)) if cleared.any() else np.nan
+        logger.debug("speaker %r: moved %s; would clear %s; guard %.3f", c.speaker, moves, np.flatnonzero(cleared), guard)
+        if not cleared.any() or guard < GUARD_COSINE:
+            return None
+        moved = ", ".join(f"turn {c.turn_ids[j]!r} {s / STEPS_PER_OCTAVE:+.2f}" for j, s in sorted(moves.items()))
+        note = (
+            f"pitch matched: judged again with a copy moved in pitch (and spectral envelope) to the median pitch of "
+            f"speaker {c.speaker!r}'s other clips ({moved} octave)"
+        )
+        return Rematched(_merge(c.scores, again, cleared), {j: note for j in np.flatnonzero(cleared).tolist()})
+
+
+def _guard(pool: SpeakerPool, moved: list[int]) -> float:
+    """The least, over the moved rows, of their mean GUARD_ENCODER cosine to the pool's other pieces minus the
+    speaker's level there (the median of those pieces' mean cosine to each other); -inf without that encoder."""
+    part = pool.components.get(GUARD_ENCODER)
+    if part is None:
+        return -np.inf
+    g = part.gram()  # reference first
+    rows = [part.r0 + j for j in moved]
+    rest = [i for i in range(len(g)) if i not in rows]
+    sub = g[np.ix_(rest, rest)]
+    level = float(np.median((sub.sum(axis=1) - np.diag(sub)) / max(len(rest) - 1, 1)))
+    return min(float(g[r, rest].mean()) - level for r in rows)
+
+
+def _merge(first: SpeakerScores, again: SpeakerScores, rows: np.ndarray) -> SpeakerScores:
+    """``first`` with the ``rows`` (a mask over the speaker's usable turns) taken from ``again``."""
+
+    def pick(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+        return a if a is None or b is None else np.where(rows, b, a)
+
+    return replace(
+        first,
+        pairwise=pick(first.pairwise, again.pairwise),
+        centroid=pick(first.centroid, again.centroid),
+        reference=pick(first.reference, again.reference),
+        probability=pick(first.probability, again.probability),
+        scores=pick(first.scores, again.scores),
+        codes=np.where(rows, again.codes, first.codes),
+        closest=pick(first.closest, again.closest),
+        margin=pick(first.margin, again.margin),
+        components={
+            name: (pick(p[0], q[0]), pick(p[1], q[1]), pick(p[2], q[2]))
+            for name, p in first.components.items()
+            for q in [again.components[name]]
+        },
+        uncertain=tuple(_why(again if rows[k] else first, k) for k in range(len(rows)))
+        if first.uncertain or again.uncertain
+        else (),
+    )
+
+
+def _why(scores: SpeakerScores, k: int) -> str:
+    return scores.uncertain[k] if scores.uncertain else ""

@@ -1,0 +1,168 @@
+"""Pitch matching (opt-in, --pitch-match-octaves) through the real server: a turn of the speaker's own voice moved in
+pitch the way a resampling pitch control moves it (spectral envelope with the pitch) is flagged as another voice, and
+cleared on its copy moved back to the speaker's pitch; another voice within reach stays flagged; an octave away is
+never moved; a stream gives CheckDialogue's verdicts. The pitch estimate and the move themselves are checked on
+synthetic tones."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from sleuthd.audio import SAMPLE_RATE
+from sleuthd.audio.bandwidth import low_pass
+from sleuthd.audio.decode import decode_encoded, to_model_rate
+from sleuthd.audio.pitch import median_pitch_octaves, shift_pitch
+from sleuthd.config import ConfigError, EngineConfig
+from sleuthd.engine.facade import Engine
+from sleuthd.v1 import sleuthd_pb2 as pb
+from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+
+from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, check_request, encode_wav
+from .test_band_matching import _stream
+
+SLOT = 2
+SCREENED = 0.15  # the setting chosen on the robustness matrix's train split
+
+
+def _samples(wav: bytes) -> np.ndarray:
+    return to_model_rate(decode_encoded(wav, 60.0)).samples
+
+
+def moved(wav: bytes, steps: int) -> bytes:
+    """The clip moved ``steps`` quarter tones, as a resampling pitch shift (sox `pitch`) or a wrong playback rate."""
+    return encode_wav(shift_pitch(_samples(wav), steps), SAMPLE_RATE)
+
+
+def band_limited(wav: bytes) -> bytes:
+    """The clip low-passed at 5 kHz: room above its band for a shift up (as an 8 kHz recording has at 16 kHz)."""
+    return encode_wav(low_pass(_samples(wav), 5000.0).astype(np.float32), SAMPLE_RATE)
+
+
+def pitch_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pitch steps of every copy moved in pitch the server makes from here on."""
+    from sleuthd.encoders import embedder
+
+    steps: list[int] = []
+    channel_copy = embedder.channel_copy
+
+    def recording(audio: Any, max_seconds: float, copy: Any, *args: Any) -> Any:
+        if copy.pitch_steps:
+            steps.append(copy.pitch_steps)
+        return channel_copy(audio, max_seconds, copy, *args)
+
+    monkeypatch.setattr(embedder, "channel_copy", recording)
+    return steps
+
+
+def pitch_matching(engine: Engine, monkeypatch: pytest.MonkeyPatch, octaves: float = SCREENED) -> None:
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, pitch_match_octaves=octaves))
+
+
+@pytest.mark.parametrize(("voice", "steps", "limited"), [(VOICE_B, -8, False), (VOICE_F, -8, False), (VOICE_C, 8, True)])
+async def test_a_turn_of_the_same_voice_moved_in_pitch_is_cleared_on_its_copy_moved_back(
+    stub: pb_grpc.SleuthStub,
+    speech: Speech,
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    voice: str,
+    steps: int,
+    limited: bool,
+) -> None:
+    """A third of an octave down (full band), or up (a band-limited voice: a shift up at full band loses the top of
+    the band at the file's Nyquist frequency, and the copy moved back is then narrower than the other turns: not
+    cleared, docs/auto.md)."""
+    audio = [speech.wav_bytes(voice, k) for k in range(5)]
+    if limited:
+        audio = [band_limited(a) for a in audio]
+    audio[SLOT] = moved(audio[SLOT], steps)
+    assert EngineConfig().pitch_match_octaves == 0.0  # opt-in
+    off = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert off.turns[SLOT].status == pb.INCONSISTENT and off.turns[SLOT].score > 0.9, off.turns[SLOT].detail
+    assert "pitch matched" not in off.turns[SLOT].detail
+
+    pitch_matching(engine, monkeypatch)
+    made = pitch_copies(monkeypatch)
+    on = await stub.CheckDialogue(check_request(audio), timeout=120)
+    turn = on.turns[SLOT]
+    assert turn.status == pb.CONSISTENT and turn.score < 0.5, turn.detail
+    assert on.speakers[0].consistent
+    # One copy, moved back by about what the turn was moved (the estimate is the median of the other turns').
+    assert len(made) == 1 and abs(made[0] + steps) <= 2, made
+    assert re.search(
+        r"pitch matched: judged again with a copy moved in pitch \(and spectral envelope\) to the median pitch of "
+        rf"speaker 'B''s other clips \(turn 't{SLOT}' [+-]0\.\d\d octave\); auto",
+        turn.detail,
+    ), turn.detail
+    # Only the flagged turn changed: the others keep their first verdicts, bit for bit.
+    for k in range(5):
+        if k != SLOT:
+            assert on.turns[k] == off.turns[k]
+
+
+async def test_another_voice_within_reach_is_moved_and_still_flagged(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flite's slt (about 171 Hz) in a dialogue of espeak-ng's f2 (about 197 Hz): 0.2 octave apart, so her turn is
+    moved, and still flagged (its copy is no closer to f2 than the guard allows, or judged inconsistent again)."""
+    pitch_matching(engine, monkeypatch)
+    made = pitch_copies(monkeypatch)
+    audio = [speech.wav_bytes(VOICE_F, k) for k in range(5)]
+    audio[SLOT] = speech.wav_bytes(VOICE_C, 0)
+    v = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert len(made) == 1 and made[0] > 0, made  # moved up towards f2
+    assert list(v.speakers[0].inconsistent_turn_ids) == [f"t{SLOT}"], [(t.status, t.detail) for t in v.turns]
+    assert "pitch matched" not in v.turns[SLOT].detail
+
+
+async def test_a_voice_an_octave_away_is_never_moved(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """espeak-ng's m3 (about 106 Hz) in f2's dialogue: 0.9 octave, beyond the ceiling (another gender's jump)."""
+    pitch_matching(engine, monkeypatch)
+    made = pitch_copies(monkeypatch)
+    audio = [speech.wav_bytes(VOICE_F, k) for k in range(5)]
+    audio[SLOT] = speech.wav_bytes(VOICE_A, 0)
+    v = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert made == []
+    assert v.turns[SLOT].status == pb.INCONSISTENT
+
+
+async def test_a_stream_pitch_matches_as_check_dialogue_does(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pitch_matching(engine, monkeypatch)
+    audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
+    audio[SLOT] = moved(audio[SLOT], -8)
+    checked = await stub.CheckDialogue(check_request(audio), timeout=120)
+    updates, final = await _stream(stub, audio)
+    assert [t.status for t in final.turns] == [t.status for t in checked.turns] == [pb.CONSISTENT] * 5
+    assert [t.score for t in final.turns] == pytest.approx([t.score for t in checked.turns], abs=1e-5)
+    assert final.turns[SLOT].detail == checked.turns[SLOT].detail
+    # With two turns of the speaker before it, the moved turn is judged again on its copy as it arrives.
+    arrival = next(u.verdict for u in updates if not u.revision and u.verdict.turn_id == f"t{SLOT}")
+    assert arrival.status == pb.CONSISTENT and "pitch matched" in arrival.detail, arrival.detail
+
+
+@pytest.mark.parametrize("hz", [95.0, 140.0, 210.0])
+def test_the_median_pitch_of_a_voiced_tone_and_of_its_copy_moved_in_pitch(hz: float) -> None:
+    t = np.arange(int(2.0 * SAMPLE_RATE)) / SAMPLE_RATE
+    tone = sum(np.sin(2 * np.pi * hz * h * t) / h for h in range(1, 12)).astype(np.float32) * 0.1
+    assert median_pitch_octaves(tone) == pytest.approx(np.log2(hz), abs=0.01)
+    for steps in (-8, 5):
+        copy = shift_pitch(tone, steps)
+        assert len(copy) == pytest.approx(len(tone) / 2 ** (steps / 24), abs=2)  # the pace moves with it
+        assert median_pitch_octaves(copy) == pytest.approx(np.log2(hz) + steps / 24, abs=0.01)
+    assert median_pitch_octaves(np.zeros(SAMPLE_RATE, np.float32)) is None  # silence
+    assert median_pitch_octaves(tone[:400]) is None  # shorter than one frame
+    rng = np.random.default_rng(0)
+    assert median_pitch_octaves(rng.normal(0, 0.1, SAMPLE_RATE).astype(np.float32)) is None  # noise
+
+
+@pytest.mark.parametrize("bad", [-0.1, 0.5, 0.8, float("nan")])
+def test_pitch_match_octaves_outside_its_range_is_refused(bad: float) -> None:
+    with pytest.raises(ConfigError, match="pitch_match_octaves"):
+        EngineConfig(pitch_match_octaves=bad)
