@@ -62,7 +62,9 @@ def pitch_matching(engine: Engine, monkeypatch: pytest.MonkeyPatch, octaves: flo
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, pitch_match_octaves=octaves))
 
 
-@pytest.mark.parametrize(("voice", "steps", "limited"), [(VOICE_B, -8, False), (VOICE_F, -8, False), (VOICE_C, 8, True)])
+@pytest.mark.parametrize(
+    ("voice", "steps", "limited"), [(VOICE_B, -8, False), (VOICE_F, -8, False), (VOICE_C, 8, True)]
+)
 async def test_a_turn_of_the_same_voice_moved_in_pitch_is_cleared_on_its_copy_moved_back(
     stub: pb_grpc.SleuthStub,
     speech: Speech,

@@ -24,10 +24,9 @@ embedded leaves the speaker as first judged.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-
-import logging
 
 import numpy as np
 
@@ -150,7 +149,9 @@ class PitchMatcher:
         again = score_speakers({**c.pools, c.speaker: pool}, self._judgment)[c.speaker]
         cleared = flagged & ~np.isin(again.codes, (OVER_THRESHOLD, CONFUSED))
         guard = _guard(pool, list(moves)) if cleared.any() else np.nan
-        logger.debug("speaker %r: moved %s; would clear %s; guard %.3f", c.speaker, moves, np.flatnonzero(cleared), guard)
+        logger.debug(
+            "speaker %r: moved %s; would clear %s; guard %.3f", c.speaker, moves, np.flatnonzero(cleared), guard
+        )
         if not cleared.any() or guard < GUARD_COSINE:
             return None
         moved = ", ".join(f"turn {c.turn_ids[j]!r} {s / STEPS_PER_OCTAVE:+.2f}" for j, s in sorted(moves.items()))
