@@ -103,3 +103,36 @@ def paired_mean_interval(pairs, n=2000, seed=0):
     boot /= len(pairs)
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return lo, hi
+
+
+def paired_table(spec, names, keep, served, mserved, records_of):
+    """Print the paired table of one variant against the served judgment: per condition Bal (S1/S2/S3) both ways,
+    the paired bootstrap of the difference, and how many instances moved each way; then the mean over conditions.
+    ``served``/``mserved``: condition -> served records / metrics; ``records_of(condition)``: the variant's records."""
+    print("| condition | n dial | served Bal (S1/S2/S3) | variant Bal (S1/S2/S3) | Δ Bal [95 % CI] | S1 won / S2 lost / S3 lost / S2,S3 won |")
+    print("| :--- | ---: | :--- | :--- | :--- | :--- |")
+    means, tot = [], np.zeros(4, int)
+    for c in names:
+        rv = records_of(c)
+        m, b = judges.metrics(rv), mserved[c]
+        cmp = paired.compare(spec, rv, "served", served[c])
+        ch = np.zeros(4, int)
+        for a, r in zip(served[c], rv):
+            ok_a, ok_r = (a.pred_inconsistent == bool(a.gold_turns)), (r.pred_inconsistent == bool(r.gold_turns))
+            if ok_a != ok_r:
+                if a.scenario == "S1":
+                    ch[0] += ok_r - ok_a
+                elif ok_a:
+                    ch[1 if a.scenario == "S2" else 2] += 1
+                else:
+                    ch[3] += 1
+        tot += ch
+        means.append((b["bal"], m["bal"]))
+        bold = "**" if cmp.bal.low > 0 or cmp.bal.high < 0 else ""
+        print(f"| {c} | {len(keep[c])} | {b['bal']:.1f} ({b['S1']:.1f}/{b['S2']:.1f}/{b['S3']:.1f}) | {m['bal']:.1f} ("
+              f"{m['S1']:.1f}/{m['S2']:.1f}/{m['S3']:.1f}) | {bold}{cmp.bal.difference:+.2f} [{cmp.bal.low:+.2f}, "
+              f"{cmp.bal.high:+.2f}]{bold} | {ch[0]:+d} / {ch[1]} / {ch[2]} / {ch[3]} |", flush=True)
+    b, vv = np.array(means).T
+    lo, hi = paired_mean_interval([(served[c], records_of(c)) for c in names])
+    print(f"| mean of {len(names)} | | {b.mean():.2f} | {vv.mean():.2f} | {vv.mean() - b.mean():+.2f} [{lo:+.2f}, {hi:+.2f}] | "
+          f"{tot[0]:+d} / {tot[1]} / {tot[2]} / {tot[3]} |")

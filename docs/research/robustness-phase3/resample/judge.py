@@ -158,36 +158,30 @@ def parse(spec):
     return m, float(x), float(h), float(g[0]) if g else -np.inf
 
 
+def grid_line(label, v, means=False):
+    ms = {c: judges.metrics(records(c, v)) for c in names}
+    d = {c: ms[c]["bal"] - mserved[c]["bal"] for c in names}
+    worst = min(d, key=d.get)
+    s2 = {c: ms[c]["S2"] - mserved[c]["S2"] for c in names}
+    ws2 = min(s2, key=s2.get)
+    tail = (f"; S1/S2/S3 {np.mean([m['S1'] for m in ms.values()]):.1f}/{np.mean([m['S2'] for m in ms.values()]):.1f}/"
+            f"{np.mean([m['S3'] for m in ms.values()]):.1f}") if means else ""
+    print(f"  {label}  mean Bal {np.mean([m['bal'] for m in ms.values()]):6.2f} "
+          f"({np.mean(list(d.values())):+.2f}); worst {worst} {d[worst]:+.2f}; worst S2 {ws2} {s2[ws2]:+.1f}; "
+          f"b-espeak-sox {d.get('b-espeak-sox', np.nan):+.2f}{tail}", flush=True)
+
+
 if args.grid_guard:
     for delta, hi in ((0.15, 0.5), (0.15, 0.4), (0.2, 0.5)):
         for guard in (-np.inf, -0.15, -0.1, -0.075, -0.05, -0.025, 0.0, 0.025):
-            v = ("un", delta, hi, guard)
-            ms = {c: judges.metrics(records(c, v)) for c in names}
-            d = {c: ms[c]["bal"] - mserved[c]["bal"] for c in names}
-            worst = min(d, key=d.get)
-            s2 = {c: ms[c]["S2"] - mserved[c]["S2"] for c in names}
-            ws2 = min(s2, key=s2.get)
-            print(f"  un:{delta:g}:{hi:g}:{guard:g}  mean Bal {np.mean([m['bal'] for m in ms.values()]):6.2f} "
-                  f"({np.mean(list(d.values())):+.2f}); worst {worst} {d[worst]:+.2f}; worst S2 {ws2} {s2[ws2]:+.1f}; "
-                  f"b-espeak-sox {d.get('b-espeak-sox', np.nan):+.2f}", flush=True)
+            grid_line(f"un:{delta:g}:{hi:g}:{guard:g}", ("un", delta, hi, guard))
 
 if args.grid:
     for mode in ("un", "re"):
         for hi in (0.4, 0.5, 0.6, 0.7):
             for delta in (0.15, 0.2, 0.25, 0.3, 0.35):
-                if delta >= hi:
-                    continue
-                v = (mode, delta, hi, -np.inf)
-                ms = {c: judges.metrics(records(c, v)) for c in names}
-                d = {c: ms[c]["bal"] - mserved[c]["bal"] for c in names}
-                worst = min(d, key=d.get)
-                s2 = {c: ms[c]["S2"] - mserved[c]["S2"] for c in names}
-                ws2 = min(s2, key=s2.get)
-                print(f"  {mode}:{delta:g}:{hi:g}  mean Bal {np.mean([m['bal'] for m in ms.values()]):6.2f} "
-                      f"({np.mean(list(d.values())):+.2f}); worst {worst} {d[worst]:+.2f}; worst S2 {ws2} {s2[ws2]:+.1f}; "
-                      f"b-espeak-sox {d.get('b-espeak-sox', np.nan):+.2f}; S1/S2/S3 "
-                      f"{np.mean([m['S1'] for m in ms.values()]):.1f}/{np.mean([m['S2'] for m in ms.values()]):.1f}/"
-                      f"{np.mean([m['S3'] for m in ms.values()]):.1f}", flush=True)
+                if delta < hi:
+                    grid_line(f"{mode}:{delta:g}:{hi:g}", (mode, delta, hi, -np.inf), means=True)
 
 for spec in args.dump:
     v = parse(spec)
@@ -202,33 +196,7 @@ for spec in args.dump:
 for spec in args.variant:
     v = parse(spec)
     print(f"\n{args.split}: resampled copies {spec} against the served fused `auto` (paired over dialogues, 95 % bootstrap)")
-    print("| condition | n dial | served Bal (S1/S2/S3) | variant Bal (S1/S2/S3) | Δ Bal [95 % CI] | S1 won / S2 lost / S3 lost / S2,S3 won |")
-    print("| :--- | ---: | :--- | :--- | :--- | :--- |")
-    means, tot = [], np.zeros(4, int)
-    for c in names:
-        rv = records(c, v)
-        m, b = judges.metrics(rv), mserved[c]
-        cmp = paired.compare(spec, rv, "served", served[c])
-        ch = np.zeros(4, int)
-        for a, r in zip(served[c], rv):
-            ok_a, ok_r = (a.pred_inconsistent == bool(a.gold_turns)), (r.pred_inconsistent == bool(r.gold_turns))
-            if ok_a != ok_r:
-                if a.scenario == "S1":
-                    ch[0] += ok_r - ok_a
-                elif ok_a:
-                    ch[1 if a.scenario == "S2" else 2] += 1
-                else:
-                    ch[3] += 1
-        tot += ch
-        means.append((b["bal"], m["bal"]))
-        bold = "**" if cmp.bal.low > 0 or cmp.bal.high < 0 else ""
-        print(f"| {c} | {len(keep[c])} | {b['bal']:.1f} ({b['S1']:.1f}/{b['S2']:.1f}/{b['S3']:.1f}) | {m['bal']:.1f} "
-              f"({m['S1']:.1f}/{m['S2']:.1f}/{m['S3']:.1f}) | {bold}{cmp.bal.difference:+.2f} [{cmp.bal.low:+.2f}, "
-              f"{cmp.bal.high:+.2f}]{bold} | {ch[0]:+d} / {ch[1]} / {ch[2]} / {ch[3]} |", flush=True)
-    b, vv = np.array(means).T
-    lo, hi = common.paired_mean_interval([(served[c], records(c, v)) for c in names])
-    print(f"| mean of {len(names)} | | {b.mean():.2f} | {vv.mean():.2f} | {vv.mean() - b.mean():+.2f} [{lo:+.2f}, {hi:+.2f}] | "
-          f"{tot[0]:+d} / {tot[1]} / {tot[2]} / {tot[3]} |")
+    common.paired_table(spec, names, keep, served, mserved, lambda c, v=v: records(c, v))
 
 if args.dump:
     print("\nchanged instances: the moved turn's mean cosine to the speaker's other pieces (GE2E / CAM++) as judged, "
