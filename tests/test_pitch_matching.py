@@ -133,6 +133,31 @@ async def test_a_voice_an_octave_away_is_never_moved(
     assert v.turns[SLOT].status == pb.INCONSISTENT
 
 
+async def test_a_clips_pitch_is_measured_once_across_requests(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RankCandidates judges its context once per candidate, and a regeneration loop sends it again: each clip's
+    pitch is remembered by its digest, as its embeddings are."""
+    from sleuthd.encoders import embedder
+
+    measured: list[int] = []
+    clip_pitch = embedder.clip_pitch
+
+    def counting(*args: Any) -> Any:
+        measured.append(1)
+        return clip_pitch(*args)
+
+    monkeypatch.setattr(embedder, "clip_pitch", counting)
+    pitch_matching(engine, monkeypatch)
+    audio = [speech.wav_bytes(VOICE_F, k) for k in range(5)]
+    audio[SLOT] = moved(audio[SLOT], -7)  # a move no other test makes: these clips are new to the server
+    first = await stub.CheckDialogue(check_request(audio), timeout=120)
+    # The moved clip at least (the others may have been measured by an earlier test of this session's server).
+    assert 1 <= (n := len(measured)) <= 5 and first.turns[SLOT].status == pb.CONSISTENT
+    again = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert len(measured) == n and again == first
+
+
 async def test_a_stream_pitch_matches_as_check_dialogue_does(
     stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

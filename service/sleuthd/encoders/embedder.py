@@ -76,6 +76,9 @@ class ClipEmbedder:
         self.max_clip_seconds = max_clip_seconds
         self.max_request_samples = max_request_samples
         self.cache: LruCache[ClipEmbedding] = LruCache(cache_entries)
+        # Clips' median pitches by digest (pitch matching measures a flagged speaker's clips; RankCandidates judges
+        # the same context once per candidate, and a regeneration loop sends it again).
+        self._pitch_cache: LruCache[tuple[float | None]] = LruCache(cache_entries)
         self._prep_pool = prep_pool
         self._probe_pool = probe_pool or prep_pool
         # Cache misses in flight, by cache key(s): concurrent requests for the same clip share one computation.
@@ -225,10 +228,15 @@ class ClipEmbedder:
         loop = asyncio.get_running_loop()
 
         async def one(audio: AudioInput, label: str) -> float | None:
+            found = self._pitch_cache.get(audio.digest)
+            if found is not None:
+                return found[0]
             try:
-                return await loop.run_in_executor(self._prep_pool, clip_pitch, audio, self.max_clip_seconds)
+                pitch = await loop.run_in_executor(self._prep_pool, clip_pitch, audio, self.max_clip_seconds)
             except AudioError as exc:
                 raise AudioError(f"{label}: {exc}") from exc
+            self._pitch_cache.put(audio.digest, (pitch,))
+            return pitch
 
         return await gather_or_cancel(one(a, label) for a, label in audios)
 
