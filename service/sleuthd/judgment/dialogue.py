@@ -216,6 +216,8 @@ class EncoderDialogue:
                 max_kept_audio_bytes,
             )
         self._pitch: PitchMatcher | None = None
+        # The verdicts before pitch matching at a number of turns (made once per turn added; see _score).
+        self._first: tuple[int, list[str], dict[str, SpeakerScores]] | None = None
         if self._channels is not None and pitches is not None and opts.judgment.pitch_match_octaves > 0:
             assert copies is not None
             self._pitch = PitchMatcher(copies, pitches, opts.judgment.pitch_match_octaves, opts.judgment)
@@ -250,6 +252,7 @@ class EncoderDialogue:
         judged as heard or on narrowband copies (the kinds it was screened on)."""
         assert self._channels is not None
         order, scores = self._score(pitch=False)
+        self._first = (len(self._turns), order, dict(scores))
         matched = self._channels.matched()
         heard = {s: self._speakers[s].pool for s in order}
         out = []
@@ -313,15 +316,20 @@ class EncoderDialogue:
         """Speakers in order of first appearance, and their verdict arrays (a channel-matched speaker's from the
         pools of its copies, against the other speakers' copies of the same kind: ChannelMatcher.matched; then, with
         ``pitch``, a pitch-matched speaker's as pitch matching left them: PitchMatcher)."""
-        order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
-        scores = score_speakers({s: self._speakers[s].pool for s in order}, self.opts.judgment)
-        if self._channels is not None:
-            matched = {s: c for s, c in self._channels.matched().items() if s in scores}
-            for copy in dict.fromkeys(matched.values()):
-                judged = score_speakers(self._channels.pools(copy, order), self.opts.judgment)
-                scores.update({s: v for s, v in judged.items() if matched.get(s) == copy})
+        stamp = len(self._turns)
+        if self._first is not None and self._first[0] == stamp:
+            # Pitch matching scored these turns already (after their copies were made): not again per turn.
+            order, scores = self._first[1], dict(self._first[2])
+        else:
+            order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
+            scores = score_speakers({s: self._speakers[s].pool for s in order}, self.opts.judgment)
+            if self._channels is not None:
+                matched = {s: c for s, c in self._channels.matched().items() if s in scores}
+                for copy in dict.fromkeys(matched.values()):
+                    judged = score_speakers(self._channels.pools(copy, order), self.opts.judgment)
+                    scores.update({s: v for s, v in judged.items() if matched.get(s) == copy})
         if pitch and self._pitch is not None:
-            scores.update({s: r.scores for s, r in self._pitch.rematched(len(self._turns)).items()})
+            scores.update({s: r.scores for s, r in self._pitch.rematched(stamp).items()})
         return order, scores
 
     def _statuses(self, speaker: str, scores: dict[str, SpeakerScores]) -> list[tuple[str, TurnStatus]]:
