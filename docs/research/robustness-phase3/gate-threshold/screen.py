@@ -23,6 +23,7 @@ ap.add_argument("--root", type=Path, default=common.ROOT)
 ap.add_argument("--conditions")
 ap.add_argument("--grid", action="store_true")
 ap.add_argument("--variant", action="append", default=[], type=float)
+ap.add_argument("--stack", action="store_true", help="the blend's stack inside the gate too (at threshold T)")
 args = ap.parse_args()
 names = args.conditions.split(",") if args.conditions else [
     n for n in _conditions(None) if (args.root / f"{args.split}-{n}.jsonl").is_file()]
@@ -37,13 +38,16 @@ for inst in insts:
         continue
     logits = {int(i): float(z) for i, z in zip(d["index"], d["final"])}
     assert frozenset(i for i, z in logits.items() if z > 0) == served, inst.dialogue_id  # the served flags
+    if args.stack:  # the stack judges inside the gate too (its logit as outside)
+        z = d["sbias"] + d["aclip"] * d["aw"] + d["zev"] * d["ew"]
+        logits = {int(i): float(v) for i, v in zip(d["index"], z)}
     rows.append((inst, served, logits))
 print(f"{args.split}: {len(insts)} instances, {sum(r[2] is not None for r in rows)} inside the gate", flush=True)
 
 
 def flags(row, t):
     inst, served, logits = row
-    if logits is None:
+    if logits is None or t is None:
         return served
     cut = np.log(t / (1 - t))
     return frozenset(i for i, z in logits.items() if z > cut)
@@ -54,11 +58,11 @@ def records(cond, t):
             for r in rows if r[0].condition == cond for f in [flags(r, t)]]
 
 
-served = {c: records(c, 0.5) for c in names}
+served = {c: records(c, None) for c in names}
 mserved = {c: judges.metrics(served[c]) for c in names}
 keep = {c: {r[0].dialogue_id for r in rows if r[0].condition == c} for c in names}
 if args.grid:
-    for t in (0.6, 0.4, 0.3, 0.2, 0.1, 0.05):
+    for t in ((0.5, 0.6, 0.4, 0.3) if args.stack else (0.6, 0.4, 0.3, 0.2, 0.1, 0.05)):
         ms = {c: judges.metrics(records(c, t)) for c in names}
         d = {c: ms[c]["bal"] - mserved[c]["bal"] for c in names}
         worst = min(d, key=d.get)
