@@ -7,19 +7,27 @@ synthetic tones."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import re
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import soundfile as sf
 from sleuthd.audio import SAMPLE_RATE
 from sleuthd.audio.bandwidth import low_pass
 from sleuthd.audio.decode import decode_encoded, to_model_rate
 from sleuthd.audio.pitch import median_pitch_octaves, shift_pitch
 from sleuthd.config import ConfigError, EngineConfig
+from sleuthd.domain import AudioInput
+from sleuthd.encoders.clips import decode
 from sleuthd.engine.facade import Engine
 from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
+from sleuthd_bench import synth
 
 from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, check_request, encode_wav
 from .test_band_matching import _stream
@@ -40,6 +48,19 @@ def moved(wav: bytes, steps: int) -> bytes:
 def band_limited(wav: bytes) -> bytes:
     """The clip low-passed at 5 kHz: room above its band for a shift up (as an 8 kHz recording has at 16 kHz)."""
     return encode_wav(low_pass(_samples(wav), 5000.0).astype(np.float32), SAMPLE_RATE)
+
+
+def espeak_native(voice: str, k: int) -> bytes:
+    """A sentence from espeak-ng at its own rate (22.05 kHz: a band up to about 11 kHz, as TTS engines send)."""
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["espeak-ng", "-v", voice, "-w", f"{d}/a.wav", synth.sentences(8, seed=5)[k]], check=True)
+        return Path(f"{d}/a.wav").read_bytes()
+
+
+def moved_native(wav: bytes, steps: int) -> bytes:
+    """The clip moved at its own rate (a shift up keeps what moves above 8 kHz, below the file's Nyquist)."""
+    x, rate = sf.read(io.BytesIO(wav), dtype="float32")
+    return encode_wav(shift_pitch(x, steps, rate), rate)
 
 
 def pitch_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -74,9 +95,9 @@ async def test_a_turn_of_the_same_voice_moved_in_pitch_is_cleared_on_its_copy_mo
     steps: int,
     limited: bool,
 ) -> None:
-    """A third of an octave down (full band), or up (a band-limited voice: a shift up at full band loses the top of
-    the band at the file's Nyquist frequency, and the copy moved back is then narrower than the other turns: not
-    cleared, docs/auto.md)."""
+    """A third of an octave down (full band), or up (a band-limited voice: a 16 kHz file shifted up at full band
+    lost the top of its band at 8 kHz, and the copy moved back is then narrower than the other turns: docs/auto.md;
+    a file at 22 kHz keeps it, the test after this one)."""
     audio = [speech.wav_bytes(voice, k) for k in range(5)]
     if limited:
         audio = [band_limited(a) for a in audio]
@@ -103,6 +124,35 @@ async def test_a_turn_of_the_same_voice_moved_in_pitch_is_cleared_on_its_copy_mo
     for k in range(5):
         if k != SLOT:
             assert on.turns[k] == off.turns[k]
+
+
+@pytest.mark.parametrize("voice", ["en-us+m7", "en-us+f4"])
+async def test_a_turn_sent_at_22_khz_moved_up_is_cleared_on_its_copy_moved_back_at_its_own_rate(
+    stub: pb_grpc.SleuthStub, engine: Engine, monkeypatch: pytest.MonkeyPatch, voice: str
+) -> None:
+    """A third of an octave up at full band: the copy is moved back before the 16 kHz decode, so the band the turn
+    had between 8 and 10 kHz comes back within the model's band (moved after the decode, it is lost, and the copy
+    is narrower than the other turns)."""
+    audio = [espeak_native(voice, k) for k in range(5)]
+    audio[SLOT] = moved_native(audio[SLOT], 8)
+    off = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert off.turns[SLOT].status == pb.INCONSISTENT, off.turns[SLOT].detail
+    pitch_matching(engine, monkeypatch)
+    on = await stub.CheckDialogue(check_request(audio), timeout=120)
+    assert on.turns[SLOT].status == pb.CONSISTENT and "pitch matched" in on.turns[SLOT].detail, on.turns[SLOT].detail
+    assert on.speakers[0].consistent
+
+
+def test_a_copy_is_moved_at_the_clips_own_rate() -> None:
+    """A 10 kHz tone in a 24 kHz file moved down half an octave is at 7.07 kHz: within the model's band."""
+    rate = 24000
+    t = np.arange(rate) / rate
+    wav = encode_wav((0.3 * np.sin(2 * np.pi * 10000 * t)).astype(np.float32), rate)
+    out = decode(AudioInput(wav), 60.0, pitch_steps=-12)
+    assert out.sample_rate_hz == SAMPLE_RATE
+    spectrum = np.abs(np.fft.rfft(out.samples))
+    peak_hz = np.argmax(spectrum) * SAMPLE_RATE / len(out.samples)
+    assert peak_hz == pytest.approx(10000 / 2**0.5, abs=20)
 
 
 async def test_another_voice_within_reach_is_moved_and_still_flagged(

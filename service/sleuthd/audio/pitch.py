@@ -74,10 +74,10 @@ def shift_steps(own: float, target: float) -> int:
     return round(STEPS_PER_OCTAVE * (target - own))
 
 
-def shift_pitch(samples: np.ndarray, steps: int) -> np.ndarray:
+def shift_pitch(samples: np.ndarray, steps: int, rate: int = SAMPLE_RATE) -> np.ndarray:
     """The waveform moved ``steps`` quarter tones in pitch, its spectral envelope and its pace with it (resampled
-    and read at the same rate, as a change of playback rate does): 16 kHz mono float32 in, the same out."""
+    and read at the same rate, as a change of playback rate does): mono float32 at ``rate`` in, the same out."""
     if steps == 0:
         return samples
     ratio = 2.0 ** (steps / STEPS_PER_OCTAVE)
-    return soxr.resample(samples, SAMPLE_RATE, SAMPLE_RATE / ratio, quality="VHQ").astype(np.float32)
+    return soxr.resample(samples, rate, rate / ratio, quality="VHQ").astype(np.float32)

@@ -71,9 +71,13 @@ class PreparedClip:
         return self.windows is not None
 
 
-def decode(audio: AudioInput, max_seconds: float) -> Waveform:
-    """Decode and resample to 16 kHz mono."""
+def decode(audio: AudioInput, max_seconds: float, pitch_steps: int = 0) -> Waveform:
+    """Decode and resample to 16 kHz mono; ``pitch_steps``: moved that many quarter tones in pitch first, at the
+    clip's own rate (sleuthd.audio.pitch.shift_pitch), so that a clip sent at 22-48 kHz moved down brings the band
+    it had above 8 kHz into the model's band, as the turn it was shifted from had it."""
     wave = decode_pcm(audio.data, audio.pcm, max_seconds) if audio.pcm else decode_encoded(audio.data, max_seconds)
+    if pitch_steps:
+        wave = Waveform(shift_pitch(wave.samples, pitch_steps, wave.sample_rate_hz), wave.sample_rate_hz)
     return to_model_rate(wave)
 
 
@@ -209,7 +213,7 @@ def channel_copy(audio: AudioInput, max_seconds: float, copy: ChannelCopy, bed: 
     differ in channel is compared on. ``bed``: :func:`copy_noise` of ``copy`` when the caller has it. It goes
     through the same listener as any client clip, so the embedding cache and single flight apply to it. Raises
     AudioError for unusable bytes."""
-    samples = shift_pitch(decode(audio, max_seconds).samples, copy.pitch_steps)
+    samples = decode(audio, max_seconds, copy.pitch_steps).samples
     if copy.plateau is not None:
         samples = clip_to_plateau(samples, copy.plateau)
     if bed is None:
