@@ -7,7 +7,6 @@ Why: the 11 opposite-speaker intruders the served judgment misses on eval f-fsdd
 noisy or telephone-band copies, with probabilities 0.17-0.49 there. Everything offline from the cached embeddings
 (judges.evidence_flags with and without the server's channel matching); paired bootstrap over dialogues, 95 %.
 """
-import argparse
 import sys
 from pathlib import Path
 
@@ -17,17 +16,8 @@ sys.path.insert(0, "docs/research/robustness-phase3/expressive")
 import common  # noqa: E402
 from sleuthd_bench.metrics import DetectionRecord  # noqa: E402
 from sleuthd_bench.robustness import judges  # noqa: E402
-from sleuthd_bench.robustness.cli import _conditions  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("split")
-ap.add_argument("--root", type=Path, default=common.ROOT)
-ap.add_argument("--conditions")
-ap.add_argument("--grid", action="store_true")
-ap.add_argument("--variant", action="append", default=[], type=float)
-args = ap.parse_args()
-names = args.conditions.split(",") if args.conditions else [
-    n for n in _conditions(None) if (args.root / f"{args.split}-{n}.jsonl").is_file()]
+args, names = common.threshold_screen_args()
 fcal, ev = common.load_models()
 _, insts = common.load(args.split, names, args.root)
 rows = []  # (inst, served flags, as-sent flags, {position: probability on the copies} or None)

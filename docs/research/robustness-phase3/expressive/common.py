@@ -136,3 +136,24 @@ def paired_table(spec, names, keep, served, mserved, records_of):
     lo, hi = paired_mean_interval([(served[c], records_of(c)) for c in names])
     print(f"| mean of {len(names)} | | {b.mean():.2f} | {vv.mean():.2f} | {vv.mean() - b.mean():+.2f} [{lo:+.2f}, {hi:+.2f}] | "
           f"{tot[0]:+d} / {tot[1]} / {tot[2]} / {tot[3]} |")
+
+
+def threshold_screen_args(*extra):
+    """The command line of a threshold screen (SPLIT [--root R] [--conditions ...] [--grid] [--variant T ...]), with
+    ``extra`` (name, kwargs) options: (args, the conditions of that split that have a manifest)."""
+    import argparse
+
+    from sleuthd_bench.robustness.cli import _conditions
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("split")
+    ap.add_argument("--root", type=Path, default=ROOT)
+    ap.add_argument("--conditions")
+    ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--variant", action="append", default=[], type=float)
+    for name, kwargs in extra:
+        ap.add_argument(name, **kwargs)
+    args = ap.parse_args()
+    names = args.conditions.split(",") if args.conditions else [
+        n for n in _conditions(None) if (args.root / f"{args.split}-{n}.jsonl").is_file()]
+    return args, names

@@ -5,7 +5,6 @@ consistent speakers.
 
     python screen.py SPLIT [--root R] [--conditions ...] [--grid] [--variant T ...]
 """
-import argparse
 import sys
 from pathlib import Path
 
@@ -15,18 +14,8 @@ sys.path.insert(0, "docs/research/robustness-phase3/expressive")
 import common  # noqa: E402
 from sleuthd_bench.metrics import DetectionRecord  # noqa: E402
 from sleuthd_bench.robustness import judges  # noqa: E402
-from sleuthd_bench.robustness.cli import _conditions  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("split")
-ap.add_argument("--root", type=Path, default=common.ROOT)
-ap.add_argument("--conditions")
-ap.add_argument("--grid", action="store_true")
-ap.add_argument("--variant", action="append", default=[], type=float)
-ap.add_argument("--stack", action="store_true", help="the blend's stack inside the gate too (at threshold T)")
-args = ap.parse_args()
-names = args.conditions.split(",") if args.conditions else [
-    n for n in _conditions(None) if (args.root / f"{args.split}-{n}.jsonl").is_file()]
+args, names = common.threshold_screen_args(("--stack", dict(action="store_true", help="the blend's stack inside the gate too (at threshold T)")))
 fcal, ev = common.load_models()
 _, insts = common.load(args.split, names, args.root)
 rows = []  # (inst, served flags, inside logits {position: logit} or None)
