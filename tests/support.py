@@ -86,16 +86,17 @@ def check_request(audio: list[bytes], method: int = pb.METHOD_AUTO, encoder: str
     return req
 
 
-def count_copies(monkeypatch: Any) -> list[int]:
-    """A list that grows by one for every channel copy the server makes from here on (sleuthd.encoders.embedder)."""
+def copies_made(monkeypatch: Any) -> list[Any]:
+    """A list that grows by the ChannelCopy of every channel copy the server makes from here on
+    (sleuthd.encoders.embedder)."""
     from sleuthd.encoders import embedder
 
-    made: list[int] = []
+    made: list[Any] = []
     channel_copy = embedder.channel_copy
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        made.append(1)
-        return channel_copy(*args, **kwargs)
+    def counting(audio: Any, max_seconds: float, copy: Any, *args: Any) -> Any:
+        made.append(copy)
+        return channel_copy(audio, max_seconds, copy, *args)
 
     monkeypatch.setattr(embedder, "channel_copy", counting)
     return made

@@ -26,7 +26,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .offline_judges import assert_offline_flags_as_served, offline_judges
-from .support import VOICE_A, VOICE_B, VOICE_F, Speech, check_request, count_copies
+from .support import VOICE_A, VOICE_B, VOICE_F, Speech, check_request, copies_made
 from .test_band_matching import _stream, judged_with_an_older_voice, judged_with_registered, lowest_bitrate_opus
 
 # That module's engine and server that keep no stream audio (fixtures: imported under their own names).
@@ -284,7 +284,7 @@ async def test_a_dialogue_sent_again_does_not_make_its_copies_again(
     """A copy's embedding is remembered by its clip and how it was made: a regeneration loop that sends the same
     clip-mixed dialogue again gets the same verdicts without a copy being made again (a 1000-turn check whose
     turns were all cached spent ~0.8 s making its copies again: docs/research/cached-checks/)."""
-    made = count_copies(monkeypatch)
+    made = copies_made(monkeypatch)
     audio = turns(speech, VOICE_B, gain_db=13.7)  # bytes no other test sends
     first = await stub.CheckDialogue(check_request(audio), timeout=120)
     assert all(t.HasField("compared_clipped_fraction") for t in first.turns)

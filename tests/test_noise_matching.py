@@ -25,7 +25,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .offline_judges import assert_offline_flags_as_served, offline_judges
-from .support import VOICE_A, VOICE_B, VOICE_F, Speech, check_request, count_copies
+from .support import VOICE_A, VOICE_B, VOICE_F, Speech, check_request, copies_made
 from .test_band_matching import _stream, judged_with_registered, lowest_bitrate_opus
 
 # That module's engine and server that keep no stream audio (fixtures: imported under their own names).
@@ -304,7 +304,7 @@ async def test_a_composed_speaker_makes_only_the_copies_it_is_judged_on(
     """The kinds a matched speaker falls back to (here its narrowband copies without the noise) are made only when the
     copies it is judged on cannot stand in for its pool: one copy per clip, where making every fallback beside them
     cost a second encoder pass over the dialogue."""
-    made = count_copies(monkeypatch)
+    made = copies_made(monkeypatch)
     audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
     audio[OPUS] = lowest_bitrate_opus(audio[OPUS])
     audio[HISS] = noisy(speech.wav_bytes(VOICE_B, HISS), 7.5, seed=3)  # bytes no other test sends

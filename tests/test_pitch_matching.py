@@ -29,7 +29,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 from sleuthd_bench import synth
 
-from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, check_request, encode_wav
+from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, check_request, copies_made, encode_wav
 from .test_band_matching import _stream
 
 SLOT = 2
@@ -63,20 +63,9 @@ def moved_native(wav: bytes, steps: int) -> bytes:
     return encode_wav(shift_pitch(x, steps, rate), rate)
 
 
-def pitch_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pitch steps of every copy moved in pitch the server makes from here on."""
-    from sleuthd.encoders import embedder
-
-    steps: list[int] = []
-    channel_copy = embedder.channel_copy
-
-    def recording(audio: Any, max_seconds: float, copy: Any, *args: Any) -> Any:
-        if copy.pitch_steps:
-            steps.append(copy.pitch_steps)
-        return channel_copy(audio, max_seconds, copy, *args)
-
-    monkeypatch.setattr(embedder, "channel_copy", recording)
-    return steps
+def pitch_steps(made: list[Any]) -> list[int]:
+    """The pitch steps of the copies moved in pitch among those made (support.copies_made)."""
+    return [c.pitch_steps for c in made if c.pitch_steps]
 
 
 def pitch_matching(engine: Engine, monkeypatch: pytest.MonkeyPatch, octaves: float = SCREENED) -> None:
@@ -108,12 +97,13 @@ async def test_a_turn_of_the_same_voice_moved_in_pitch_is_cleared_on_its_copy_mo
     assert "pitch matched" not in off.turns[SLOT].detail
 
     pitch_matching(engine, monkeypatch)
-    made = pitch_copies(monkeypatch)
+    copies = copies_made(monkeypatch)
     on = await stub.CheckDialogue(check_request(audio), timeout=120)
     turn = on.turns[SLOT]
     assert turn.status == pb.CONSISTENT and turn.score < 0.5, turn.detail
     assert on.speakers[0].consistent
     # One copy, moved back by about what the turn was moved (the estimate is the median of the other turns').
+    made = pitch_steps(copies)
     assert len(made) == 1 and abs(made[0] + steps) <= 2, made
     assert re.search(
         r"pitch matched: judged again with a copy moved in pitch \(and spectral envelope\) to the median pitch of "
@@ -161,10 +151,11 @@ async def test_another_voice_within_reach_is_moved_and_still_flagged(
     """flite's slt (about 171 Hz) in a dialogue of espeak-ng's f2 (about 197 Hz): 0.2 octave apart, so her turn is
     moved, and still flagged (its copy is no closer to f2 than the guard allows, or judged inconsistent again)."""
     pitch_matching(engine, monkeypatch)
-    made = pitch_copies(monkeypatch)
+    copies = copies_made(monkeypatch)
     audio = [speech.wav_bytes(VOICE_F, k) for k in range(5)]
     audio[SLOT] = speech.wav_bytes(VOICE_C, 0)
     v = await stub.CheckDialogue(check_request(audio), timeout=120)
+    made = pitch_steps(copies)
     assert len(made) == 1 and made[0] > 0, made  # moved up towards f2
     assert list(v.speakers[0].inconsistent_turn_ids) == [f"t{SLOT}"], [(t.status, t.detail) for t in v.turns]
     assert "pitch matched" not in v.turns[SLOT].detail
@@ -175,11 +166,11 @@ async def test_a_voice_an_octave_away_is_never_moved(
 ) -> None:
     """espeak-ng's m3 (about 106 Hz) in f2's dialogue: 0.9 octave, beyond the ceiling (another gender's jump)."""
     pitch_matching(engine, monkeypatch)
-    made = pitch_copies(monkeypatch)
+    copies = copies_made(monkeypatch)
     audio = [speech.wav_bytes(VOICE_F, k) for k in range(5)]
     audio[SLOT] = speech.wav_bytes(VOICE_A, 0)
     v = await stub.CheckDialogue(check_request(audio), timeout=120)
-    assert made == []
+    assert pitch_steps(copies) == []
     assert v.turns[SLOT].status == pb.INCONSISTENT
 
 

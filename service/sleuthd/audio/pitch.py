@@ -30,11 +30,9 @@ _MIN_VOICED_FRAMES = 5
 _MAX_FRAMES = 3000  # 30 s of frames: a median pitch needs no more (bounds the CPU of a long clip)
 
 
-def median_pitch_octaves(samples: np.ndarray, rate: int = SAMPLE_RATE) -> float | None:
+def median_pitch_octaves(samples: np.ndarray) -> float | None:
     """The clip's median pitch as log2(Hz) over its voiced frames, or None when fewer than five frames are voiced
-    (silence, noise, a clip too short). ``samples``: mono float32 at ``rate`` (16 kHz)."""
-    if rate != SAMPLE_RATE:
-        raise ValueError(f"pitch is measured at {SAMPLE_RATE} Hz, got {rate}")
+    (silence, noise, a clip too short). ``samples``: mono float32 at 16 kHz (the frame and lag constants' rate)."""
     span = _FRAME + _MAX_LAG
     if len(samples) < span:
         return None

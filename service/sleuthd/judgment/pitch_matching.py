@@ -98,14 +98,14 @@ class PitchMatcher:
             flagged = np.isin(c.scores.codes, (OVER_THRESHOLD, CONFUSED))
             if not flagged.any() or any(a is None for a in c.audio):
                 continue
-            moves = await self._moves(c, flagged, deadline)
+            moves = await self._moves(c, flagged)
             if moves:
                 found = await self._judge_again(c, flagged, moves, deadline)
                 if found is not None:
                     out[c.speaker] = found
         self._stamp, self._rematched = stamp, out
 
-    async def _moves(self, c: PitchCandidate, flagged: np.ndarray, deadline: float | None) -> dict[int, int]:
+    async def _moves(self, c: PitchCandidate, flagged: np.ndarray) -> dict[int, int]:
         """Flagged row -> quarter-tone steps to the median pitch of the speaker's other pieces, for the rows lying
         ``octaves`` .. CEILING_OCTAVES from it."""
         pieces = [a for a in c.audio if a is not None] + ([c.reference] if c.reference is not None else [])
@@ -121,8 +121,9 @@ class PitchMatcher:
             if own is None or not others:
                 continue
             target = float(np.median(others))
-            if self._octaves <= abs(own - target) < CEILING_OCTAVES and shift_steps(own, target):
-                moves[j] = shift_steps(own, target)
+            steps = shift_steps(own, target)
+            if self._octaves <= abs(own - target) < CEILING_OCTAVES and steps:
+                moves[j] = steps
         return moves
 
     async def _judge_again(
