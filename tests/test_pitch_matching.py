@@ -1,7 +1,8 @@
-"""Pitch matching (opt-in, --pitch-match-octaves) through the real server: a turn of the speaker's own voice moved in
-pitch the way a resampling pitch control moves it (spectral envelope with the pitch) is flagged as another voice, and
-cleared on its copy moved back to the speaker's pitch; another voice within reach stays flagged; an octave away is
-never moved; a stream gives CheckDialogue's verdicts. The pitch estimate and the move themselves are checked on
+"""Pitch matching (--pitch-match-octaves, on by default at 0.25) through the real server: a turn of the speaker's own
+voice moved in pitch the way a resampling pitch control moves it (spectral envelope with the pitch) is flagged as
+another voice with it off, and cleared on its copy moved back to the speaker's pitch; another voice within reach stays
+flagged; a voice closer than the lower bound is not moved; an octave away is never moved; a stream gives
+CheckDialogue's verdicts. The pitch estimate and the move themselves are checked on
 synthetic tones."""
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, check_request, 
 from .test_band_matching import _stream
 
 SLOT = 2
-SCREENED = 0.15  # the setting chosen on the robustness matrix's train split
+DEFAULT = 0.25  # the served default: the lowest lower bound that leaves the dev transfer split's sox variants flagged
+SCREENED = 0.15  # session 24's setting (chosen on the matrix's train split), which reaches voices 0.15-0.25 apart
 
 
 def _samples(wav: bytes) -> np.ndarray:
@@ -68,7 +70,7 @@ def pitch_steps(made: list[Any]) -> list[int]:
     return [c.pitch_steps for c in made if c.pitch_steps]
 
 
-def pitch_matching(engine: Engine, monkeypatch: pytest.MonkeyPatch, octaves: float = SCREENED) -> None:
+def pitch_matching(engine: Engine, monkeypatch: pytest.MonkeyPatch, octaves: float) -> None:
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, pitch_match_octaves=octaves))
 
 
@@ -91,12 +93,13 @@ async def test_a_turn_of_the_same_voice_moved_in_pitch_is_cleared_on_its_copy_mo
     if limited:
         audio = [band_limited(a) for a in audio]
     audio[SLOT] = moved(audio[SLOT], steps)
-    assert EngineConfig().pitch_match_octaves == 0.0  # opt-in
+    assert EngineConfig().pitch_match_octaves == engine.config.pitch_match_octaves == DEFAULT
+    pitch_matching(engine, monkeypatch, 0.0)
     off = await stub.CheckDialogue(check_request(audio), timeout=120)
     assert off.turns[SLOT].status == pb.INCONSISTENT and off.turns[SLOT].score > 0.9, off.turns[SLOT].detail
     assert "pitch matched" not in off.turns[SLOT].detail
 
-    pitch_matching(engine, monkeypatch)
+    pitch_matching(engine, monkeypatch, DEFAULT)
     copies = copies_made(monkeypatch)
     on = await stub.CheckDialogue(check_request(audio), timeout=120)
     turn = on.turns[SLOT]
@@ -125,9 +128,10 @@ async def test_a_turn_sent_at_22_khz_moved_up_is_cleared_on_its_copy_moved_back_
     is narrower than the other turns)."""
     audio = [espeak_native(voice, k) for k in range(5)]
     audio[SLOT] = moved_native(audio[SLOT], 8)
+    pitch_matching(engine, monkeypatch, 0.0)
     off = await stub.CheckDialogue(check_request(audio), timeout=120)
     assert off.turns[SLOT].status == pb.INCONSISTENT, off.turns[SLOT].detail
-    pitch_matching(engine, monkeypatch)
+    pitch_matching(engine, monkeypatch, DEFAULT)
     on = await stub.CheckDialogue(check_request(audio), timeout=120)
     assert on.turns[SLOT].status == pb.CONSISTENT and "pitch matched" in on.turns[SLOT].detail, on.turns[SLOT].detail
     assert on.speakers[0].consistent
@@ -148,24 +152,26 @@ def test_a_copy_is_moved_at_the_clips_own_rate() -> None:
 async def test_another_voice_within_reach_is_moved_and_still_flagged(
     stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """flite's slt (about 171 Hz) in a dialogue of espeak-ng's f2 (about 197 Hz): 0.2 octave apart, so her turn is
-    moved, and still flagged (its copy is no closer to f2 than the guard allows, or judged inconsistent again)."""
-    pitch_matching(engine, monkeypatch)
-    copies = copies_made(monkeypatch)
+    """flite's slt (about 171 Hz) in a dialogue of espeak-ng's f2 (about 197 Hz): 0.2 octave apart. At the default
+    lower bound (0.25) her turn is not moved at all; at 0.15 it is moved, and still flagged (its copy is no closer to
+    f2 than the guard allows, or judged inconsistent again)."""
     audio = [speech.wav_bytes(VOICE_F, k) for k in range(5)]
     audio[SLOT] = speech.wav_bytes(VOICE_C, 0)
-    v = await stub.CheckDialogue(check_request(audio), timeout=120)
-    made = pitch_steps(copies)
-    assert len(made) == 1 and made[0] > 0, made  # moved up towards f2
-    assert list(v.speakers[0].inconsistent_turn_ids) == [f"t{SLOT}"], [(t.status, t.detail) for t in v.turns]
-    assert "pitch matched" not in v.turns[SLOT].detail
+    for octaves, moves in ((DEFAULT, 0), (SCREENED, 1)):
+        pitch_matching(engine, monkeypatch, octaves)
+        copies = copies_made(monkeypatch)
+        v = await stub.CheckDialogue(check_request(audio), timeout=120)
+        made = pitch_steps(copies)
+        assert len(made) == moves and all(m > 0 for m in made), (octaves, made)  # moved up towards f2, if at all
+        assert list(v.speakers[0].inconsistent_turn_ids) == [f"t{SLOT}"], [(t.status, t.detail) for t in v.turns]
+        assert "pitch matched" not in v.turns[SLOT].detail
 
 
 async def test_a_voice_an_octave_away_is_never_moved(
     stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """espeak-ng's m3 (about 106 Hz) in f2's dialogue: 0.9 octave, beyond the ceiling (another gender's jump)."""
-    pitch_matching(engine, monkeypatch)
+    pitch_matching(engine, monkeypatch, DEFAULT)
     copies = copies_made(monkeypatch)
     audio = [speech.wav_bytes(VOICE_F, k) for k in range(5)]
     audio[SLOT] = speech.wav_bytes(VOICE_A, 0)
@@ -189,7 +195,7 @@ async def test_a_clips_pitch_is_measured_once_across_requests(
         return clip_pitch(*args)
 
     monkeypatch.setattr(embedder, "clip_pitch", counting)
-    pitch_matching(engine, monkeypatch)
+    pitch_matching(engine, monkeypatch, DEFAULT)
     audio = [speech.wav_bytes(VOICE_F, k) for k in range(5)]
     audio[SLOT] = moved(audio[SLOT], -7)  # a move no other test makes: these clips are new to the server
     first = await stub.CheckDialogue(check_request(audio), timeout=120)
@@ -202,7 +208,7 @@ async def test_a_clips_pitch_is_measured_once_across_requests(
 async def test_a_stream_pitch_matches_as_check_dialogue_does(
     stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pitch_matching(engine, monkeypatch)
+    pitch_matching(engine, monkeypatch, DEFAULT)
     audio = [speech.wav_bytes(VOICE_B, k) for k in range(5)]
     audio[SLOT] = moved(audio[SLOT], -8)
     checked = await stub.CheckDialogue(check_request(audio), timeout=120)

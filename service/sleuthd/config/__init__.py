@@ -147,12 +147,13 @@ class EngineConfig:
         "their low band is compared on copies band-passed at 0.3-3.6 kHz; 0 = never",
     )
     pitch_match_octaves: float = option(
-        0.0,
-        help="opt-in: under the fused encoder's auto with channel matching on, a speaker with a flagged turn whose "
-        "median pitch lies this many octaves or more (and under 0.5) from the speaker's other clips is judged again "
-        "with that turn moved to their pitch, spectral envelope with it, so a resampling pitch control (or audio "
-        "played at the wrong rate) is not read as another voice; it only clears turns, and costs catching a similar "
-        "voice that differs that way (the screened setting is 0.15); 0 = off",
+        0.25,
+        help="under the fused encoder's auto with channel matching on, a speaker with a flagged turn whose median "
+        "pitch lies this many octaves or more (and under 0.5) from the speaker's other clips is judged again with "
+        "that turn moved to their pitch, spectral envelope with it, so a resampling pitch control (or audio played "
+        "at the wrong rate) is not read as another voice; it only clears turns, and only where the moved copy comes "
+        "back to the speaker's own CAM++ level. 0.25 leaves the dev benchmark's sox-variant similar speakers "
+        "(150-300 cents) flagged; 0 = off",
     )
     band_match_stream_mb: float = option(
         128.0,

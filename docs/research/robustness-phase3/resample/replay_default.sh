@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The served default (pitch matching at 0.25) through a real server: every eval condition of the matrix and the dev
+# benchmark's three splits, replayed with `sleuthd-bench replay`; one line per manifest in $OUT/summary.txt.
+#   bash docs/research/robustness-phase3/resample/replay_default.sh [OUT]   (~40 min on 2 cores)
+set -euo pipefail
+OUT=${1:-runs/default-replay}
+export PYTHONPATH=$PWD/service:$PWD/tools:$PWD
+mkdir -p "$OUT"
+PORT=50781
+.venv/bin/sleuthd serve --port $PORT --metrics-port -1 --encoder fused > "$OUT/server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 60); do grep -q "listening" "$OUT/server.log" && break; sleep 1; done
+: > "$OUT/summary.txt"
+for m in data/robustness/eval-*.jsonl data/devlarge/eval-dev-*.jsonl; do
+  name=$(basename "$m" .jsonl)
+  .venv/bin/sleuthd-bench replay "$m" --target 127.0.0.1:$PORT --encoder fused --methods auto --thresholds default \
+    --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+  echo "$name $(grep -E '^\| auto \|' "$OUT/$name/report.md" | head -1)" | tee -a "$OUT/summary.txt"
+done
