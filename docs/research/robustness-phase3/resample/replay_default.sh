@@ -11,10 +11,10 @@ PORT=50781
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 60); do grep -q "listening" "$OUT/server.log" && break; sleep 1; done
-: > "$OUT/summary.txt"
-for m in data/robustness/eval-*.jsonl data/devlarge/eval-dev-*.jsonl; do
+[ -n "${MANIFESTS:-}" ] || : > "$OUT/summary.txt"
+for m in ${MANIFESTS:-data/robustness/eval-*.jsonl data/devlarge/eval-dev-*.jsonl}; do
   name=$(basename "$m" .jsonl)
   .venv/bin/sleuthd-bench replay "$m" --target 127.0.0.1:$PORT --encoder fused --methods auto --thresholds default \
-    --out "$OUT/$name" > "$OUT/$name.log" 2>&1
-  echo "$name $(grep -E '^\| auto \|' "$OUT/$name/report.md" | head -1)" | tee -a "$OUT/summary.txt"
+    --out "$OUT/$name" > "$OUT/$name.log" 2>&1 || echo "$name: replay exited $? (see $name.log)" >> "$OUT/summary.txt"
+  echo "$name $(grep -m1 -E '^\| auto \|' "$OUT/$name/report.md")" | tee -a "$OUT/summary.txt"
 done
