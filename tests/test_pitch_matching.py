@@ -149,7 +149,7 @@ def test_a_copy_is_moved_at_the_clips_own_rate() -> None:
     assert peak_hz == pytest.approx(10000 / 2**0.5, abs=20)
 
 
-async def test_another_voice_within_reach_is_moved_and_still_flagged(
+async def test_another_voice_a_fifth_of_an_octave_away_stays_flagged_moved_or_not(
     stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """flite's slt (about 171 Hz) in a dialogue of espeak-ng's f2 (about 197 Hz): 0.2 octave apart. At the default
