@@ -76,12 +76,20 @@ def apply(v, T):
     return z / np.linalg.norm(z, axis=-1, keepdims=True)
 
 
-def transformed(inst, Ts):
-    views = dict(inst.views)
+def whiten_views(views, Ts):
+    """``views`` (encoder -> Turns) with each encoder of ``Ts`` transformed; encoders absent or unusable as they were."""
+    if not views:
+        return views
+    out = dict(views)
     for e, T in Ts.items():
-        t = views[e]
-        views[e] = replace(t, emb=apply(t.emb, T) if len(t.emb) else t.emb, reference=apply(t.reference, T))
-    return replace(inst, views=views)
+        if e in out and out[e] is not None:
+            t = out[e]
+            out[e] = replace(t, emb=apply(t.emb, T) if len(t.emb) else t.emb, reference=apply(t.reference, T))
+    return out
+
+
+def transformed(inst, Ts):
+    return replace(inst, views=whiten_views(inst.views, Ts))
 
 
 def main() -> None:

@@ -21,23 +21,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "expressive"))
 from common import MATCH, load_models, paired_table  # noqa: E402
-from oracle_proxy import ROOT, apply, labelled_paths, transform_of, within_cov  # noqa: E402
+from oracle_proxy import ROOT, labelled_paths, transform_of, whiten_views, within_cov  # noqa: E402
 from sleuthd_bench.robustness import embed, fit, judges  # noqa: E402
 from sleuthd_bench.robustness.cli import _conditions, _load_all  # noqa: E402
 
 VIEW_DICTS = ("narrow_views", "noise_views")
 NESTED = ("clip_views", "composed_views", "telephone_views")
-
-
-def whiten_views(views, Ts):
-    if not views:
-        return views
-    out = dict(views)
-    for e, T in Ts.items():
-        if e in out and out[e] is not None:
-            t = out[e]
-            out[e] = replace(t, emb=apply(t.emb, T) if len(t.emb) else t.emb, reference=apply(t.reference, T))
-    return out
 
 
 def whiten(inst, Ts):
