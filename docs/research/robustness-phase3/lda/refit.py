@@ -16,7 +16,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "expressive"))
