@@ -3,27 +3,29 @@
 The GPU machines lent to this project have Python 3.12 with torch (and CUDA 13's libraries as torch's nvidia-*
 packages), numpy, grpcio, protobuf and prometheus-client, a CPU-only onnxruntime, and no network. A run there
 brings at most 64 MiB of files along (the working tree included), and the onnxruntime-gpu wheel is 255 MB. What
-travels, and how:
+travels:
 
-- ``part1/ort-cuda-provider.tar.xz`` (about 52 MB): onnxruntime-gpu's CUDA execution provider library
+- ``ort-cuda-provider.tar.xz`` (about 52 MB): onnxruntime-gpu's CUDA execution provider library
   (``libonnxruntime_providers_cuda.so``, 284 MB), with the GPU code for every architecture but the one kept
   (``--keep-arch``, default 90: sm_90, the H100 and H200) overwritten by zeros: the CUDA driver loads only the
   cubin built for the device's architecture, and zeros compress to nothing. (Its fatbin holds cubins for sm_75,
   80, 86, 89, 90 and 120 and no PTX; sm_90's are 73 MB of the 208.)
-- ``part2/``: the rest of onnxruntime-gpu's Python package (``ort.tar.xz``; without its TensorRT provider, its
-  tools and its .dist-info, so the module shadows the machine's CPU onnxruntime on PYTHONPATH without sleuthd's
-  start-up check seeing two runtimes installed), the wheels the serving path lacks there (soundfile, soxr,
-  grpcio-health-checking, grpcio-reflection, for ``--python-version``), the models (``models.tar.xz``) and real
-  speech for the benchmarks (``speech.tar.xz``: the throughput dialogues and the latency voices, synthesized
-  here, since the machine has no espeak-ng).
+- ``ort.tar.xz``: the rest of onnxruntime-gpu's Python package (without its TensorRT provider, its tools and its
+  .dist-info, so the module shadows the machine's CPU onnxruntime on PYTHONPATH without sleuthd's start-up check
+  seeing two runtimes installed); ``wheels/``: the wheels the serving path lacks there (soundfile, soxr,
+  grpcio-health-checking, grpcio-reflection, and the grpcio and protobuf our generated code was made for, for
+  ``--python-version``); ``models.tar.xz``: the models; ``speech.tar.xz``: real speech for the benchmarks (the
+  throughput dialogues and the latency voices, synthesized here, since the machine has no espeak-ng).
 
-The two parts go in two runs on one warm machine (a machine is given back 30 s after a call ends):
+They are packed into as few parts ``.gpu/part1`` .. ``partN`` as fit a run each beside the working tree (three
+with a 7.7 MiB tree), each with a ``PART`` file ("k N stamp"). The parts go in N runs on one warm machine (a machine
+is given back 30 s after a call ends):
 
-    run 1: carry [".gpu/part1"]           scripts/gpu_check.sh --unpack-only
-    run 2: carry [".gpu/part2"]           scripts/gpu_check.sh --device cuda
+    runs 1 .. N-1: carry [".gpu/partK"]    scripts/gpu_check.sh --unpack-only
+    run N:         carry [".gpu/partN"]    scripts/gpu_check.sh --device cuda
 
-The first unpacks the provider into ``.gpu/site`` (git-ignored, so it stays on the machine between calls);
-the second unpacks the rest and runs the check. Each part's size is checked here against the limit.
+Each unpacks its part into ``.gpu/site`` (git-ignored, so it stays on the machine between calls); the last one
+checks that every part is there and runs the check.
 
     python scripts/gpu_bundle.py [--python-version 3.12] [--keep-arch 90] [--dialogues 12]
 """
@@ -48,6 +50,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / ".gpu"
 LIMIT_MIB = 64  # what one run brings along, the working tree included
+MARGIN = 2**20  # for what the tree gains between packing and the runs (a note, a log)
 ORT_GPU = "onnxruntime-gpu==1.31.1"  # CUDA 13 and cuDNN 9, as the GPU image's torch
 WHEELS = (
     "soundfile==0.14.0",
@@ -59,7 +62,7 @@ WHEELS = (
     "pycparser==3.12",
 )  # tqdm: the bench tools' progress bars; cffi: soundfile's
 # The runtimes our generated code was made for (sleuthd/v1/*_pb2*.py refuse an older one; the GPU machine has
-# grpcio 1.84.0): they travel in part 1, which has room, and shadow the machine's on PYTHONPATH.
+# grpcio 1.84.0): they travel with the rest and shadow the machine's on PYTHONPATH.
 RUNTIME_WHEELS = ("grpcio==1.85.3", "protobuf==7.36.2")
 PROVIDER = "onnxruntime/capi/libonnxruntime_providers_cuda.so"
 # Not needed to serve: the TensorRT provider, the model tools, the optimizers for transformers, quantization.
@@ -129,10 +132,11 @@ def fatbin_section(data: bytearray) -> tuple[int, int]:
     raise SystemExit("no .nv_fatbin section in the CUDA provider library")
 
 
-def xz_tar(path: Path, members: dict[str, bytes]) -> int:
-    """Write ``members`` (archive name -> bytes) as a .tar.xz; returns its size."""
+def xz_tar(members: dict[str, bytes]) -> bytes:
+    """``members`` (archive name -> bytes) as a .tar.xz."""
     folders = sorted({str(parent) for name in members for parent in Path(name).parents if str(parent) != "."})
-    with lzma.open(path, "wb", preset=6) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
+    buffer = io.BytesIO()
+    with lzma.open(buffer, "wb", preset=6) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
         for folder in folders:  # explicit entries: tar would otherwise make them without the search bit
             info = tarfile.TarInfo(folder)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
@@ -142,7 +146,24 @@ def xz_tar(path: Path, members: dict[str, bytes]) -> int:
             info.size, info.mode = len(blob), 0o755 if name.endswith(".so") or ".so." in name else 0o644
             info.mtime = int(time.time())
             tar.addfile(info, io.BytesIO(blob))
-    return path.stat().st_size
+    return buffer.getvalue()
+
+
+def pack(sizes: dict[str, int], room: int) -> list[list[str]]:
+    """The files in as few parts as first-fit decreasing finds, each part at most ``room`` bytes; the CUDA
+    provider (the largest) comes first, in part 1."""
+    parts: list[tuple[int, list[str]]] = []
+    for name in sorted(sizes, key=lambda n: -sizes[n]):
+        if sizes[name] > room:
+            raise SystemExit(f"{name} ({sizes[name] / 2**20:.1f} MiB) does not fit a run beside the working tree "
+                             f"({room / 2**20:.1f} MiB left of {LIMIT_MIB})")  # fmt: skip
+        for i, (used, names) in enumerate(parts):
+            if used + sizes[name] <= room:
+                parts[i] = (used + sizes[name], [*names, name])
+                break
+        else:
+            parts.append((sizes[name], [name]))
+    return [names for _, names in parts]
 
 
 def speech(dialogues: int) -> dict[str, bytes]:
@@ -175,53 +196,49 @@ def main() -> int:
     ap.add_argument("--dialogues", type=int, default=12, help="throughput dialogues carried (default: 12)")
     ap.add_argument("--models-dir", type=Path, default=REPO / "models")
     args = ap.parse_args()
-    shutil.rmtree(OUT / "part1", ignore_errors=True)
-    shutil.rmtree(OUT / "part2", ignore_errors=True)
-    (OUT / "part2" / "wheels").mkdir(parents=True)
-    (OUT / "part1").mkdir(parents=True)
+    for old in OUT.glob("part*"):
+        shutil.rmtree(old)
+    files: dict[str, bytes] = {}  # what travels, by its name in a part: archives at the top, wheels under wheels/
     with tempfile.TemporaryDirectory() as tmp:
         wheel = download(ORT_GPU, args.python_version, Path(tmp))
         with zipfile.ZipFile(wheel) as z:
             provider, zeroed = keep_one_arch(z.read(PROVIDER), args.keep_arch)
             rest = {f"py/{n}": z.read(n) for n in z.namelist()
                     if n.startswith("onnxruntime/") and n != PROVIDER and not any(s in n for s in SKIP)}  # fmt: skip
-        for spec in WHEELS:
-            shutil.copy(download(spec, args.python_version, Path(tmp)), OUT / "part2" / "wheels")
-        (OUT / "part1" / "wheels").mkdir()
-        for spec in RUNTIME_WHEELS:
-            shutil.copy(download(spec, args.python_version, Path(tmp)), OUT / "part1" / "wheels")
-    sizes = {
-        "part1/ort-cuda-provider.tar.xz": xz_tar(
-            OUT / "part1" / "ort-cuda-provider.tar.xz", {f"py/{PROVIDER}": provider}
-        )
-    }
-    sizes["part2/ort.tar.xz"] = xz_tar(OUT / "part2" / "ort.tar.xz", rest)
+        for spec in WHEELS + RUNTIME_WHEELS:
+            w = download(spec, args.python_version, Path(tmp))
+            files[f"wheels/{w.name}"] = w.read_bytes()
+    files["ort-cuda-provider.tar.xz"] = xz_tar({f"py/{PROVIDER}": provider})
+    files["ort.tar.xz"] = xz_tar(rest)
     models = {}
     for name in ("ge2e", "campplus", "silero_vad"):
         folder = args.models_dir / name
         manifest = json.loads((folder / "manifest.json").read_text())
         for f in ("manifest.json", manifest["file"]):
             models[f"models/{name}/{f}"] = (folder / f).read_bytes()
-    sizes["part2/models.tar.xz"] = xz_tar(OUT / "part2" / "models.tar.xz", models)
-    sizes["part2/speech.tar.xz"] = xz_tar(OUT / "part2" / "speech.tar.xz", speech(args.dialogues))
-    for part in ("part1", "part2"):
-        for w in (OUT / part / "wheels").iterdir():
-            sizes[f"{part}/wheels/{w.name}"] = w.stat().st_size
+    files["models.tar.xz"] = xz_tar(models)
+    files["speech.tar.xz"] = xz_tar(speech(args.dialogues))
     tree = tree_bytes()
+    room = LIMIT_MIB * 2**20 - tree - MARGIN
+    parts = pack({name: len(blob) for name, blob in files.items()}, room)
+    stamp = time.strftime("%Y%m%dT%H%M%S")  # which bundle a part belongs to
+    for k, names in enumerate(parts, 1):
+        for name in names:
+            path = OUT / f"part{k}" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(files[name])
+        (OUT / f"part{k}" / "PART").write_text(f"{k} {len(parts)} {stamp}\n")  # gpu_check.sh: which of how many
     report = {"keep_arch": args.keep_arch, "zeroed_mib": round(zeroed / 2**20, 1), "tree_mib": round(tree / 2**20, 1),
-              "files_mib": {k: round(v / 2**20, 1) for k, v in sizes.items()}}  # fmt: skip
-    for part in ("part1", "part2"):
-        total = tree + sum(v for k, v in sizes.items() if k.startswith(part))
-        report[f"{part}_run_mib"] = round(total / 2**20, 1)
-        if total > LIMIT_MIB * 2**20:
-            print(json.dumps(report, indent=2))
-            raise SystemExit(
-                f"{part} with the working tree is {total / 2**20:.1f} MiB, over the {LIMIT_MIB} MiB a run takes"
-            )
+              "parts": {f"part{k}": {n: round(len(files[n]) / 2**20, 1) for n in names}
+                        for k, names in enumerate(parts, 1)},
+              "run_mib": {f"part{k}": round((tree + sum(len(files[n]) for n in names)) / 2**20, 1)
+                          for k, names in enumerate(parts, 1)}}  # fmt: skip
     (OUT / "BUNDLE.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
-    print("run 1: carry .gpu/part1, command: scripts/gpu_check.sh --unpack-only")
-    print("run 2 (at once, while the machine is warm): carry .gpu/part2, command: scripts/gpu_check.sh --device cuda")
+    for k in range(1, len(parts)):
+        print(f"run {k}: carry .gpu/part{k}, command: scripts/gpu_check.sh --unpack-only")
+    print(f"run {len(parts)} (each at once, while the machine is warm): carry .gpu/part{len(parts)}, "
+          "command: scripts/gpu_check.sh --device cuda")
     return 0
 
 

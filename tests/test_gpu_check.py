@@ -111,3 +111,21 @@ def test_cuda_sessions_run_without_tf32_unless_asked(monkeypatch) -> None:  # ty
     assert session_providers("cuda") == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
     assert session_providers("auto", tf32=True)[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
     assert session_providers("cpu") == ["CPUExecutionProvider"]
+
+
+def test_the_bundle_is_packed_into_as_few_runs_as_fit() -> None:
+    # Each run brings at most 64 MiB with the working tree: the files go first-fit, largest first, and one that
+    # cannot fit any run is refused rather than split.
+    bundle = _script("gpu_bundle")
+    mib = 2**20
+    sizes = {"provider": 50 * mib, "models": 31 * mib, "ort": 16 * mib, "speech": 8 * mib, "grpcio": 7 * mib,
+             "soundfile": mib}  # fmt: skip
+    parts = bundle.pack(sizes, 56 * mib)
+    assert parts == [["provider", "soundfile"], ["models", "ort", "speech"], ["grpcio"]]
+    assert all(sum(sizes[n] for n in part) <= 56 * mib for part in parts)
+    try:
+        bundle.pack({"provider": 57 * mib}, 56 * mib)
+    except SystemExit as exc:
+        assert "does not fit a run" in str(exc)
+    else:
+        raise AssertionError("a file larger than a run must be refused")
