@@ -1,7 +1,8 @@
 """The offline judges (`sleuthd-bench robustness report|verify`) against the real server, on dialogues a test writes:
-every cache `robustness embed` makes (embeddings, channels, narrowband copies, and the clipped, noisy, composed and
-telephone-band copies at the server's defaults), then, instance by instance, the offline judges must flag exactly
-what the server flags (and, with an intruder, exactly the intruder)."""
+every cache `robustness embed` makes (embeddings, channels, narrowband copies, the clipped, noisy, composed and
+telephone-band copies at the server's defaults, the clips' pitches and the copies moved in pitch), then, instance by
+instance, the offline judges must flag exactly what the server flags (and, with an intruder, exactly the
+intruder)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .support import check_request, enc
 # The server's channel-matching defaults, in judges.evidence_flags' order: band octaves, clip spread, noise dB, noise
 # composed dB, telephone-band dB.
 SERVER_MATCHING = (0.3, 0.005, 3.0, 6.0, -20.0)
+SERVER_PITCH_OCTAVES = 0.25  # --pitch-match-octaves
 
 
 @dataclass
@@ -28,6 +30,7 @@ class Offline:
     lines: dict[str, Any]  # dialogue id -> its manifest line
     blend: Any  # the fused encoder's EvidenceCalibration
     calibration: Any  # the fused encoder's Calibration
+    pitch: Any  # sleuthd_bench.robustness.judges.PitchMatching at the server's default
 
 
 async def offline_judges(
@@ -39,7 +42,7 @@ async def offline_judges(
     from sleuthd.judgment.evidence import EvidenceCalibration
     from sleuthd_bench.manifest import read_manifest
     from sleuthd_bench.robustness import embed
-    from sleuthd_bench.robustness.cli import _clipped_copies
+    from sleuthd_bench.robustness.cli import _clipped_copies, _pitched_copies, pitch_matching
     from sleuthd_bench.robustness.instances import load_instances
 
     for name, data in clips.items():
@@ -53,17 +56,20 @@ async def offline_judges(
         hz, plateaus, snrs, lows = embed.measure_channels(tmp_path, paths)
         narrow = embed.embed_all(tmp_path, paths, models_dir=models_dir, narrowband=True)
         keys = _clipped_copies(tmp_path, [manifest], paths, *SERVER_MATCHING, None)
-        copies = embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
+        embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
+        moved = _pitched_copies(tmp_path, [manifest], paths, SERVER_MATCHING, SERVER_PITCH_OCTAVES, None)
+        copies = embed.embed_all(tmp_path, moved, models_dir=models_dir, clipped=True)
         fused = SpeakerEncoder.load(models_dir, encoder="fused")
         fused.close()
         got = load_instances(tmp_path, "eval", ["x"], embs, hz, narrow, plateaus, copies, snrs, lows)
         return got, fused.manifest.raw
 
     instances, raw = await asyncio.to_thread(caches)
+    pitch = pitch_matching(tmp_path, SERVER_PITCH_OCTAVES)
     blend = EvidenceCalibration.from_manifest(raw)
     assert blend is not None
     by_id = {x.dialogue_id: x for x in read_manifest(manifest)}
-    return Offline(instances, by_id, blend, Calibration.from_manifest(raw, "fused"))
+    return Offline(instances, by_id, blend, Calibration.from_manifest(raw, "fused"), pitch)
 
 
 async def assert_offline_flags_as_served(
@@ -78,7 +84,7 @@ async def assert_offline_flags_as_served(
     from sleuthd_bench.robustness import judges
 
     for inst in offline.instances:
-        flags, _, _ = judges.evidence_flags(inst, offline.blend, offline.calibration, *SERVER_MATCHING)
+        flags, _, _ = judges.evidence_flags(inst, offline.blend, offline.calibration, *SERVER_MATCHING, offline.pitch)
         line = offline.lines[inst.dialogue_id]
         request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(line, inst.scenario)])
         request.references.add(speaker="B", audio=enc((tmp_path / line.reference).read_bytes()))

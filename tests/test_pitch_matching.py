@@ -30,6 +30,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 from sleuthd_bench import synth
 
+from .offline_judges import assert_offline_flags_as_served, offline_judges
 from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, check_request, copies_made, encode_wav
 from .test_band_matching import _stream
 
@@ -219,6 +220,36 @@ async def test_a_stream_pitch_matches_as_check_dialogue_does(
     # With two turns of the speaker before it, the moved turn is judged again on its copy as it arrives.
     arrival = next(u.verdict for u in updates if not u.revision and u.verdict.turn_id == f"t{SLOT}")
     assert arrival.status == pb.CONSISTENT and "pitch matched" in arrival.detail, arrival.detail
+
+
+async def test_the_offline_judges_pitch_match_as_the_server_does(
+    stub: pb_grpc.SleuthStub, speech: Speech, models_dir: Path, tmp_path: Path
+) -> None:
+    """`sleuthd-bench robustness report|verify` pitch match from the clips' measured pitches and their moved copies'
+    embeddings (`robustness embed --pitched`): on a dialogue with a turn of the speaker's own voice moved a third of
+    an octave down, under S1, S2 and S3, they flag exactly the turns the server flags; under S1 that is none, where
+    without pitch matching they flag the moved turn."""
+    from sleuthd_bench.robustness import judges
+
+    from .offline_judges import SERVER_MATCHING
+
+    clips = {f"b{k}.wav": speech.wav_bytes(VOICE_B, k) for k in range(6)}
+    clips["b2.wav"] = moved(clips["b2.wav"], -8)
+    clips["f0.wav"], clips["a0.wav"] = speech.wav_bytes(VOICE_F, 0), speech.wav_bytes(VOICE_A, 0)
+    line = {
+        "dialogue_id": "d0", "source": "test", "target_speaker": "B", "reference": "b5.wav",
+        "target_turns": [f"b{k}.wav" for k in range(5)], "altered_turn": 4, "s2_audio": "f0.wav", "s3_audio": "a0.wav",
+    }  # fmt: skip
+    offline = await offline_judges(tmp_path, models_dir, clips, [line])
+    assert offline.pitch is not None and offline.pitch.octaves == DEFAULT == EngineConfig().pitch_match_octaves
+
+    def check(inst: Any, served: pb.DialogueVerdict) -> None:
+        if inst.scenario == "S1":
+            assert "pitch matched" in served.turns[SLOT].detail, served.turns[SLOT].detail
+            unmatched = judges.evidence_flags(inst, offline.blend, offline.calibration, *SERVER_MATCHING)[0]
+            assert unmatched == {SLOT}
+
+    await assert_offline_flags_as_served(stub, tmp_path, offline, check)
 
 
 @pytest.mark.parametrize("hz", [95.0, 140.0, 210.0])

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-# Channel matching's inputs as the server makes them (a clip's bandwidth and plateau fraction; its copies at the
-# common band or clipping, and the clipping target), so the offline judges (sleuthd_bench.robustness) read exactly
-# what the server reads.
+# Channel and pitch matching's inputs as the server makes them (a clip's bandwidth, plateau fraction and median
+# pitch; its copies at the common band or clipping or moved in pitch, and the clipping target), so the offline
+# judges (sleuthd_bench.robustness) read exactly what the server reads.
 from sleuthd.audio.clipping import copy_target
 from sleuthd.audio.noise import copy_snr
 from sleuthd.audio.windows import WindowSpec
@@ -53,6 +53,7 @@ from sleuthd.encoders.clips import (
     ClipEmbedding,
     channel_copy,
     clip_channel,
+    clip_pitch,
     narrowband_copy,
     prepare_waveform,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "WindowSpec",
     "channel_copy",
     "clip_channel",
+    "clip_pitch",
     "copy_snr",
     "copy_target",
     "narrowband_copy",

@@ -78,22 +78,19 @@ def cmd_embed(args: argparse.Namespace) -> int:
         return 2
     paths = [p for p in embed.manifest_paths(manifests) if (args.out / p).is_file()]
     progress = None if args.quiet else _progress("embed")
-    if args.narrowband and args.clipped:
-        print("error: --narrowband and --clipped are two runs: embed one, then the other", file=sys.stderr)
+    if args.narrowband + args.clipped + args.pitched > 1:
+        print("error: --narrowband, --clipped and --pitched are separate runs, in that order", file=sys.stderr)
         return 2
     if args.narrowband:
         paths = _mixed_clips(args.out, manifests, paths, args.band_match_octaves, progress)
         print(f"{len(paths)} clips belong to instances spanning more than {args.band_match_octaves:g} octave")
     if args.clipped:
-        spreads = (
-            args.band_match_octaves,
-            args.clip_match_spread,
-            args.noise_match_db,
-            args.noise_compose_db,
-            args.telephone_band_db,
-        )
-        paths = _clipped_copies(args.out, manifests, paths, *spreads, progress)
+        paths = _clipped_copies(args.out, manifests, paths, *_channel_options(args), progress)
         print(f"{len(paths)} clipped or noisy copies belong to instances whose clips differ in clipping or noise")
+    if args.pitched:
+        paths = _pitched_copies(args.out, manifests, paths, _channel_options(args), args.pitch_match_octaves, progress)
+        print(f"{len(paths)} copies moved in pitch belong to turns {args.pitch_match_octaves:g} octave or more from "
+              "their speaker")  # fmt: skip
     done = embed.embed_all(
         args.out,
         paths,
@@ -101,7 +98,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
         args.models_dir,
         progress=progress,
         narrowband=args.narrowband,
-        clipped=args.clipped,
+        clipped=args.clipped or args.pitched,
     )
     for name, e in done.items():
         usable = int((~__import__("numpy").isnan(e.vectors[:, 0])).sum())
@@ -180,6 +177,66 @@ def _clipped_copies(
     return list(keys)
 
 
+def _pitched_copies(
+    root: Path,
+    manifests: list[Path],
+    paths: list[str],
+    channel: tuple[float, float, float, float, float],
+    octaves: float,
+    progress: Any,
+) -> list[str]:
+    """The keys (embed.pitch_key) of the copies pitch matching at ``octaves`` may judge on (measuring the clips'
+    pitches the cache lacks first): of every instance (both splits) that channel matching (``channel``:
+    _channel_options) judges on its clips as sent or on their narrowband copies, each usable turn pitched
+    ``octaves`` .. the ceiling from its speaker's other pieces, moved to their median. Every such turn, flagged or
+    not, so that the copies do not depend on a calibration (the server moves only the flagged ones)."""
+    from sleuthd_bench.robustness import embed, judges
+
+    if octaves <= 0:
+        return []
+    pitches = embed.measure_pitches(root, paths, progress)
+    keys: dict[str, None] = {}
+    for m in manifests:
+        split, _, condition = m.stem.partition("-")
+        for inst in _load_all(root, split, [condition])[1]:
+            matched = judges.channel_matched(inst, *channel)
+            if matched is not inst and matched.views is not inst.narrow_views:
+                continue
+            index = matched.views["fused"].index
+            moves = judges.pitch_moves(inst, index, frozenset(index.tolist()), octaves, pitches)
+            narrow = matched is not inst
+            keys.update(dict.fromkeys(embed.pitch_key(inst.paths[pos], k, narrow) for pos, k in moves.items()))
+    return list(keys)
+
+
+def _channel_options(args: argparse.Namespace) -> tuple[float, float, float, float, float]:
+    """The channel-matching options (add_matching_options), in judges.evidence_flags's order."""
+    return (
+        args.band_match_octaves,
+        args.clip_match_spread,
+        args.noise_match_db,
+        args.noise_compose_db,
+        args.telephone_band_db,
+    )
+
+
+def _pitch_matching(args: argparse.Namespace, root: Path) -> Any:
+    """judges.PitchMatching at --pitch-match-octaves over the clips' measured pitches and the copies' cache (None when
+    0: off)."""
+    return pitch_matching(root, args.pitch_match_octaves)
+
+
+def pitch_matching(root: Path, octaves: float) -> Any:
+    """judges.PitchMatching at ``octaves`` over the measured pitches and the copies' cache under ``root`` (None: 0)."""
+    from sleuthd_bench.robustness import embed, judges
+
+    if octaves <= 0:
+        return None
+    at = embed.clipped_root(root)
+    copies = {e: embed.load(at, e) for e in embed.ENCODERS} if embed.cache_path(at, "ge2e").is_file() else None
+    return judges.PitchMatching(octaves, embed.load_pitches(root), copies)
+
+
 def _load_all(root: Path, split: str, conditions: list[str]) -> tuple[Any, Any]:
     """The embeddings and the split's instances, with what channel matching reads when it was made (`robustness
     embed --narrowband`, `--clipped`): the clips' bandwidths and plateau fractions, the copies' embeddings."""
@@ -229,15 +286,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             block, {e: embs[e].weights_sha256 for e in ("ge2e", "campplus")}
         )
     runs, uncertain = judges.judge_all(
-        instances,
-        thresholds,
-        calibrations,
-        evidence,
-        args.band_match_octaves,
-        args.clip_match_spread,
-        args.noise_match_db,
-        args.noise_compose_db,
-        args.telephone_band_db,
+        instances, thresholds, calibrations, evidence, *_channel_options(args), _pitch_matching(args, args.out)
     )
     focus = next(iter(evidence), None)
     out = {"conditions": {c: report.condition_report(c, instances, runs, uncertain, focus) for c in names}}
@@ -354,6 +403,12 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
         help="measure every clip's plateau fraction and SNR, and embed the clipped and noisy copies of the clips of "
         "instances that clip or noise matching judges on them (into <out>/clipped/)",
     )
+    e.add_argument(
+        "--pitched",
+        action="store_true",
+        help="measure every clip's median pitch, and embed the copies moved in pitch of the turns pitch matching may "
+        "move (into <out>/clipped/; after --narrowband and --clipped)",
+    )
     e.set_defaults(func=cmd_embed)
     rep.add_argument("--evidence", action="append", help="LABEL=FILE of an evidence calibration to judge with (repeat)")
     rep.add_argument("--json", type=Path, help="write the report as JSON")
@@ -409,15 +464,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     served_blend = EvidenceCalibration.from_manifest(manifest.raw)
     blend = {"blend": served_blend} if served_blend is not None else {}
     offline, _ = judges.judge_all(
-        instances,
-        thresholds,
-        calibrations,
-        blend,
-        args.band_match_octaves,
-        args.clip_match_spread,
-        args.noise_match_db,
-        args.noise_compose_db,
-        args.telephone_band_db,
+        instances, thresholds, calibrations, blend, *_channel_options(args), _pitch_matching(args, args.out)
     )
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]
@@ -453,6 +500,13 @@ def add_matching_options(parser: argparse.ArgumentParser) -> None:
             default=value,
             help=f"the blends' {kind} matching, as the server's {flag} (default: the server's, {value:g}; 0 = off)",
         )
+    parser.add_argument(
+        "--pitch-match-octaves",
+        type=float,
+        default=defaults.pitch_match_octaves,
+        help="the blends' pitch matching, as the server's --pitch-match-octaves (default: the server's, "
+        f"{defaults.pitch_match_octaves:g}; 0 = off; needs `robustness embed --pitched`)",
+    )
 
 
 def add_verify_parser(rsub: Any) -> None:

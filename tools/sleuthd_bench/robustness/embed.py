@@ -13,6 +13,10 @@ decode measures them) and the embeddings of the clips' narrowband copies (``emb/
 made by the server's own ``channel_copy``) for the clips of instances that are band-matched; and, under
 ``<root>/clipped/``, the embeddings of the clipped copies of the clips of instances that are clip-matched, keyed
 ``<path>#<copy>`` (:func:`copy_key`: one per target, since an instance's target is its most-clipped piece's).
+
+Pitch matching (sleuthd.judgment.pitch_matching) reads every clip's median pitch (``<root>/pitch/pitch.npz``,
+measured as the server measures it) and the embeddings of the copies moved in pitch that it would judge on, in the
+same cache as the clipped copies, keyed :func:`pitch_key`.
 """
 
 from __future__ import annotations
@@ -95,6 +99,12 @@ def telephone_key(path: str, plateau: float | None, snr_db: float | None, noisie
     return f"{path}#tel-clip{clip}-noise{noise}@{noisiest}"
 
 
+def pitch_key(path: str, steps: int, narrow: bool) -> str:
+    """The cache key of a clip's copy moved ``steps`` quarter tones in pitch (spectral envelope with it), low-passed
+    too when ``narrow`` (a speaker judged on narrowband copies)."""
+    return f"{path}#{'narrow' if narrow else 'full'}-pitch{steps:+d}"
+
+
 def parse_copy_key(key: str) -> tuple[str, Any]:
     """(the clip's path, the sleuthd.api.ChannelCopy its key names; a noisy copy's carries its noise's audio, as
     (snr_db, noisiest) for a noise-only copy, or (ChannelCopy without the noise, snr_db, noisiest) for a composed
@@ -102,6 +112,9 @@ def parse_copy_key(key: str) -> tuple[str, Any]:
     from sleuthd.api import ChannelCopy
 
     path, _, fragment = key.partition("#")
+    if fragment.startswith(("narrow-pitch", "full-pitch")):
+        band, _, steps = fragment.partition("-pitch")
+        return path, ChannelCopy(narrow=band == "narrow", pitch_steps=int(steps))
     if fragment.startswith("tel-clip"):
         kind, _, noisiest = fragment.partition("@")
         clip, _, snr = kind.removeprefix("tel-clip").partition("-noise")
@@ -192,6 +205,43 @@ def measure_channels(
         )
         tmp.replace(path)
     return Channels(hz, plateau, snr, low)
+
+
+def pitch_path(root: Path) -> Path:
+    return root / "pitch" / "pitch.npz"
+
+
+def load_pitches(root: Path) -> dict[str, float]:
+    """Clip path -> median pitch, log2(Hz) (NaN: too little voiced to tell); {} when never measured."""
+    path = pitch_path(root)
+    if not path.is_file():
+        return {}
+    with np.load(path, allow_pickle=False) as z:
+        return dict(zip(list(z["paths"]), z["octaves"].tolist(), strict=True))
+
+
+def measure_pitches(
+    root: Path, paths: Sequence[str], progress: Callable[[str, int, int], None] | None = None
+) -> dict[str, float]:
+    """The median pitches the cache lacks, measured as the server measures them (sleuthd.api.clip_pitch, about
+    15 ms a clip) and saved."""
+    from sleuthd.api import clip_pitch
+    from sleuthd.domain import AudioInput
+
+    pitches = load_pitches(root)
+    todo = [p for p in paths if p not in pitches]
+    for n, p in enumerate(todo, 1):
+        found = clip_pitch(AudioInput((root / p).read_bytes()), MAX_SECONDS)
+        pitches[p] = np.nan if found is None else found
+        if progress and (n % 200 == 0 or n == len(todo)):
+            progress("pitch", n, len(todo))
+    if todo:
+        path = pitch_path(root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, paths=np.array(list(pitches)), octaves=np.array(list(pitches.values()), np.float64))
+        tmp.replace(path)
+    return pitches
 
 
 def load(root: Path, encoder: str) -> Embeddings:

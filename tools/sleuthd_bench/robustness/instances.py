@@ -53,6 +53,10 @@ class Instance:
     views: dict[str, Turns] = field(default_factory=dict)
     target: str = ""
     intruder: str = ""
+    # The clips of the turns (in dialogue order) and of the reference, relative to the data folder: what pitch
+    # matching looks up the clips' pitches and moved copies by.
+    paths: tuple[str, ...] = ()
+    reference_path: str = ""
     # Band matching: the octaves of bandwidth the usable turns and the reference span (0: not measured), and
     # the views of the clips' narrowband copies (empty when they were not embedded).
     band_octaves: float = 0.0
@@ -238,6 +242,8 @@ def load_instances(
                     len(turns),
                     target=line.target_speaker,
                     intruder={"S1": "", "S2": meta.get("s2_speaker", ""), "S3": meta.get("s3_speaker", "")}[scenario],
+                    paths=tuple(turns),
+                    reference_path=ref_rel,
                 )
                 inst.views = _views(turns, ref_rel, embs)
                 if bandwidths:

@@ -13,11 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from sleuthd.audio.pitch import shift_steps
 from sleuthd.judgment.calibration import Calibration, inconsistency_probability, turn_features
 from sleuthd.judgment.evidence import EvidenceCalibration
+from sleuthd.judgment.pitch_matching import CEILING_OCTAVES, GUARD_COSINE, GUARD_ENCODER
 
 from sleuthd_bench.metrics import DetectionRecord, detection_metrics, localization_metrics
-from sleuthd_bench.robustness.instances import ENCODERS, Instance, Turns, telephone_kinds
+from sleuthd_bench.robustness.embed import Embeddings, fused, pitch_key
+from sleuthd_bench.robustness.instances import ENCODERS, FUSED, Instance, Turns, telephone_kinds
 
 PAPER = ("pairwise", "centroid", "reference")
 FLAG_ABOVE = {"pairwise": False, "centroid": True, "reference": False}
@@ -124,6 +127,7 @@ def evidence_flags(
     noise_match_db: float = 0.0,
     noise_compose_db: float = 0.0,
     telephone_band_db: float = 0.0,
+    pitch: PitchMatching | None = None,
 ) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
     """(flagged positions, uncertain positions, per-turn probabilities over the usable turns). With ``auto``
     (today's fused calibration) and a calibration that has a blend, the blend judges, as the server's fused
@@ -133,11 +137,125 @@ def evidence_flags(
     in clipping on its copies clipped alike (low-passed too where it is also band-mixed), else as above; with
     ``noise_match_db`` (--noise-match-db), one matched neither way whose clips differ in SNR on its copies with its
     noisiest clip's noise added; with ``noise_compose_db`` (--noise-compose-db), one matched by band or clipping whose
-    clips differ in SNR by more than that on those copies with the noise added too."""
+    clips differ in SNR by more than that on those copies with the noise added too. With ``pitch`` (and the blend),
+    a flagged turn pitched away from the speaker is judged again on its moved copy (:func:`pitch_matched`)."""
     if auto is not None and calibration.blend is not None:
+        sent = inst
         inst = channel_matched(
             inst, band_match_octaves, clip_match_spread, noise_match_db, noise_compose_db, telephone_band_db
         )
+        first = _judged(inst, calibration, auto)
+        # As the server: only a speaker judged on its clips as sent or on their narrowband copies is pitch matched.
+        if pitch is not None and pitch.octaves > 0 and first[0] and (inst is sent or inst.views is sent.narrow_views):
+            return pitch_matched(inst, inst is not sent, first, pitch, calibration, auto)
+        return first
+    return _judged(inst, calibration, auto)
+
+
+@dataclass(frozen=True)
+class PitchMatching:
+    """What the offline judges need to pitch match as the server does (sleuthd.judgment.pitch_matching): the least
+    pitch distance of a moved turn (the server's --pitch-match-octaves), the clips' median pitches (log2 Hz, NaN:
+    too little voiced; sleuthd_bench.robustness.embed.measure_pitches) and the moved copies' embeddings (keyed
+    embed.pitch_key, in the clipped copies' cache)."""
+
+    octaves: float
+    pitches: Mapping[str, float]
+    copies: Mapping[str, Embeddings] | None
+
+
+def pitch_moves(inst: Instance, index: np.ndarray, flagged: frozenset[int], octaves: float,
+                pitches: Mapping[str, float]) -> dict[int, int]:  # fmt: skip
+    """Flagged dialogue position -> quarter-tone steps to the median pitch of the speaker's other pieces (the usable
+    turns ``index`` and the reference), for the turns ``octaves`` .. CEILING_OCTAVES from it (the server's rule,
+    PitchMatcher._moves). Raises LookupError for a piece whose pitch was never measured."""
+    pieces = [inst.paths[k] for k in index.tolist()] + [inst.reference_path]
+    unmeasured = [p for p in pieces if p not in pitches]
+    if unmeasured:
+        raise LookupError(f"{inst.dialogue_id}: no pitch for {unmeasured[0]}: run `sleuthd-bench robustness embed "
+                          "--pitched`")  # fmt: skip
+    pitch = [None if not np.isfinite(v := pitches[p]) else float(v) for p in pieces]
+    moves = {}
+    for j, pos in enumerate(index.tolist()):
+        own = pitch[j]
+        others = [v for i, v in enumerate(pitch) if i != j and v is not None]
+        if pos not in flagged or own is None or not others:
+            continue
+        target = float(np.median(others))
+        steps = shift_steps(own, target)
+        if octaves <= abs(own - target) < CEILING_OCTAVES and steps:
+            moves[pos] = steps
+    return moves
+
+
+def pitch_matched(
+    inst: Instance,
+    narrow: bool,
+    first: tuple[frozenset[int], frozenset[int], np.ndarray],
+    pitch: PitchMatching,
+    calibration: EvidenceCalibration,
+    auto: Calibration,
+) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
+    """``first`` (the instance judged on ``inst.views``, narrowband copies when ``narrow``) after pitch matching: judged
+    again with each moved turn's embeddings replaced by its copy's; a turn flagged before and not after is cleared,
+    only when every moved copy's mean CAM++ cosine to the other pieces is within GUARD_COSINE of the speaker's level
+    (the server's PitchMatcher._judge_again and _guard). A copy that is unusable leaves ``first``."""
+    flagged, unsure, probability = first
+    index = inst.views[FUSED].index
+    moves = pitch_moves(inst, index, flagged, pitch.octaves, pitch.pitches)
+    if not moves:
+        return first
+    keys = {pos: pitch_key(inst.paths[pos], steps, narrow) for pos, steps in moves.items()}
+    if pitch.copies is None or not all(k in pitch.copies[e].index for e in ENCODERS for k in keys.values()):
+        raise LookupError(f"{inst.dialogue_id}/{inst.scenario}: the copies moved in pitch are not embedded: run "
+                          "`sleuthd-bench robustness embed --pitched`")  # fmt: skip
+    made = {e: {pos: pitch.copies[e].get(key) for pos, key in keys.items()} for e in ENCODERS}
+    if any(vec is None for e in ENCODERS for vec, _ in made[e].values()):
+        return first  # too little speech left in a copy: judged as first judged
+    views = {}
+    for e in ENCODERS:
+        v = inst.views[e]
+        emb, seconds = v.emb.copy(), v.seconds.copy()
+        for pos, (vec, speech) in made[e].items():
+            j = int(np.searchsorted(v.index, pos))
+            emb[j], seconds[j] = vec, speech
+        views[e] = Turns(v.index, emb, seconds, v.reference)
+    joint = inst.views[FUSED]
+    emb, seconds = joint.emb.copy(), joint.seconds.copy()
+    for pos in moves:
+        j = int(np.searchsorted(joint.index, pos))
+        emb[j] = fused([made[e][pos][0] for e in ENCODERS])
+        seconds[j] = made[ENCODERS[0]][pos][1]
+    views[FUSED] = Turns(joint.index, emb, seconds, joint.reference)
+    again_inst = replace(inst, views=views)
+    again = _judged(again_inst, calibration, auto)
+    cleared = flagged - again[0]
+    if not cleared:
+        return first
+    grams, has_ref, _, _ = evidence_inputs(again_inst)
+    if _guard(grams[GUARD_ENCODER], [int(has_ref) + int(np.searchsorted(index, pos)) for pos in moves]) < GUARD_COSINE:
+        return first
+    rows = np.isin(index, sorted(cleared))
+    return (
+        flagged - cleared,
+        frozenset(p for p in unsure if p not in cleared) | frozenset(p for p in again[1] if p in cleared),
+        np.where(rows, again[2], probability) if len(probability) == len(rows) else probability,
+    )
+
+
+def _guard(gram: np.ndarray, moved: list[int]) -> float:
+    """The least, over the ``moved`` rows of a pool's cosine matrix, of their mean cosine to the other pieces minus
+    the speaker's level there (the median of those pieces' mean cosine to each other): the server's _guard."""
+    rest = [i for i in range(len(gram)) if i not in moved]
+    sub = gram[np.ix_(rest, rest)]
+    level = float(np.median((sub.sum(axis=1) - np.diag(sub)) / max(len(rest) - 1, 1)))
+    return min(float(gram[r, rest].mean()) - level for r in moved)
+
+
+def _judged(
+    inst: Instance, calibration: EvidenceCalibration, auto: Calibration | None
+) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
+    """The evidence model (with ``auto``'s log-odds when it has a blend) on the instance's views as they are."""
     grams, has_ref, seconds, index = evidence_inputs(inst)
     logits = None
     if auto is not None and calibration.blend is not None and len(seconds) and (len(seconds) > 1 or has_ref):
@@ -215,11 +333,12 @@ def judge_all(
     noise_match_db: float = 0.0,
     noise_compose_db: float = 0.0,
     telephone_band_db: float = 0.0,
+    pitch: PitchMatching | None = None,
 ) -> tuple[dict[str, list[DetectionRecord]], dict[str, list[int]]]:
     """Records per run name (``<encoder>:<method>@<set>``, ``<encoder>:auto``, ``evidence[:<label>]``) and,
     per evidence run, for each instance 1 when its verdict is uncertain (nothing flagged, a turn uncertain).
     ``band_match_octaves``, ``clip_match_spread``, ``noise_match_db``, ``noise_compose_db``: the blends' channel
-    matching (:func:`evidence_flags`); 0 = off."""
+    matching (:func:`evidence_flags`); 0 = off; ``pitch``: their pitch matching (None: off)."""
     runs: dict[str, list[DetectionRecord]] = {}
     uncertain: dict[str, list[int]] = {}
     for inst in instances:
@@ -242,6 +361,7 @@ def judge_all(
                 noise_match_db,
                 noise_compose_db,
                 telephone_band_db,
+                pitch,
             )
             runs.setdefault(name, []).append(record(inst, flagged))
             uncertain.setdefault(name, []).append(int(not flagged and bool(unsure)))
