@@ -270,7 +270,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"error: no eval manifest for {', '.join(missing)} under {args.out}", file=sys.stderr)
         return 2
     names = [n for n in names if (args.out / f"eval-{n}.jsonl").is_file()]
-    embs, instances = _load_all(args.out, "eval", names)
+    embs, loaded = _load_all(args.out, "eval", names)
+    # As a replay through the server: an instance whose reference is unusable gets INVALID_ARGUMENT, not a verdict,
+    # so every run (the oracle too) is scored on the instances the server answers; the refused share is reported.
+    instances = [i for i in loaded if not i.refused]
+    refused = {c: sum(i.refused for i in loaded if i.condition == c) for c in names}
     thresholds, calibrations = {}, {}
     for enc in ("ge2e", "campplus", "fused"):
         encoder = SpeakerEncoder.load(args.models_dir, encoder=enc)
@@ -289,7 +293,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         instances, thresholds, calibrations, evidence, *_channel_options(args), _pitch_matching(args, args.out)
     )
     focus = next(iter(evidence), None)
-    out = {"conditions": {c: report.condition_report(c, instances, runs, uncertain, focus) for c in names}}
+    out = {
+        "conditions": {
+            c: report.condition_report(c, instances, runs, uncertain, focus, refused=refused[c]) for c in names
+        }
+    }
     shown = [
         *(f"{e}:{m}@{s}" for e in ("ge2e", "campplus", "fused") for s in ("paper", "default") for m in judges.PAPER),
         "ge2e:auto",
@@ -453,7 +461,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     predictions = args.replay / "predictions.jsonl"
     served = paired.detection_records(json.loads(line) for line in predictions.read_text().splitlines())
-    _, instances = _load_all(args.out, "eval", [args.condition])
+    _, loaded = _load_all(args.out, "eval", [args.condition])
+    instances = [i for i in loaded if not i.refused]  # the server answers these with INVALID_ARGUMENT
+    answered = {(r.dialogue_id, r.scenario) for recs in served.values() for r in recs}
+    print(
+        f"{len(loaded) - len(instances)} of {len(loaded)} instances have an unusable reference (refused); the replay "
+        f"answered {len(answered)}, {len(answered - {(i.dialogue_id, i.scenario) for i in instances})} of them refused "
+        "offline"
+    )
     encoder = SpeakerEncoder.load(args.models_dir, encoder=args.encoder)
     manifest = encoder.manifest
     encoder.close()
@@ -471,7 +486,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     worst = 0
     for run, recs in served.items():
         mine = {(r.dialogue_id, r.scenario): r for r in offline[f"{args.encoder}:{run}"]}
-        differ = [r for r in recs if mine[(r.dialogue_id, r.scenario)].pred_turns != r.pred_turns]
+        differ = [
+            r for r in recs if (k := (r.dialogue_id, r.scenario)) not in mine or mine[k].pred_turns != r.pred_turns
+        ]
         a, b = judges.metrics(recs), judges.metrics(list(mine.values()))
         print(
             f"{run}: {len(recs)} instances, {len(differ)} judged differently; server Bal {a['bal']:.2f} "

@@ -82,6 +82,14 @@ class Instance:
     # that kind of matching on then raises instead of silently judging as unmatched.
     unmeasured: frozenset[str] = frozenset()
 
+    @property
+    def refused(self) -> bool:
+        """Whether the server refuses this instance's CheckDialogue: its reference clip is unusable for the fused
+        encoder (too little speech for either encoder), which the server answers with INVALID_ARGUMENT
+        ("reference of speaker ... is unusable", sleuthd.engine.judging) rather than a verdict: a replay scores no
+        verdict for it."""
+        return self.views[FUSED].reference is None
+
     def _standing_in(self, views: dict[str, Turns]) -> dict[str, Turns] | None:
         """The copies' views if they can stand in for the clips as sent (every usable turn usable, and the reference),
         as the server's pool of copies must (ChannelMatcher._complete), else None."""

@@ -23,10 +23,19 @@ def condition_report(
     uncertain: Mapping[str, Sequence[int]],
     focus: str | None,
     baseline: str = "fused:auto",
+    refused: int = 0,
 ) -> dict[str, Any]:
+    """``instances``: those the server answers; ``refused``: how many more of the condition it refuses (an unusable
+    reference: INVALID_ARGUMENT), reported as a share of all."""
     mine = [i for i in instances if i.condition == cond]
     ids = {(i.dialogue_id, i.scenario) for i in mine}
-    out: dict[str, Any] = {"dialogues": len({i.dialogue_id for i in mine}), "runs": {}, "oracle": {}}
+    out: dict[str, Any] = {
+        "dialogues": len({i.dialogue_id for i in mine}),
+        "instances": len(mine),
+        "refused": round(100.0 * refused / max(len(mine) + refused, 1), 2),
+        "runs": {},
+        "oracle": {},
+    }
     for name, recs in runs.items():
         sel = [r for r in recs if r.source == cond and (r.dialogue_id, r.scenario) in ids]
         if sel:
@@ -82,16 +91,16 @@ def _best_fixed(report: Mapping[str, Any]) -> list[str]:
 
 def markdown(report: Mapping[str, Any], focus: str | None, runs_shown: Sequence[str]) -> str:
     lines = ["# Robustness matrix", ""]
-    head = "| condition | n | fused auto today Bal (S1/S2/S3) | best oracle (which) Bal | "
+    head = "| condition | n | refused % | fused auto today Bal (S1/S2/S3) | best oracle (which) Bal | "
     if focus:
         head += f"{focus} Bal (S1/S2/S3) | uncertain % (S1) | meets Bal bar | S2 bar |"
-    lines += [head, "| :--- | ---: | :--- | :--- |" + (" :--- | :--- | :--- | :--- |" if focus else "")]
+    lines += [head, "| :--- | ---: | ---: | :--- | :--- |" + (" :--- | :--- | :--- | :--- |" if focus else "")]
     for cond, r in report["conditions"].items():
         today = r["runs"].get("fused:auto")
         t = f"{today['bal']:.1f} ({today['S1']:.1f}/{today['S2']:.1f}/{today['S3']:.1f})" if today else "-"
         ob = r.get("oracle_best", {})
         o = f"{ob.get('bal', 0):.1f} ({ob.get('run', '-')})"
-        row = f"| {cond} | {r['dialogues']} | {t} | {o} |"
+        row = f"| {cond} | {r['dialogues']} | {r.get('refused', 0):.1f} | {t} | {o} |"
         if focus and focus in r["runs"]:
             f = r["runs"][focus]
             meets = "yes" if f["bal"] >= ob.get("bal", 0) - 1e-9 else "no"

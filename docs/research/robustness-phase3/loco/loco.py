@@ -22,6 +22,7 @@ from sleuthd_bench.robustness.cli import _conditions, pitch_matching  # noqa: E4
 
 names = [n for n in _conditions(None) if (common.ROOT / f"eval-{n}.jsonl").is_file()]
 embs, insts = common.load("eval", names)
+insts = [i for i in insts if not i.refused]  # the server answers these with INVALID_ARGUMENT (unusable reference)
 fcal, served = common.load_models()
 sha = {e: embs[e].weights_sha256 for e in ("ge2e", "campplus")}
 fits = {"served": served}
