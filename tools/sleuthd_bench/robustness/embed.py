@@ -191,19 +191,15 @@ def measure_channels(
         if progress and (n % 200 == 0 or n == len(todo)):
             progress("channel", n, len(todo))
     if todo:
-        path = bandwidth_path(root)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
         keys = list(hz)
-        np.savez(
-            tmp,
+        _write_npz(
+            bandwidth_path(root),
             paths=np.array(keys),
             hz=np.array([hz[p] for p in keys], np.float64),
             plateau=np.array([plateau.get(p, np.nan) for p in keys], np.float64),
             snr=np.array([snr.get(p, np.nan) for p in keys], np.float64),
             low_band=np.array([low.get(p, np.nan) for p in keys], np.float64),
         )
-        tmp.replace(path)
     return Channels(hz, plateau, snr, low)
 
 
@@ -236,11 +232,9 @@ def measure_pitches(
         if progress and (n % 200 == 0 or n == len(todo)):
             progress("pitch", n, len(todo))
     if todo:
-        path = pitch_path(root)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, paths=np.array(list(pitches)), octaves=np.array(list(pitches.values()), np.float64))
-        tmp.replace(path)
+        _write_npz(
+            pitch_path(root), paths=np.array(list(pitches)), octaves=np.array(list(pitches.values()), np.float64)
+        )
     return pitches
 
 
@@ -253,20 +247,25 @@ def load(root: Path, encoder: str) -> Embeddings:
         return Embeddings(encoder, meta["weights_sha256"], list(z["paths"]), z["vectors"], z["speech"], z["audio"])
 
 
-def _save(root: Path, e: Embeddings) -> None:
-    path = cache_path(root, e.encoder)
+def _write_npz(path: Path, **arrays: Any) -> None:
+    """Save a cache whole or not at all: written beside, then renamed over the old one (an interrupted run leaves
+    the old cache)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def _save(root: Path, e: Embeddings) -> None:
     meta = json.dumps({"encoder": e.encoder, "weights_sha256": e.weights_sha256})
-    np.savez(
-        tmp,
+    _write_npz(
+        cache_path(root, e.encoder),
         meta=np.array(meta),
         paths=np.array(e.paths),
         vectors=e.vectors,
         speech=e.speech_seconds,
         audio=e.audio_seconds,
     )
-    tmp.replace(path)
 
 
 def manifest_paths(manifests: Iterable[Path]) -> list[str]:

@@ -13,10 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from sleuthd.audio.pitch import shift_steps
+from sleuthd.api import CEILING_OCTAVES, GUARD_COSINE, GUARD_ENCODER, shift_steps
 from sleuthd.judgment.calibration import Calibration, inconsistency_probability, turn_features
 from sleuthd.judgment.evidence import EvidenceCalibration
-from sleuthd.judgment.pitch_matching import CEILING_OCTAVES, GUARD_COSINE, GUARD_ENCODER
 
 from sleuthd_bench.metrics import DetectionRecord, detection_metrics, localization_metrics
 from sleuthd_bench.robustness.embed import Embeddings, fused, pitch_key
