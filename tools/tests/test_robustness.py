@@ -70,6 +70,19 @@ def test_dialogues_follow_the_benchmark_format_with_intruders_of_the_right_kind(
         assert meta["channels"] == ["mp3"] * 8
 
 
+def test_short_conditions_cut_every_turn_and_intruder_but_never_the_reference() -> None:
+    # The server refuses a reference with less speech than the encoder needs (INVALID_ARGUMENT): a cut reference
+    # would make a short-turn dialogue one it never answers, and the conditions are about short turns.
+    speakers = _speakers()
+    similar = {"a": ["b"], "b": ["a"], "c": ["d"], "d": ["c"]}
+    for name in ("c-short", "c-mixed"):
+        for raw in build.draw_dialogues(build.CONDITION_BY_NAME[name], speakers, similar, 6, "eval", seed=0):
+            cuts = [any(step[0] == "cut" for step in spec["fx"]) for spec in raw["meta"]["specs"]]
+            assert not cuts[build.TURNS], name  # the reference slot
+            if name == "c-short":
+                assert all(cuts[: build.TURNS]) and all(cuts[build.TURNS + 1 :])
+
+
 def _instance(scenario: str, scores: list[float], k: int) -> Instance:
     """A speaker whose turns' pairwise mean cosines are ``scores`` (built from 2-d unit vectors)."""
     angles = np.arccos(np.clip(scores, -1, 1))

@@ -62,7 +62,7 @@ class Condition:
     name: str
     group: str  # the issue's letter: a-g, x (the outside failure emulated), ctrl
     pool: str
-    length: str = "whole"  # whole, short (every slot 1.2-2 s), mixed (each slot whole or short)
+    length: str = "whole"  # whole, short (every slot but the reference 1.2-2 s), mixed (each such slot whole or short)
     channel: str = "none"  # none, one of CHANNELS (every slot), any (one per dialogue), drift (one per slot)
     prosody: str = "none"  # none, sox (pitch and tempo per slot)
     about: str = ""
@@ -297,15 +297,18 @@ def _channel_fx(kind: str, key: str) -> list[list[Any]]:
     raise ValueError(f"unknown channel {kind!r}")
 
 
-def slot_spec(clean: Mapping[str, Any], cond: Condition, channel: str) -> dict[str, Any]:
-    """The spec of one slot: the clean clip, then the condition's prosody, cut and channel."""
+def slot_spec(clean: Mapping[str, Any], cond: Condition, channel: str, cut: bool = True) -> dict[str, Any]:
+    """The spec of one slot: the clean clip, then the condition's prosody, cut and channel. ``cut`` False: never
+    cut short (the reference: a caller chooses it, and the server refuses one with less speech than the encoder
+    needs, so a cut reference would make the dialogue one the server does not answer; the conditions are about
+    short turns)."""
     key = render.clip_id(clean)
     fx = list(clean.get("fx") or [])
     rng = random.Random(_seed("slot", cond.prosody, cond.length, key))
     if cond.prosody == "sox":
         fx.append(["sox", rng.randint(-350, 350), round(rng.uniform(0.8, 1.25), 3)])
     short = cond.length == "short" or (cond.length == "mixed" and random.Random(_seed("mixed", key)).random() < 0.5)
-    if short:
+    if short and cut:
         cut = random.Random(_seed("cut", key))
         fx.append(["cut", round(cut.random(), 3), round(cut.uniform(1.2, 2.0), 2)])
     fx += _channel_fx(channel, key)
@@ -342,7 +345,7 @@ def draw_dialogues(
             channels = ["clean"] * len(slots)
         else:
             channels = [cond.channel] * len(slots)
-        specs = [slot_spec(c, cond, ch) for c, ch in zip(slots, channels, strict=True)]
+        specs = [slot_spec(c, cond, ch, cut=k != TURNS) for k, (c, ch) in enumerate(zip(slots, channels, strict=True))]
         paths = [render.relpath(s) for s in specs]
         lines.append(
             {
