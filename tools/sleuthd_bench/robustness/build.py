@@ -309,8 +309,8 @@ def slot_spec(clean: Mapping[str, Any], cond: Condition, channel: str, cut: bool
         fx.append(["sox", rng.randint(-350, 350), round(rng.uniform(0.8, 1.25), 3)])
     short = cond.length == "short" or (cond.length == "mixed" and random.Random(_seed("mixed", key)).random() < 0.5)
     if short and cut:
-        cut = random.Random(_seed("cut", key))
-        fx.append(["cut", round(cut.random(), 3), round(cut.uniform(1.2, 2.0), 2)])
+        where = random.Random(_seed("cut", key))
+        fx.append(["cut", round(where.random(), 3), round(where.uniform(1.2, 2.0), 2)])
     fx += _channel_fx(channel, key)
     return {"src": clean["src"], "fx": fx}
 
