@@ -41,10 +41,9 @@ import numpy as np
 
 # Channel and pitch matching's inputs as the server makes them (a clip's bandwidth, plateau fraction and median
 # pitch; its copies at the common band or clipping or moved in pitch, and the clipping target; pitch matching's
-# steps, ceiling and guard), so the offline judges (sleuthd_bench.robustness) read exactly what the server reads.
+# moves and guard), so the offline judges (sleuthd_bench.robustness) read exactly what the server reads.
 from sleuthd.audio.clipping import copy_target
 from sleuthd.audio.noise import copy_snr
-from sleuthd.audio.pitch import shift_steps
 from sleuthd.audio.windows import WindowSpec
 from sleuthd.config import EngineConfig, RegistryConfig, default_models_dir
 from sleuthd.domain import AudioInput, VoiceRef
@@ -63,7 +62,7 @@ from sleuthd.encoders.manifest import EncoderManifest
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.loading import LoadedModels, load_models
 from sleuthd.errors import Unsupported
-from sleuthd.judgment.pitch_matching import CEILING_OCTAVES, GUARD_COSINE, GUARD_ENCODER
+from sleuthd.judgment.pitch_matching import GUARD_COSINE, GUARD_ENCODER, guard_margin, pitch_moves
 from sleuthd.ops.observe import NullObserver
 from sleuthd.rpc import convert
 from sleuthd.v1 import sleuthd_pb2 as pb
@@ -73,7 +72,6 @@ if TYPE_CHECKING:
     from sleuthd.client.requests import AudioLike
 
 __all__ = [
-    "CEILING_OCTAVES",
     "GUARD_COSINE",
     "GUARD_ENCODER",
     "NARROWBAND",
@@ -87,8 +85,9 @@ __all__ = [
     "clip_pitch",
     "copy_snr",
     "copy_target",
+    "guard_margin",
     "narrowband_copy",
-    "shift_steps",
+    "pitch_moves",
 ]
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ embedded leaves the speaker as first judged.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -113,18 +113,7 @@ class PitchMatcher:
         if todo:
             found = await self._pitches([(a, f"a clip of speaker {c.speaker!r}") for a in todo])
             self._pitch.update((a.digest, p) for a, p in zip(todo, found, strict=True))
-        pitch = [self._pitch[a.digest] for a in pieces]
-        moves = {}
-        for j in np.flatnonzero(flagged).tolist():
-            own = pitch[j]
-            others = [p for i, p in enumerate(pitch) if i != j and p is not None]
-            if own is None or not others:
-                continue
-            target = float(np.median(others))
-            steps = shift_steps(own, target)
-            if self._octaves <= abs(own - target) < CEILING_OCTAVES and steps:
-                moves[j] = steps
-        return moves
+        return pitch_moves([self._pitch[a.digest] for a in pieces], np.flatnonzero(flagged).tolist(), self._octaves)
 
     async def _judge_again(
         self, c: PitchCandidate, flagged: np.ndarray, moves: dict[int, int], deadline: float | None
@@ -163,18 +152,39 @@ class PitchMatcher:
         return Rematched(_merge(c.scores, again, cleared), {j: note for j in np.flatnonzero(cleared).tolist()})
 
 
+def pitch_moves(pitches: Sequence[float | None], rows: Iterable[int], octaves: float) -> dict[int, int]:
+    """Row -> quarter-tone steps to the median pitch of the other pieces, for each of ``rows`` (the flagged turns)
+    whose pitch lies ``octaves`` .. CEILING_OCTAVES from it. ``pitches``: every piece's median pitch, log2(Hz) (None:
+    too little voiced), the usable turns first. The rule the server judges by, and the offline judges
+    (sleuthd_bench.robustness.judges) with it."""
+    moves = {}
+    for j in rows:
+        own = pitches[j]
+        others = [p for i, p in enumerate(pitches) if i != j and p is not None]
+        if own is None or not others:
+            continue
+        target = float(np.median(others))
+        steps = shift_steps(own, target)
+        if octaves <= abs(own - target) < CEILING_OCTAVES and steps:
+            moves[j] = steps
+    return moves
+
+
 def _guard(pool: SpeakerPool, moved: list[int]) -> float:
-    """The least, over the moved rows, of their mean GUARD_ENCODER cosine to the pool's other pieces minus the
-    speaker's level there (the median of those pieces' mean cosine to each other); -inf without that encoder."""
+    """:func:`guard_margin` of the pool's GUARD_ENCODER part; -inf without that encoder."""
     part = pool.components.get(GUARD_ENCODER)
     if part is None:
         return -np.inf
-    g = part.gram()  # reference first
-    rows = [part.r0 + j for j in moved]
-    rest = [i for i in range(len(g)) if i not in rows]
-    sub = g[np.ix_(rest, rest)]
+    return guard_margin(part.gram(), [part.r0 + j for j in moved])  # reference first
+
+
+def guard_margin(gram: np.ndarray, moved: Sequence[int]) -> float:
+    """The least, over the ``moved`` rows of a speaker's cosine matrix, of their mean cosine to the other pieces minus
+    the speaker's level there (the median of those pieces' mean cosine to each other). Compared with GUARD_COSINE."""
+    rest = [i for i in range(len(gram)) if i not in moved]
+    sub = gram[np.ix_(rest, rest)]
     level = float(np.median((sub.sum(axis=1) - np.diag(sub)) / max(len(rest) - 1, 1)))
-    return min(float(g[r, rest].mean()) - level for r in rows)
+    return min(float(gram[r, rest].mean()) - level for r in moved)
 
 
 def _merge(first: SpeakerScores, again: SpeakerScores, rows: np.ndarray) -> SpeakerScores:

@@ -195,10 +195,13 @@ def _pitched_copies(
     if octaves <= 0:
         return []
     pitches = embed.measure_pitches(root, paths, progress)
-    keys: dict[str, None] = {}
+    by_split: dict[str, list[str]] = {}
     for m in manifests:
         split, _, condition = m.stem.partition("-")
-        for inst in _load_all(root, split, [condition])[1]:
+        by_split.setdefault(split, []).append(condition)
+    keys: dict[str, None] = {}
+    for split, conditions in by_split.items():  # the caches loaded once a split, not once a manifest
+        for inst in _load_all(root, split, conditions)[1]:
             matched = judges.channel_matched(inst, *channel)
             if matched is not inst and matched.views is not inst.narrow_views:
                 continue
@@ -218,12 +221,6 @@ def _channel_options(args: argparse.Namespace) -> tuple[float, float, float, flo
         args.noise_compose_db,
         args.telephone_band_db,
     )
-
-
-def _pitch_matching(args: argparse.Namespace, root: Path) -> Any:
-    """judges.PitchMatching at --pitch-match-octaves over the clips' measured pitches and the copies' cache (None when
-    0: off)."""
-    return pitch_matching(root, args.pitch_match_octaves)
 
 
 def pitch_matching(root: Path, octaves: float) -> Any:
@@ -290,7 +287,12 @@ def cmd_report(args: argparse.Namespace) -> int:
             block, {e: embs[e].weights_sha256 for e in ("ge2e", "campplus")}
         )
     runs, uncertain = judges.judge_all(
-        instances, thresholds, calibrations, evidence, *_channel_options(args), _pitch_matching(args, args.out)
+        instances,
+        thresholds,
+        calibrations,
+        evidence,
+        *_channel_options(args),
+        pitch_matching(args.out, args.pitch_match_octaves),
     )
     focus = next(iter(evidence), None)
     out = {
@@ -479,7 +481,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     served_blend = EvidenceCalibration.from_manifest(manifest.raw)
     blend = {"blend": served_blend} if served_blend is not None else {}
     offline, _ = judges.judge_all(
-        instances, thresholds, calibrations, blend, *_channel_options(args), _pitch_matching(args, args.out)
+        instances,
+        thresholds,
+        calibrations,
+        blend,
+        *_channel_options(args),
+        pitch_matching(args.out, args.pitch_match_octaves),
     )
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from sleuthd.api import CEILING_OCTAVES, GUARD_COSINE, GUARD_ENCODER, shift_steps
+from sleuthd.api import GUARD_COSINE, GUARD_ENCODER, guard_margin
+from sleuthd.api import pitch_moves as moves_of
 from sleuthd.judgment.calibration import Calibration, inconsistency_probability, turn_features
 from sleuthd.judgment.evidence import EvidenceCalibration
 
@@ -166,25 +167,17 @@ class PitchMatching:
 def pitch_moves(inst: Instance, index: np.ndarray, flagged: frozenset[int], octaves: float,
                 pitches: Mapping[str, float]) -> dict[int, int]:  # fmt: skip
     """Flagged dialogue position -> quarter-tone steps to the median pitch of the speaker's other pieces (the usable
-    turns ``index`` and the reference), for the turns ``octaves`` .. CEILING_OCTAVES from it (the server's rule,
-    PitchMatcher._moves). Raises LookupError for a piece whose pitch was never measured."""
+    turns ``index`` and the reference), by the server's rule (sleuthd.api.pitch_moves). Raises LookupError for a
+    piece whose pitch was never measured."""
     pieces = [inst.paths[k] for k in index.tolist()] + [inst.reference_path]
     unmeasured = [p for p in pieces if p not in pitches]
     if unmeasured:
         raise LookupError(f"{inst.dialogue_id}: no pitch for {unmeasured[0]}: run `sleuthd-bench robustness embed "
                           "--pitched`")  # fmt: skip
     pitch = [None if not np.isfinite(v := pitches[p]) else float(v) for p in pieces]
-    moves = {}
-    for j, pos in enumerate(index.tolist()):
-        own = pitch[j]
-        others = [v for i, v in enumerate(pitch) if i != j and v is not None]
-        if pos not in flagged or own is None or not others:
-            continue
-        target = float(np.median(others))
-        steps = shift_steps(own, target)
-        if octaves <= abs(own - target) < CEILING_OCTAVES and steps:
-            moves[pos] = steps
-    return moves
+    positions = index.tolist()
+    rows = [j for j, pos in enumerate(positions) if pos in flagged]
+    return {positions[j]: steps for j, steps in moves_of(pitch, rows, octaves).items()}
 
 
 def pitch_matched(
@@ -198,7 +191,7 @@ def pitch_matched(
     """``first`` (the instance judged on ``inst.views``, narrowband copies when ``narrow``) after pitch matching: judged
     again with each moved turn's embeddings replaced by its copy's; a turn flagged before and not after is cleared,
     only when every moved copy's mean CAM++ cosine to the other pieces is within GUARD_COSINE of the speaker's level
-    (the server's PitchMatcher._judge_again and _guard). A copy that is unusable leaves ``first``."""
+    (the server's PitchMatcher._judge_again and guard_margin). A copy that is unusable leaves ``first``."""
     flagged, unsure, probability = first
     index = inst.views[FUSED].index
     moves = pitch_moves(inst, index, flagged, pitch.octaves, pitch.pitches)
@@ -232,7 +225,8 @@ def pitch_matched(
     if not cleared:
         return first
     grams, has_ref, _, _ = evidence_inputs(again_inst)
-    if _guard(grams[GUARD_ENCODER], [int(has_ref) + int(np.searchsorted(index, pos)) for pos in moves]) < GUARD_COSINE:
+    moved = [int(has_ref) + int(np.searchsorted(index, pos)) for pos in moves]  # reference first
+    if guard_margin(grams[GUARD_ENCODER], moved) < GUARD_COSINE:
         return first
     rows = np.isin(index, sorted(cleared))
     return (
@@ -240,15 +234,6 @@ def pitch_matched(
         frozenset(p for p in unsure if p not in cleared) | frozenset(p for p in again[1] if p in cleared),
         np.where(rows, again[2], probability) if len(probability) == len(rows) else probability,
     )
-
-
-def _guard(gram: np.ndarray, moved: list[int]) -> float:
-    """The least, over the ``moved`` rows of a pool's cosine matrix, of their mean cosine to the other pieces minus
-    the speaker's level there (the median of those pieces' mean cosine to each other): the server's _guard."""
-    rest = [i for i in range(len(gram)) if i not in moved]
-    sub = gram[np.ix_(rest, rest)]
-    level = float(np.median((sub.sum(axis=1) - np.diag(sub)) / max(len(rest) - 1, 1)))
-    return min(float(gram[r, rest].mean()) - level for r in moved)
 
 
 def _judged(
