@@ -1,6 +1,7 @@
 """The offline judges (`sleuthd-bench robustness report|verify`) against the real server, on dialogues a test writes:
 every cache `robustness embed` makes (embeddings, channels, narrowband copies, the clipped, noisy, composed and
-telephone-band copies at the server's defaults, the clips' pitches and the copies moved in pitch), then, instance by
+telephone-band copies at the server's defaults, the clips' pitches and the copies moved in pitch, the clips' trimmed
+lengths and the copies cut to a short turn's), then, instance by
 instance, the offline judges must flag exactly what the server flags (and, with an intruder, exactly the
 intruder)."""
 
@@ -22,6 +23,7 @@ from .support import check_request, enc
 # composed dB, telephone-band dB.
 SERVER_MATCHING = (0.3, 0.005, 3.0, 6.0, -20.0)
 SERVER_PITCH_OCTAVES = 0.25  # --pitch-match-octaves
+SERVER_LENGTH_RATIO = 0.5  # --length-match-ratio
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Offline:
     blend: Any  # the fused encoder's EvidenceCalibration
     calibration: Any  # the fused encoder's Calibration
     pitch: Any  # sleuthd_bench.robustness.judges.PitchMatching at the server's default
+    length: Any  # sleuthd_bench.robustness.judges.LengthMatching at the server's default
 
 
 async def offline_judges(
@@ -42,7 +45,13 @@ async def offline_judges(
     from sleuthd.judgment.evidence import EvidenceCalibration
     from sleuthd_bench.manifest import read_manifest
     from sleuthd_bench.robustness import embed
-    from sleuthd_bench.robustness.cli import _clipped_copies, _pitched_copies, pitch_matching
+    from sleuthd_bench.robustness.cli import (
+        _clipped_copies,
+        _cut_copies,
+        _pitched_copies,
+        length_matching,
+        pitch_matching,
+    )
     from sleuthd_bench.robustness.instances import load_instances
 
     for name, data in clips.items():
@@ -58,7 +67,9 @@ async def offline_judges(
         keys = _clipped_copies(tmp_path, [manifest], paths, *SERVER_MATCHING, None)
         embed.embed_all(tmp_path, keys, models_dir=models_dir, clipped=True)
         moved = _pitched_copies(tmp_path, [manifest], paths, SERVER_MATCHING, SERVER_PITCH_OCTAVES, None)
-        copies = embed.embed_all(tmp_path, moved, models_dir=models_dir, clipped=True)
+        embed.embed_all(tmp_path, moved, models_dir=models_dir, clipped=True)
+        cut = _cut_copies(tmp_path, [manifest], paths, SERVER_MATCHING, SERVER_LENGTH_RATIO, models_dir, None)
+        copies = embed.embed_all(tmp_path, cut, models_dir=models_dir, clipped=True)
         fused = SpeakerEncoder.load(models_dir, encoder="fused")
         fused.close()
         got = load_instances(tmp_path, "eval", ["x"], embs, hz, narrow, plateaus, copies, snrs, lows)
@@ -66,10 +77,11 @@ async def offline_judges(
 
     instances, raw = await asyncio.to_thread(caches)
     pitch = pitch_matching(tmp_path, SERVER_PITCH_OCTAVES)
+    length = length_matching(tmp_path, SERVER_LENGTH_RATIO)
     blend = EvidenceCalibration.from_manifest(raw)
     assert blend is not None
     by_id = {x.dialogue_id: x for x in read_manifest(manifest)}
-    return Offline(instances, by_id, blend, Calibration.from_manifest(raw, "fused"), pitch)
+    return Offline(instances, by_id, blend, Calibration.from_manifest(raw, "fused"), pitch, length)
 
 
 async def assert_offline_flags_as_served(
@@ -84,7 +96,9 @@ async def assert_offline_flags_as_served(
     from sleuthd_bench.robustness import judges
 
     for inst in offline.instances:
-        flags, _, _ = judges.evidence_flags(inst, offline.blend, offline.calibration, *SERVER_MATCHING, offline.pitch)
+        flags, _, _ = judges.evidence_flags(
+            inst, offline.blend, offline.calibration, *SERVER_MATCHING, offline.pitch, offline.length
+        )
         line = offline.lines[inst.dialogue_id]
         request = check_request([(tmp_path / p).read_bytes() for p in scenario_turns(line, inst.scenario)])
         request.references.add(speaker="B", audio=enc((tmp_path / line.reference).read_bytes()))

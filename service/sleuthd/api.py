@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-# Channel and pitch matching's inputs as the server makes them (a clip's bandwidth, plateau fraction and median
+# Channel, pitch and length matching's inputs as the server makes them (a clip's bandwidth, plateau fraction and median
 # pitch; its copies at the common band or clipping or moved in pitch, and the clipping target; pitch matching's
-# moves and guard), so the offline judges (sleuthd_bench.robustness) read exactly what the server reads.
+# moves and guard; length matching's short turns, its clearing bound and, through SpeakerEncoder, its trimmed lengths
+# and cuts), so the offline judges (sleuthd_bench.robustness) read exactly what the server reads.
 from sleuthd.audio.clipping import copy_target
 from sleuthd.audio.noise import copy_snr
 from sleuthd.audio.windows import WindowSpec
@@ -54,14 +55,17 @@ from sleuthd.encoders.clips import (
     channel_copy,
     clip_channel,
     clip_pitch,
+    kept_samples,
     narrowband_copy,
     prepare_waveform,
+    speech_cut,
 )
 from sleuthd.encoders.embedder import ClipEmbedder, embed_prepared
 from sleuthd.encoders.manifest import EncoderManifest
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.loading import LoadedModels, load_models
 from sleuthd.errors import Unsupported
+from sleuthd.judgment.length_matching import CLEAR_BELOW, short_turns
 from sleuthd.judgment.pitch_matching import GUARD_COSINE, GUARD_ENCODER, guard_margin, pitch_moves
 from sleuthd.ops.observe import NullObserver
 from sleuthd.rpc import convert
@@ -72,6 +76,7 @@ if TYPE_CHECKING:
     from sleuthd.client.requests import AudioLike
 
 __all__ = [
+    "CLEAR_BELOW",
     "GUARD_COSINE",
     "GUARD_ENCODER",
     "NARROWBAND",
@@ -88,6 +93,7 @@ __all__ = [
     "guard_margin",
     "narrowband_copy",
     "pitch_moves",
+    "short_turns",
 ]
 
 T = TypeVar("T")
@@ -389,6 +395,18 @@ class SpeakerEncoder:
             self._models.prep_pool, prepare_waveform, samples, self.manifest, self._models.vad, window
         )
         return await embed_prepared(self._encoder, prepared)
+
+    def kept_samples(self, audio: AudioInput) -> int:
+        """The clip's trimmed speech in samples at this encoder's loudness target, as length matching measures it."""
+        return kept_samples(
+            audio, self._embedder.max_clip_seconds, self.manifest.loudness_target_dbfs, self._models.vad
+        )
+
+    def speech_cut(self, audio: AudioInput, samples: int) -> AudioInput:
+        """The clip's copy cut to the middle ``samples`` of its trimmed speech, as length matching makes it (the clip
+        itself when its trimmed speech is no longer)."""
+        vad = self._models.vad
+        return speech_cut(audio, self._embedder.max_clip_seconds, samples, self.manifest.loudness_target_dbfs, vad)
 
     def embed_files(self, paths: Sequence[str | Path]) -> list[ClipEmbedding]:
         """:meth:`embed` for audio files, from synchronous code."""

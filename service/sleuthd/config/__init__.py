@@ -155,6 +155,14 @@ class EngineConfig:
         "back to the speaker's own CAM++ level. 0.25 leaves the dev benchmark's sox-variant similar speakers "
         "(150-300 cents) flagged; 0 = off",
     )
+    length_match_ratio: float = option(
+        0.5,
+        help="under the fused encoder's auto with channel matching on, a speaker judged on its clips as sent with a "
+        "flagged turn whose speech is under this share of the median of the speaker's other clips is judged again "
+        "for that turn against copies of those clips cut to its length, so a short turn is not read as another voice "
+        "for being short; it only clears turns, and only where the turn is then clearly consistent (probability "
+        "under 0.2); 0 = off",
+    )
     band_match_stream_mb: float = option(
         128.0,
         help="channel matching: a stream keeps its turns' audio until this many MiB, so that a speaker who becomes "
@@ -187,6 +195,11 @@ class EngineConfig:
             raise ConfigError(
                 f"pitch_match_octaves must be 0 (off) or under 0.5 octave (a larger jump is never moved), "
                 f"got {self.pitch_match_octaves}"
+            )
+        if not 0 <= self.length_match_ratio < 1:  # also refuses NaN
+            raise ConfigError(
+                f"length_match_ratio must be 0 (off) or a share under 1 of the speaker's median speech, "
+                f"got {self.length_match_ratio}"
             )
         _at_least(self, "band_match_stream_mb", 0)
         _at_least(self, "band_match_kept_mb", 0)

@@ -186,9 +186,19 @@ class ChannelCopy:
     # Moved this many quarter tones in pitch, spectral envelope with it, before anything else (pitch matching:
     # sleuthd.judgment.pitch_matching; sleuthd.audio.pitch.shift_pitch).
     pitch_steps: int = 0
+    # Only the middle this many samples (16 kHz) of the clip's trimmed speech, and nothing else done to it (length
+    # matching: sleuthd.judgment.length_matching; :func:`speech_cut`); 0: the whole clip.
+    cut_samples: int = 0
+
+    def __post_init__(self) -> None:
+        done = self.narrow or self.plateau is not None or self.snr_db is not None or self.telephone or self.pitch_steps
+        if self.cut_samples and done:
+            raise ValueError("a cut copy is a cut of the clip as sent: nothing else is done to it")
 
     def describe(self) -> str:
         """What the copy is, for labels and details ("narrowband copy", "copy clipped to 4.2 %", ...)."""
+        if self.cut_samples:
+            return f"copy cut to {self.cut_samples / SAMPLE_RATE:.2f} s of trimmed speech"
         moved = "" if not self.pitch_steps else f" moved {self.pitch_steps / STEPS_PER_OCTAVE:+.2f} octave in pitch"
         clipped = "" if self.plateau is None else f" clipped to {100 * self.plateau:.2f} % at the peak"
         noisy = "" if self.snr_db is None else f" with noise added to {self.snr_db:.1f} dB SNR"
@@ -227,6 +237,27 @@ def channel_copy(audio: AudioInput, max_seconds: float, copy: ChannelCopy, bed: 
         # The filter's ripple can overshoot a peak a little; decoding refuses float PCM beyond FLOAT_PEAK_LIMIT.
         samples = np.clip(samples, -FLOAT_PEAK_LIMIT, FLOAT_PEAK_LIMIT)
     return AudioInput(data=samples.astype("<f4").tobytes(), pcm=PcmSpec(PcmEncoding.F32LE, SAMPLE_RATE, 1))
+
+
+def kept_samples(audio: AudioInput, max_seconds: float, loudness_target_dbfs: float, vad: Vad) -> int:
+    """How many samples of the clip silence trimming keeps (speech with the VAD's padding): what the encoders'
+    windows are cut from, and the length a cut copy (:func:`speech_cut`) is made to. Raises AudioError."""
+    return int(trim(decode(audio, max_seconds).samples, loudness_target_dbfs, vad).keep.sum())
+
+
+def speech_cut(
+    audio: AudioInput, max_seconds: float, samples: int, loudness_target_dbfs: float, vad: Vad
+) -> AudioInput:
+    """The middle ``samples`` of the clip's trimmed speech (as :func:`kept_samples` counts it), as 16 kHz float32
+    PCM: a long clip as long as a short turn it is compared with (length matching). A clip whose trimmed speech is no
+    longer comes back as it is, so its copy's embedding is the clip's own. Raises AudioError."""
+    speech = trim(decode(audio, max_seconds).samples, loudness_target_dbfs, vad)
+    kept = speech.samples[speech.keep]
+    if len(kept) <= samples:
+        return audio
+    start = (len(kept) - samples) // 2
+    cut = np.ascontiguousarray(kept[start : start + samples], dtype="<f4")
+    return AudioInput(data=cut.tobytes(), pcm=PcmSpec(PcmEncoding.F32LE, SAMPLE_RATE, 1))
 
 
 def narrowband_copy(audio: AudioInput, max_seconds: float) -> AudioInput:

@@ -44,7 +44,9 @@ from sleuthd.encoders.clips import (
     decode_and_prepare,
     decode_and_trim,
     embedded_clip,
+    kept_samples,
     prepare_placements,
+    speech_cut,
 )
 from sleuthd.encoders.fusion import FusedEncoder
 from sleuthd.encoders.runner import WindowEncoder
@@ -175,7 +177,10 @@ class ClipEmbedder:
         keys = [""] * len(audios)
         if self.cache.max_entries > 0:
             noise = "" if how.noise is None else how.noise.digest
-            made_as = f"copy:{how.narrow}:{how.telephone}:{how.plateau!r}:{how.snr_db!r}:{noise}:{how.pitch_steps}"
+            made_as = (
+                f"copy:{how.narrow}:{how.telephone}:{how.plateau!r}:{how.snr_db!r}:{noise}:{how.pitch_steps}"
+                f":{how.cut_samples}"
+            )
             keys = [f"{audio_key(encoder.manifest.sha256, a.digest)}:{made_as}" for a, _ in audios]
             found = [self.cache.get(k) for k in keys]
         todo = [i for i, clip in enumerate(found) if clip is None]
@@ -188,9 +193,16 @@ class ClipEmbedder:
             if how.snr_db is not None:
                 bed = await loop.run_in_executor(self._prep_pool, copy_noise, how, self.max_clip_seconds)
 
+            target = encoder.manifest.loudness_target_dbfs
+
             async def copy(audio: AudioInput, label: str) -> tuple[AudioInput, str]:
                 try:
-                    job = functools.partial(channel_copy, audio, self.max_clip_seconds, how, bed)
+                    if how.cut_samples:
+                        job = functools.partial(
+                            speech_cut, audio, self.max_clip_seconds, how.cut_samples, target, self.vad
+                        )
+                    else:
+                        job = functools.partial(channel_copy, audio, self.max_clip_seconds, how, bed)
                     made = await loop.run_in_executor(self._prep_pool, job)
                 except AudioError as exc:
                     raise AudioError(f"{label}: {exc}") from exc
@@ -237,6 +249,21 @@ class ClipEmbedder:
                 raise AudioError(f"{label}: {exc}") from exc
             self._pitch_cache.put(audio.digest, (pitch,))
             return pitch
+
+        return await gather_or_cancel(one(a, label) for a, label in audios)
+
+    async def kept_samples(self, encoder: WindowEncoder, audios: Sequence[tuple[AudioInput, str]]) -> list[int]:
+        """Each clip's trimmed speech in samples, at ``encoder``'s loudness target (:func:`kept_samples`: the length
+        a cut copy is made to), on worker threads. AudioError names the label."""
+        loop = asyncio.get_running_loop()
+        target = encoder.manifest.loudness_target_dbfs
+
+        async def one(audio: AudioInput, label: str) -> int:
+            job = functools.partial(kept_samples, audio, self.max_clip_seconds, target, self.vad)
+            try:
+                return await loop.run_in_executor(self._prep_pool, job)
+            except AudioError as exc:
+                raise AudioError(f"{label}: {exc}") from exc
 
         return await gather_or_cancel(one(a, label) for a, label in audios)
 

@@ -141,6 +141,7 @@ class Engine:
             config.noise_compose_db,
             config.telephone_band_db,
             config.pitch_match_octaves,
+            config.length_match_ratio,
         )
 
     def _judging(self, opts: ResolvedOptions) -> Judging:

@@ -119,7 +119,9 @@ class EncoderJudging:
         # The references sent as audio are copied as the turns are; a registered voice brings its clips' channels
         # as registered and the reads of its copies (each made only if its speaker turns out mixed that way).
         reference_clips = {
-            s: ReferenceClip(a, clips[s].channel) for s, a in references.items() if isinstance(a, AudioInput)
+            s: ReferenceClip(a, clips[s].channel, clips[s].speech_seconds)
+            for s, a in references.items()
+            if isinstance(a, AudioInput)
         }
         registered = {}
         if opts.judgment.channel_matching:
@@ -136,6 +138,7 @@ class EncoderJudging:
         # A stream holds what it keeps in the process's keeper; a CheckDialogue's audio is its request's.
         keeper, bound = (self._kept, self._max_kept_stream_bytes) if stream else (None, 0)
         pitches = self._embedder.pitches  # used if the judgment pitch-matches
+        kept = functools.partial(self._embedder.kept_samples, opts.encoder)  # used if it length-matches
         return lambda dialogue_id: EncoderDialogue(
             dialogue_id,
             opts,
@@ -148,6 +151,7 @@ class EncoderJudging:
             keeper,
             bound,
             pitches,
+            kept,
         )
 
     async def _embed(

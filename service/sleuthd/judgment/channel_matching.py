@@ -80,10 +80,12 @@ class RegisteredReference:
 
 @dataclass(frozen=True)
 class ReferenceClip:
-    """A speaker's reference sent as audio, with its channel as the fused decode measured it."""
+    """A speaker's reference sent as audio, with its channel as the fused decode measured it and its speech seconds
+    (what length matching compares a turn's speech with)."""
 
     audio: AudioInput
     channel: Channel
+    speech_seconds: float = 0.0
 
 
 class Keeper(Protocol):
@@ -380,12 +382,17 @@ class ChannelMatcher:
         return out
 
     def audio(self, turn_id: str) -> AudioInput | None:
-        """A usable turn's audio, while kept (pitch matching copies it too)."""
+        """A usable turn's audio, while kept (pitch and length matching copy it too)."""
         return self._kept.get(turn_id)
 
     def reference_audio(self, speaker: str) -> AudioInput | None:
         """The speaker's reference sent as audio, while kept (None: none, or a registered voice)."""
         return self._kept.get(_REF + speaker)
+
+    def reference_seconds(self, speaker: str) -> float | None:
+        """The speech seconds of the speaker's reference sent as audio (None: none, or a registered voice)."""
+        reference = self._references.get(speaker)
+        return None if reference is None else reference.speech_seconds
 
     def pools(self, copy: ChannelCopy, order: Sequence[str]) -> dict[str, SpeakerPool]:
         """The pools of these speakers' copies of this kind that exist, in that order (a matched speaker's

@@ -37,6 +37,7 @@ from sleuthd.encoders.clips import NARROWBAND, UNMEASURED, Channel, ClipEmbeddin
 from sleuthd.errors import InvalidRequest, LimitExceeded, UnknownName
 from sleuthd.judgment.channel_matching import ChannelMatcher, Copies, Keeper, ReferenceClip, RegisteredReference
 from sleuthd.judgment.drift import attach_drift, find_drift
+from sleuthd.judgment.length_matching import KeptSamples, LengthCandidate, LengthMatcher
 from sleuthd.judgment.options import ResolvedOptions
 from sleuthd.judgment.pitch_matching import PitchCandidate, Pitches, PitchMatcher
 from sleuthd.judgment.pool import SpeakerPool
@@ -185,13 +186,15 @@ class EncoderDialogue:
         keeper: Keeper | None = None,
         max_kept_audio_bytes: int = 0,
         pitches: Pitches | None = None,
+        kept: KeptSamples | None = None,
     ) -> None:
         """``embed``: the listener (None: turns are added as embeddings, :meth:`add_clip`). ``copies``: the
         listener of clips' copies (None: no channel matching); ``reference_clips``: speaker -> the reference
         sent as audio, with its channel; ``registered``: speaker -> the registered voice that is its reference
         (its bandwidths and narrowband embedding); ``keeper`` and ``max_kept_audio_bytes``: a stream's, where it
         holds the turns' audio kept for channel matching and how much it may (None: CheckDialogue); ``pitches``: the
-        listener of clips' pitches (None: no pitch matching, which also needs channel matching's kept audio)."""
+        listener of clips' pitches (None: no pitch matching, which also needs channel matching's kept audio);
+        ``kept``: the listener of clips' trimmed lengths (None: no length matching, which needs that audio too)."""
         self.dialogue_id = dialogue_id
         self.opts = opts
         self.references = references
@@ -221,6 +224,10 @@ class EncoderDialogue:
         if self._channels is not None and pitches is not None and opts.judgment.pitch_match_octaves > 0:
             assert copies is not None
             self._pitch = PitchMatcher(copies, pitches, opts.judgment.pitch_match_octaves, opts.judgment)
+        self._length: LengthMatcher | None = None
+        if self._channels is not None and kept is not None and opts.judgment.length_match_ratio > 0:
+            assert copies is not None
+            self._length = LengthMatcher(copies, kept, opts.judgment.length_match_ratio, opts.judgment)
 
     @property
     def kept_audio_bytes(self) -> int:
@@ -246,6 +253,8 @@ class EncoderDialogue:
             await self._channels.ensure(deadline)
         if self._pitch is not None:
             await self._pitch.ensure(len(self._turns), self._pitch_candidates(), deadline)
+        if self._length is not None:
+            await self._length.ensure(len(self._turns), self._length_candidates(), deadline)
 
     def _pitch_candidates(self) -> list[PitchCandidate]:
         """The speakers as judged before pitch matching, with their pools and audio, for those it may judge again:
@@ -265,6 +274,31 @@ class EncoderDialogue:
             audio = [self._channels.audio(i) for i in ids]
             out.append(
                 PitchCandidate(s, scores[s], pools, ids, audio, self._channels.reference_audio(s), copy is not None)
+            )
+        return out
+
+    def _length_candidates(self) -> list[LengthCandidate]:
+        """The speakers as judged after pitch matching, with their pools and audio, for those length matching may judge
+        again: judged on their clips as sent (the kind it was screened on)."""
+        assert self._channels is not None
+        order, scores = self._score(length=False)
+        matched = self._channels.matched()
+        heard = {s: self._speakers[s].pool for s in order}
+        out = []
+        for s in order:
+            if s not in scores or s in matched:
+                continue
+            ids = [t.turn_id for t in self._speakers[s].turns if t.usable]
+            out.append(
+                LengthCandidate(
+                    s,
+                    scores[s],
+                    heard,
+                    ids,
+                    [self._channels.audio(i) for i in ids],
+                    self._channels.reference_audio(s),
+                    self._channels.reference_seconds(s),
+                )
             )
         return out
 
@@ -312,10 +346,11 @@ class EncoderDialogue:
         if dense is not None and clip.usable and config is not None:
             self._drift[turn_id] = find_drift(dense.window_embeddings, dense.window_times, config)
 
-    def _score(self, pitch: bool = True) -> tuple[list[str], dict[str, SpeakerScores]]:
+    def _score(self, pitch: bool = True, length: bool = True) -> tuple[list[str], dict[str, SpeakerScores]]:
         """Speakers in order of first appearance, and their verdict arrays (a channel-matched speaker's from the
         pools of its copies, against the other speakers' copies of the same kind: ChannelMatcher.matched; then, with
-        ``pitch``, a pitch-matched speaker's as pitch matching left them: PitchMatcher)."""
+        ``pitch``, a pitch-matched speaker's as pitch matching left them: PitchMatcher; then, with ``length`` too, a
+        length-matched speaker's as length matching left them: LengthMatcher)."""
         stamp = len(self._turns)
         if self._first is not None and self._first[0] == stamp:
             # Pitch matching scored these turns already (after their copies were made): not again per turn.
@@ -330,6 +365,8 @@ class EncoderDialogue:
                     scores.update({s: v for s, v in judged.items() if matched.get(s) == copy})
         if pitch and self._pitch is not None:
             scores.update({s: r.scores for s, r in self._pitch.rematched(stamp).items()})
+        if pitch and length and self._length is not None:
+            scores.update({s: r.scores for s, r in self._length.rematched(stamp).items()})
         return order, scores
 
     def _statuses(self, speaker: str, scores: dict[str, SpeakerScores]) -> list[tuple[str, TurnStatus]]:
@@ -346,6 +383,7 @@ class EncoderDialogue:
         before: dict[str, np.ndarray] = {}  # speaker -> usable turns up to each of their turns
         matched = self._channels.matched() if self._channels is not None else {}
         rematched = self._pitch.rematched(len(self._turns)) if self._pitch is not None else {}
+        lengthened = self._length.rematched(len(self._turns)) if self._length is not None else {}
         for t in turns:
             entry = self._speakers[t.speaker]
             if t.speaker not in before:
@@ -353,6 +391,7 @@ class EncoderDialogue:
             k = int(before[t.speaker][bisect.bisect_left(entry.positions, t.position)]) - 1
             copy, note = self._channels.note(t.speaker, matched) if self._channels is not None else (None, "")
             pitched = rematched[t.speaker].notes.get(k, "") if t.usable and t.speaker in rematched else ""
+            cut = lengthened[t.speaker].notes.get(k, "") if t.usable and t.speaker in lengthened else ""
             out.append(
                 turn_result(
                     t.turn_id,
@@ -365,7 +404,7 @@ class EncoderDialogue:
                     self.opts.judgment,
                     t.channel,
                     copy,
-                    "; ".join(n for n in (note, pitched) if n),
+                    "; ".join(n for n in (note, pitched, cut) if n),
                 )
             )
         if self.opts.detect_drift and self.opts.entry.drift is not None:

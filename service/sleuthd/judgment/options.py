@@ -129,11 +129,13 @@ def resolve(
     noise_compose_db: float = 0.0,
     telephone_band_db: float = 0.0,
     pitch_match_octaves: float = 0.0,
+    length_match_ratio: float = 0.0,
 ) -> ResolvedOptions:
     """Apply defaults to ``options``; raise with what to change when they cannot be served.
     ``band_match_octaves``, ``clip_match_spread``, ``noise_match_db``, ``noise_compose_db``, ``telephone_band_db``,
-    ``pitch_match_octaves``: the server's --band-match-octaves, --clip-match-spread, --noise-match-db,
-    --noise-compose-db, --telephone-band-db and --pitch-match-octaves (Judgment's)."""
+    ``pitch_match_octaves``, ``length_match_ratio``: the server's --band-match-octaves, --clip-match-spread,
+    --noise-match-db, --noise-compose-db, --telephone-band-db, --pitch-match-octaves and --length-match-ratio
+    (Judgment's)."""
     name = options.encoder or default_encoder
     if name not in entries:
         raise UnknownName(f"unknown encoder {name!r}; this server has: {', '.join(sorted(entries))}")
@@ -190,5 +192,6 @@ def resolve(
         noise_compose_db,
         telephone_band_db,
         pitch_match_octaves,
+        length_match_ratio,
     )
     return ResolvedOptions(entry, judgment, options.threshold_set, options.detect_drift, options.similarity_matrix)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,7 +35,15 @@ from sleuthd.domain import AudioInput
 from sleuthd.encoders.clips import ChannelCopy
 from sleuthd.judgment.channel_matching import Copies
 from sleuthd.judgment.pool import SpeakerPool
-from sleuthd.judgment.verdicts import CONFUSED, OVER_THRESHOLD, Judgment, SpeakerScores, score_speakers
+from sleuthd.judgment.verdicts import (
+    CONFUSED,
+    OVER_THRESHOLD,
+    Judgment,
+    Rematched,
+    SpeakerScores,
+    merge_rows,
+    score_speakers,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +70,6 @@ class PitchCandidate:
     audio: Sequence[AudioInput | None]  # each row's audio (None: no longer kept)
     reference: AudioInput | None  # the reference sent as audio (None: none, or a registered voice)
     narrow: bool  # judged on narrowband copies
-
-
-@dataclass(frozen=True)
-class Rematched:
-    """A speaker's verdicts after pitch matching, and what each cleared turn's detail says (row -> note)."""
-
-    scores: SpeakerScores
-    notes: Mapping[int, str]
 
 
 class PitchMatcher:
@@ -149,7 +149,7 @@ class PitchMatcher:
             f"pitch matched: judged again with a copy moved in pitch (and spectral envelope) to the median pitch of "
             f"speaker {c.speaker!r}'s other clips ({moved} octave)"
         )
-        return Rematched(_merge(c.scores, again, cleared), {j: note for j in np.flatnonzero(cleared).tolist()})
+        return Rematched(merge_rows(c.scores, again, cleared), {j: note for j in np.flatnonzero(cleared).tolist()})
 
 
 def pitch_moves(pitches: Sequence[float | None], rows: Iterable[int], octaves: float) -> dict[int, int]:
@@ -185,34 +185,3 @@ def guard_margin(gram: np.ndarray, moved: Sequence[int]) -> float:
     sub = gram[np.ix_(rest, rest)]
     level = float(np.median((sub.sum(axis=1) - np.diag(sub)) / max(len(rest) - 1, 1)))
     return min(float(gram[r, rest].mean()) - level for r in moved)
-
-
-def _merge(first: SpeakerScores, again: SpeakerScores, rows: np.ndarray) -> SpeakerScores:
-    """``first`` with the ``rows`` (a mask over the speaker's usable turns) taken from ``again``."""
-
-    def pick(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
-        return a if a is None or b is None else np.where(rows, b, a)
-
-    return replace(
-        first,
-        pairwise=pick(first.pairwise, again.pairwise),
-        centroid=pick(first.centroid, again.centroid),
-        reference=pick(first.reference, again.reference),
-        probability=pick(first.probability, again.probability),
-        scores=pick(first.scores, again.scores),
-        codes=np.where(rows, again.codes, first.codes),
-        closest=pick(first.closest, again.closest),
-        margin=pick(first.margin, again.margin),
-        components={
-            name: (pick(p[0], q[0]), pick(p[1], q[1]), pick(p[2], q[2]))
-            for name, p in first.components.items()
-            for q in [again.components[name]]
-        },
-        uncertain=tuple(_why(again if rows[k] else first, k) for k in range(len(rows)))
-        if first.uncertain or again.uncertain
-        else (),
-    )
-
-
-def _why(scores: SpeakerScores, k: int) -> str:
-    return scores.uncertain[k] if scores.uncertain else ""

@@ -9,7 +9,7 @@ CheckDialogue and StreamDialogue, so a stream's verdicts are exactly what CheckD
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -50,6 +50,9 @@ class Judgment:
     # Judge a speaker again with a flagged turn pitched this many octaves or more from the speaker's other clips moved
     # to their pitch (sleuthd.judgment.pitch_matching; 0: never). Reads the audio channel matching keeps.
     pitch_match_octaves: float = 0.0
+    # Judge a speaker again for a flagged turn with less speech than this share of the median of the speaker's other
+    # clips, against those clips cut to its length (sleuthd.judgment.length_matching; 0: never). Reads the same audio.
+    length_match_ratio: float = 0.0
 
     @property
     def channel_matching(self) -> bool:
@@ -284,3 +287,44 @@ def speaker_verdict(speaker: str, turns: Sequence[tuple[str, TurnStatus]]) -> Sp
         unscored_turns=len(turns) - scored,
         uncertain_turn_ids=unsure,
     )
+
+
+@dataclass(frozen=True)
+class Rematched:
+    """A speaker's verdicts after a turn was judged again on copies (pitch and length matching), and what each cleared
+    turn's detail says (row -> note)."""
+
+    scores: SpeakerScores
+    notes: Mapping[int, str]
+
+
+def merge_rows(first: SpeakerScores, again: SpeakerScores, rows: np.ndarray) -> SpeakerScores:
+    """``first`` with the ``rows`` (a mask over the speaker's usable turns) taken from ``again``: a speaker judged
+    again on copies (pitch and length matching) keeps its first verdicts elsewhere."""
+
+    def pick(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+        return a if a is None or b is None else np.where(rows, b, a)
+
+    return replace(
+        first,
+        pairwise=pick(first.pairwise, again.pairwise),
+        centroid=pick(first.centroid, again.centroid),
+        reference=pick(first.reference, again.reference),
+        probability=pick(first.probability, again.probability),
+        scores=pick(first.scores, again.scores),
+        codes=np.where(rows, again.codes, first.codes),
+        closest=pick(first.closest, again.closest),
+        margin=pick(first.margin, again.margin),
+        components={
+            name: (pick(p[0], q[0]), pick(p[1], q[1]), pick(p[2], q[2]))
+            for name, p in first.components.items()
+            for q in [again.components[name]]
+        },
+        uncertain=tuple(_why(again if rows[k] else first, k) for k in range(len(rows)))
+        if first.uncertain or again.uncertain
+        else (),
+    )
+
+
+def _why(scores: SpeakerScores, k: int) -> str:
+    return scores.uncertain[k] if scores.uncertain else ""

@@ -78,8 +78,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
         return 2
     paths = [p for p in embed.manifest_paths(manifests) if (args.out / p).is_file()]
     progress = None if args.quiet else _progress("embed")
-    if args.narrowband + args.clipped + args.pitched > 1:
-        print("error: --narrowband, --clipped and --pitched are separate runs, in that order", file=sys.stderr)
+    if args.narrowband + args.clipped + args.pitched + args.cut > 1:
+        print("error: --narrowband, --clipped, --pitched and --cut are separate runs, in that order", file=sys.stderr)
         return 2
     if args.narrowband:
         paths = _mixed_clips(args.out, manifests, paths, args.band_match_octaves, progress)
@@ -91,6 +91,12 @@ def cmd_embed(args: argparse.Namespace) -> int:
         paths = _pitched_copies(args.out, manifests, paths, _channel_options(args), args.pitch_match_octaves, progress)
         print(f"{len(paths)} copies moved in pitch belong to turns {args.pitch_match_octaves:g} octave or more from "
               "their speaker")  # fmt: skip
+    if args.cut:
+        paths = _cut_copies(
+            args.out, manifests, paths, _channel_options(args), args.length_match_ratio, args.models_dir, progress
+        )
+        print(f"{len(paths)} cut copies belong to instances with a turn under {args.length_match_ratio:g} of its "
+              "speaker's median speech")  # fmt: skip
     done = embed.embed_all(
         args.out,
         paths,
@@ -98,7 +104,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
         args.models_dir,
         progress=progress,
         narrowband=args.narrowband,
-        clipped=args.clipped or args.pitched,
+        clipped=args.clipped or args.pitched or args.cut,
     )
     for name, e in done.items():
         usable = int((~__import__("numpy").isnan(e.vectors[:, 0])).sum())
@@ -212,6 +218,51 @@ def _pitched_copies(
     return list(keys)
 
 
+def _cut_copies(
+    root: Path,
+    manifests: list[Path],
+    paths: list[str],
+    channel: tuple[float, float, float, float, float],
+    ratio: float,
+    models_dir: Path | None,
+    progress: Any,
+) -> list[str]:
+    """The keys (embed.cut_key) of the copies length matching at ``ratio`` may judge on (measuring the trimmed lengths
+    the cache lacks first): of every instance (both splits) that channel matching judges on its clips as sent, for
+    each usable turn with less speech than ``ratio`` of the median of its speaker's other pieces, those pieces' copies
+    cut to its trimmed length. Every such turn, flagged or not, so that the copies do not depend on a calibration."""
+    from sleuthd.api import short_turns
+
+    from sleuthd_bench.robustness import embed, judges
+
+    if ratio <= 0:
+        return []
+    speech = embed.load(root, embed.ENCODERS[0])
+    by_split: dict[str, list[str]] = {}
+    for m in manifests:
+        split, _, condition = m.stem.partition("-")
+        by_split.setdefault(split, []).append(condition)
+    short: list[tuple[list[str], list[int]]] = []  # (pieces, short rows) of each instance with a short turn
+    for split, conditions in by_split.items():  # the caches loaded once a split, not once a manifest
+        for inst in _load_all(root, split, conditions)[1]:
+            if judges.channel_matched(inst, *channel) is not inst or inst.refused:
+                continue
+            joint = inst.views["fused"]
+            has_ref = joint.reference is not None
+            pieces = [inst.paths[k] for k in joint.index.tolist()] + ([inst.reference_path] if has_ref else [])
+            seconds = joint.seconds.tolist() + ([speech.get(inst.reference_path)[1]] if has_ref else [])
+            rows = short_turns(seconds, range(len(joint.index)), ratio)
+            if rows:
+                short.append((pieces, rows))
+    kept = embed.measure_kept(root, list(dict.fromkeys(p for pieces, _ in short for p in pieces)), models_dir, progress)
+    keys: dict[str, None] = {}
+    for pieces, rows in short:
+        for j in rows:
+            n = kept[pieces[j]]
+            keys.update(dict.fromkeys(embed.cut_key(p, n) for k, p in enumerate(pieces) if k != j and kept[p] > n))
+    return list(keys)
+
+
 def _channel_options(args: argparse.Namespace) -> tuple[float, float, float, float, float]:
     """The channel-matching options (add_matching_options), in judges.evidence_flags's order."""
     return (
@@ -232,6 +283,18 @@ def pitch_matching(root: Path, octaves: float) -> Any:
     at = embed.clipped_root(root)
     copies = {e: embed.load(at, e) for e in embed.ENCODERS} if embed.cache_path(at, "ge2e").is_file() else None
     return judges.PitchMatching(octaves, embed.load_pitches(root), copies)
+
+
+def length_matching(root: Path, ratio: float) -> Any:
+    """judges.LengthMatching at ``ratio`` over the measured trimmed lengths and the copies' cache under ``root`` (None:
+    0)."""
+    from sleuthd_bench.robustness import embed, judges
+
+    if ratio <= 0:
+        return None
+    at = embed.clipped_root(root)
+    copies = {e: embed.load(at, e) for e in embed.ENCODERS} if embed.cache_path(at, "ge2e").is_file() else None
+    return judges.LengthMatching(ratio, embed.load(root, embed.ENCODERS[0]), embed.load_kept(root), copies)
 
 
 def _load_all(root: Path, split: str, conditions: list[str]) -> tuple[Any, Any]:
@@ -293,6 +356,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         evidence,
         *_channel_options(args),
         pitch_matching(args.out, args.pitch_match_octaves),
+        length_matching(args.out, args.length_match_ratio),
     )
     focus = next(iter(evidence), None)
     out = {
@@ -419,6 +483,12 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
         help="measure every clip's median pitch, and embed the copies moved in pitch of the turns pitch matching may "
         "move (into <out>/clipped/; after --narrowband and --clipped)",
     )
+    e.add_argument(
+        "--cut",
+        action="store_true",
+        help="measure the trimmed lengths of the clips of instances with a short turn, and embed the other clips' "
+        "copies cut to each short turn's length that length matching may judge on (into <out>/clipped/; last)",
+    )
     e.set_defaults(func=cmd_embed)
     rep.add_argument("--evidence", action="append", help="LABEL=FILE of an evidence calibration to judge with (repeat)")
     rep.add_argument("--json", type=Path, help="write the report as JSON")
@@ -487,6 +557,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         blend,
         *_channel_options(args),
         pitch_matching(args.out, args.pitch_match_octaves),
+        length_matching(args.out, args.length_match_ratio),
     )
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]
@@ -530,6 +601,13 @@ def add_matching_options(parser: argparse.ArgumentParser) -> None:
         default=defaults.pitch_match_octaves,
         help="the blends' pitch matching, as the server's --pitch-match-octaves (default: the server's, "
         f"{defaults.pitch_match_octaves:g}; 0 = off; needs `robustness embed --pitched`)",
+    )
+    parser.add_argument(
+        "--length-match-ratio",
+        type=float,
+        default=defaults.length_match_ratio,
+        help="the blends' length matching, as the server's --length-match-ratio (default: the server's, "
+        f"{defaults.length_match_ratio:g}; 0 = off; needs `robustness embed --cut`)",
     )
 
 

@@ -17,6 +17,10 @@ made by the server's own ``channel_copy``) for the clips of instances that are b
 Pitch matching (sleuthd.judgment.pitch_matching) reads every clip's median pitch (``<root>/pitch/pitch.npz``,
 measured as the server measures it) and the embeddings of the copies moved in pitch that it would judge on, in the
 same cache as the clipped copies, keyed :func:`pitch_key`.
+
+Length matching (sleuthd.judgment.length_matching) reads the trimmed length in samples of the clips of instances with
+a short turn (``<root>/length/kept.npz``, measured as the server measures it) and the embeddings of the other pieces'
+copies cut to each short turn's length, in the same cache again, keyed :func:`cut_key`.
 """
 
 from __future__ import annotations
@@ -105,6 +109,11 @@ def pitch_key(path: str, steps: int, narrow: bool) -> str:
     return f"{path}#{'narrow' if narrow else 'full'}-pitch{steps:+d}"
 
 
+def cut_key(path: str, samples: int) -> str:
+    """The cache key of a clip's copy cut to the middle ``samples`` of its trimmed speech (length matching)."""
+    return f"{path}#cut-{samples}"
+
+
 def parse_copy_key(key: str) -> tuple[str, Any]:
     """(the clip's path, the sleuthd.api.ChannelCopy its key names; a noisy copy's carries its noise's audio, as
     (snr_db, noisiest) for a noise-only copy, or (ChannelCopy without the noise, snr_db, noisiest) for a composed
@@ -112,6 +121,8 @@ def parse_copy_key(key: str) -> tuple[str, Any]:
     from sleuthd.api import ChannelCopy
 
     path, _, fragment = key.partition("#")
+    if fragment.startswith("cut-"):
+        return path, ChannelCopy(cut_samples=int(fragment.removeprefix("cut-")))
     if fragment.startswith(("narrow-pitch", "full-pitch")):
         band, _, steps = fragment.partition("-pitch")
         return path, ChannelCopy(narrow=band == "narrow", pitch_steps=int(steps))
@@ -238,6 +249,46 @@ def measure_pitches(
     return pitches
 
 
+def kept_path(root: Path) -> Path:
+    return root / "length" / "kept.npz"
+
+
+def load_kept(root: Path) -> dict[str, int]:
+    """Clip path -> its trimmed speech in samples (sleuthd.api.SpeakerEncoder.kept_samples); {} when never measured."""
+    path = kept_path(root)
+    if not path.is_file():
+        return {}
+    with np.load(path, allow_pickle=False) as z:
+        return dict(zip(list(z["paths"]), z["samples"].tolist(), strict=True))
+
+
+def measure_kept(
+    root: Path,
+    paths: Sequence[str],
+    models_dir: Path | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, int]:
+    """The trimmed lengths the cache lacks, measured as the server measures them (a decode and the VAD, a few ms a
+    clip; GE2E's loudness target, which CAM++ shares) and saved."""
+    from sleuthd.api import SpeakerEncoder
+    from sleuthd.domain import AudioInput
+
+    kept = load_kept(root)
+    todo = [p for p in paths if p not in kept]
+    if not todo:
+        return kept
+    encoder = SpeakerEncoder.load(models_dir, encoder=ENCODERS[0])
+    try:
+        for n, p in enumerate(todo, 1):
+            kept[p] = encoder.kept_samples(AudioInput((root / p).read_bytes()))
+            if progress and (n % 200 == 0 or n == len(todo)):
+                progress("kept", n, len(todo))
+    finally:
+        encoder.close()
+    _write_npz(kept_path(root), paths=np.array(list(kept)), samples=np.array(list(kept.values()), np.int64))
+    return kept
+
+
 def load(root: Path, encoder: str) -> Embeddings:
     path = cache_path(root, encoder)
     if not path.is_file():
@@ -279,10 +330,11 @@ def manifest_paths(manifests: Iterable[Path]) -> list[str]:
     return list(seen)
 
 
-def clip_source(root: Path, key: str, narrowband: bool = False, clipped: bool = False) -> Any:
+def clip_source(root: Path, key: str, narrowband: bool = False, clipped: bool = False, encoder: Any = None) -> Any:
     """What a cache entry is embedded from: the clip's file; with ``narrowband`` its narrowband copy; with
-    ``clipped`` the copy its :func:`copy_key` or :func:`noise_key` names (a noisy copy's noise is the noisiest clip's),
-    made by the server's own ``channel_copy``."""
+    ``clipped`` the copy its :func:`copy_key`, :func:`noise_key`, :func:`pitch_key` or :func:`cut_key` names (a noisy
+    copy's noise is the noisiest clip's), made by the server's own ``channel_copy`` (a cut by ``encoder``'s
+    ``speech_cut``, which needs its VAD)."""
     from sleuthd.api import NARROWBAND, ChannelCopy, channel_copy
     from sleuthd.domain import AudioInput
 
@@ -291,6 +343,8 @@ def clip_source(root: Path, key: str, narrowband: bool = False, clipped: bool = 
         if isinstance(copy, tuple):
             base, snr, noisiest = copy if len(copy) == 3 else (ChannelCopy(), *copy)
             copy = replace(base, snr_db=snr, noise=AudioInput((root / noisiest).read_bytes()))
+        if copy.cut_samples:
+            return encoder.speech_cut(AudioInput((root / path).read_bytes()), copy.cut_samples)
         return channel_copy(AudioInput((root / path).read_bytes()), MAX_SECONDS, copy)
     return channel_copy(AudioInput((root / key).read_bytes()), MAX_SECONDS, NARROWBAND) if narrowband else root / key
 
@@ -312,8 +366,8 @@ def embed_all(
     :func:`clipped_root`."""
     from sleuthd.api import SpeakerEncoder
 
-    def source(p: str) -> Any:
-        return clip_source(root, p, narrowband, clipped)
+    def source(p: str, encoder: Any) -> Any:
+        return clip_source(root, p, narrowband, clipped, encoder)
 
     cache_root = clipped_root(root) if clipped else narrow_root(root) if narrowband else root
     out = {}
@@ -355,7 +409,7 @@ def embed_all(
         try:
             for start in range(0, len(todo), chunk):
                 part = todo[start : start + chunk]
-                results = encoder.embed_sync([source(p) for p in part])
+                results = encoder.embed_sync([source(p, encoder) for p in part])
                 for p, r in zip(part, results, strict=True):
                     vec = r.embedding if r.embedding is not None else np.full(encoder.manifest.embedding_size, np.nan)
                     rows.append(np.asarray(vec, np.float32))

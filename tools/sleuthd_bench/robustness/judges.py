@@ -13,13 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from sleuthd.api import GUARD_COSINE, GUARD_ENCODER, guard_margin
+from sleuthd.api import CLEAR_BELOW, GUARD_COSINE, GUARD_ENCODER, guard_margin, short_turns
 from sleuthd.api import pitch_moves as moves_of
 from sleuthd.judgment.calibration import Calibration, inconsistency_probability, turn_features
 from sleuthd.judgment.evidence import EvidenceCalibration
 
 from sleuthd_bench.metrics import DetectionRecord, detection_metrics, localization_metrics
-from sleuthd_bench.robustness.embed import Embeddings, fused, pitch_key
+from sleuthd_bench.robustness.embed import Embeddings, cut_key, fused, pitch_key
 from sleuthd_bench.robustness.instances import ENCODERS, FUSED, Instance, Turns, telephone_kinds
 
 PAPER = ("pairwise", "centroid", "reference")
@@ -128,6 +128,7 @@ def evidence_flags(
     noise_compose_db: float = 0.0,
     telephone_band_db: float = 0.0,
     pitch: PitchMatching | None = None,
+    length: LengthMatching | None = None,
 ) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
     """(flagged positions, uncertain positions, per-turn probabilities over the usable turns). With ``auto``
     (today's fused calibration) and a calibration that has a blend, the blend judges, as the server's fused
@@ -138,7 +139,9 @@ def evidence_flags(
     ``noise_match_db`` (--noise-match-db), one matched neither way whose clips differ in SNR on its copies with its
     noisiest clip's noise added; with ``noise_compose_db`` (--noise-compose-db), one matched by band or clipping whose
     clips differ in SNR by more than that on those copies with the noise added too. With ``pitch`` (and the blend),
-    a flagged turn pitched away from the speaker is judged again on its moved copy (:func:`pitch_matched`)."""
+    a flagged turn pitched away from the speaker is judged again on its moved copy (:func:`pitch_matched`); with
+    ``length`` (and the blend), a short flagged turn of a speaker judged as sent is judged again against the other
+    pieces cut to its length (:func:`length_matched`)."""
     if auto is not None and calibration.blend is not None:
         sent = inst
         inst = channel_matched(
@@ -147,7 +150,10 @@ def evidence_flags(
         first = _judged(inst, calibration, auto)
         # As the server: only a speaker judged on its clips as sent or on their narrowband copies is pitch matched.
         if pitch is not None and pitch.octaves > 0 and first[0] and (inst is sent or inst.views is sent.narrow_views):
-            return pitch_matched(inst, inst is not sent, first, pitch, calibration, auto)
+            first = pitch_matched(inst, inst is not sent, first, pitch, calibration, auto)
+        # ... and only one judged as sent is length matched.
+        if length is not None and length.ratio > 0 and first[0] and inst is sent:
+            first = length_matched(inst, first, length, calibration, auto)
         return first
     return _judged(inst, calibration, auto)
 
@@ -236,6 +242,82 @@ def pitch_matched(
     )
 
 
+@dataclass(frozen=True)
+class LengthMatching:
+    """What the offline judges need to length match as the server does (sleuthd.judgment.length_matching): the share
+    of the speaker's median speech under which a flagged turn is judged again (the server's --length-match-ratio),
+    every clip's speech seconds (a cache of the clips as sent: a reference's are not in the views), the trimmed
+    lengths in samples of the clips of instances with a short turn (sleuthd_bench.robustness.embed.measure_kept) and
+    the cut copies' embeddings (keyed embed.cut_key, in the clipped copies' cache)."""
+
+    ratio: float
+    speech: Embeddings
+    kept: Mapping[str, int]
+    copies: Mapping[str, Embeddings] | None
+
+
+def length_matched(
+    inst: Instance,
+    first: tuple[frozenset[int], frozenset[int], np.ndarray],
+    length: LengthMatching,
+    calibration: EvidenceCalibration,
+    auto: Calibration,
+) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
+    """``first`` (the instance judged on its clips as sent) after length matching: each flagged turn with less speech
+    than ``length.ratio`` of the median of the speaker's other pieces (sleuthd.api.short_turns) judged again with every
+    other piece whose trimmed speech is longer replaced by its copy cut to the turn's, and cleared when its probability
+    so is under CLEAR_BELOW (the server's LengthMatcher). A cut that is unusable leaves that turn as first judged."""
+    flagged, unsure, probability = first
+    joint = inst.views[FUSED]
+    index = joint.index
+    positions = index.tolist()
+    has_ref = joint.reference is not None
+    pieces = [inst.paths[k] for k in positions] + ([inst.reference_path] if has_ref else [])
+    seconds = joint.seconds.tolist() + ([length.speech.get(inst.reference_path)[1]] if has_ref else [])
+    rows = short_turns(seconds, [j for j, pos in enumerate(positions) if pos in flagged], length.ratio)
+    cleared: dict[int, tuple[bool, float]] = {}  # position -> (uncertain after, probability)
+    for j in rows:
+        unmeasured = [p for p in pieces if p not in length.kept]
+        if unmeasured:
+            raise LookupError(f"{inst.dialogue_id}: no trimmed length for {unmeasured[0]}: run `sleuthd-bench "
+                              "robustness embed --cut`")  # fmt: skip
+        n = length.kept[pieces[j]]
+        keys = {k: cut_key(p, n) for k, p in enumerate(pieces) if k != j and length.kept[p] > n}
+        if length.copies is None or not all(key in length.copies[e].index for e in ENCODERS for key in keys.values()):
+            raise LookupError(f"{inst.dialogue_id}/{inst.scenario}: the cut copies are not embedded: run "
+                              "`sleuthd-bench robustness embed --cut`")  # fmt: skip
+        made = {e: {k: length.copies[e].get(key) for k, key in keys.items()} for e in ENCODERS}
+        if any(vec is None for e in ENCODERS for vec, _ in made[e].values()):
+            continue  # too little speech in a cut: judged as first judged
+        views = {}
+        for e in [*ENCODERS, FUSED]:
+            v = inst.views[e]
+            emb, secs, reference = v.emb.copy(), v.seconds.copy(), v.reference
+            for k in keys:
+                vec = made[e][k][0] if e != FUSED else fused([made[c][k][0] for c in ENCODERS])
+                if k == len(positions):
+                    reference = vec
+                else:
+                    row = int(np.searchsorted(v.index, positions[k]))
+                    emb[row], secs[row] = vec, made[ENCODERS[0]][k][1]
+            views[e] = Turns(v.index, emb, secs, reference)
+        again = _judged(replace(inst, views=views), calibration, auto)
+        if len(again[2]) == len(positions) and again[2][j] < CLEAR_BELOW:
+            cleared[positions[j]] = (positions[j] in again[1], float(again[2][j]))
+    if not cleared:
+        return first
+    rows_mask = np.isin(index, sorted(cleared))
+    probs = probability.copy() if len(probability) == len(positions) else probability
+    if len(probability) == len(positions):
+        for pos, (_, p) in cleared.items():
+            probs[positions.index(pos)] = p
+    return (
+        flagged - frozenset(cleared),
+        frozenset(p for p in unsure if p not in cleared) | frozenset(p for p, (u, _) in cleared.items() if u),
+        probs if rows_mask.any() else probability,
+    )
+
+
 def _judged(
     inst: Instance, calibration: EvidenceCalibration, auto: Calibration | None
 ) -> tuple[frozenset[int], frozenset[int], np.ndarray]:
@@ -318,11 +400,12 @@ def judge_all(
     noise_compose_db: float = 0.0,
     telephone_band_db: float = 0.0,
     pitch: PitchMatching | None = None,
+    length: LengthMatching | None = None,
 ) -> tuple[dict[str, list[DetectionRecord]], dict[str, list[int]]]:
     """Records per run name (``<encoder>:<method>@<set>``, ``<encoder>:auto``, ``evidence[:<label>]``) and,
     per evidence run, for each instance 1 when its verdict is uncertain (nothing flagged, a turn uncertain).
     ``band_match_octaves``, ``clip_match_spread``, ``noise_match_db``, ``noise_compose_db``: the blends' channel
-    matching (:func:`evidence_flags`); 0 = off; ``pitch``: their pitch matching (None: off)."""
+    matching (:func:`evidence_flags`); 0 = off; ``pitch``, ``length``: their pitch and length matching (None: off)."""
     runs: dict[str, list[DetectionRecord]] = {}
     uncertain: dict[str, list[int]] = {}
     for inst in instances:
@@ -346,6 +429,7 @@ def judge_all(
                 noise_compose_db,
                 telephone_band_db,
                 pitch,
+                length,
             )
             runs.setdefault(name, []).append(record(inst, flagged))
             uncertain.setdefault(name, []).append(int(not flagged and bool(unsure)))

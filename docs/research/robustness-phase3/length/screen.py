@@ -30,7 +30,7 @@ from sleuthd.domain import AudioInput  # noqa: E402
 from sleuthd.encoders.clips import decode, trim  # noqa: E402
 from sleuthd_bench import paired  # noqa: E402
 from sleuthd_bench.robustness import embed, judges  # noqa: E402
-from sleuthd_bench.robustness.cli import _conditions, pitch_matching  # noqa: E402
+from sleuthd_bench.robustness.cli import pitch_matching  # noqa: E402
 from sleuthd_bench.robustness.instances import ENCODERS, FUSED, Turns  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -38,14 +38,16 @@ ap.add_argument("split")
 ap.add_argument("--ratio", default="0.4,0.5,0.6,0.7")
 ap.add_argument("--below", default="0.5,0.3,0.2", help="clear when the probability judged again is below this")
 ap.add_argument("--dump", type=float)
+ap.add_argument("--root", default=str(common.ROOT), help="data/devlarge for the dev splits (conditions dev-*)")
 args = ap.parse_args()
+ROOT = Path(args.root)
 GATE = 0.75  # the widest ratio embedded
-names = [n for n in _conditions(None) if (common.ROOT / f"{args.split}-{n}.jsonl").is_file()]
-_, insts = common.load(args.split, names)
+names = sorted(p.name[len(args.split) + 1 : -len(".jsonl")] for p in ROOT.glob(f"{args.split}-*.jsonl"))
+_, insts = common.load(args.split, names, ROOT)
 insts = [i for i in insts if not i.refused]
 fcal, ev = common.load_models()
-pitch = pitch_matching(common.ROOT, EngineConfig().pitch_match_octaves)
-ref_seconds = embed.load(common.ROOT, "ge2e")
+pitch = pitch_matching(ROOT, EngineConfig().pitch_match_octaves)
+ref_seconds = embed.load(ROOT, "ge2e")
 
 encoders = {e: SpeakerEncoder.load(Path("models"), encoder=e) for e in ENCODERS}
 vad = encoders[ENCODERS[0]]._models.vad
@@ -56,12 +58,12 @@ _kept: dict[str, np.ndarray] = {}
 def kept(path: str) -> np.ndarray:
     """The clip's trimmed speech (loudness-normalised, VAD-kept samples), as the encoders' windows see it."""
     if path not in _kept:
-        speech = trim(decode(AudioInput((common.ROOT / path).read_bytes()), 600.0).samples, target_dbfs, vad)
+        speech = trim(decode(AudioInput((ROOT / path).read_bytes()), 600.0).samples, target_dbfs, vad)
         _kept[path] = speech.samples[speech.keep]
     return _kept[path]
 
 
-cache_file = Path(f"runs/length/cuts-{args.split}.npz")
+cache_file = Path(f"runs/length/cuts-{ROOT.name}-{args.split}.npz")
 cache: dict[tuple[str, str, int], tuple[np.ndarray | None, float]] = {}
 if cache_file.is_file():
     z = np.load(cache_file, allow_pickle=True)
