@@ -191,9 +191,14 @@ def main() -> int:
     ap.add_argument("--stream-turns", default="10,100")
     ap.add_argument("--check-turns", default="10,100")
     ap.add_argument("--batch", type=int, default=64, help="the server's --max-batch-windows")
-    ap.add_argument("--replicas", default="1", help="server processes, one throughput run per count, e.g. 1,4 "
-                    "(default: 1; counts above 1: the batched mode only, calls round robin over the processes)")
+    ap.add_argument(
+        "--replicas",
+        default="1",
+        help="server processes, one throughput run per count, e.g. 1,4 "
+        "(default: 1; counts above 1: the batched mode only, calls round robin over the processes)",
+    )
     ap.add_argument("--server-arg", action="append", help="one more `sleuthd serve` argument (repeat)")
+    ap.add_argument("--repeats", type=int, default=3, help="sleuthd-bench latency --repeats (default: 3)")
     ap.add_argument("--budget-seconds", type=float, default=450.0, help="the whole run (default: 450)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "runs/gpu_check"))
     args = ap.parse_args()
@@ -223,8 +228,8 @@ def main() -> int:
         else:
             report["unfinished"].append(name)
     ok, _ = bench(
-        ["latency", "--stream-turns", args.stream_turns, "--check-turns", args.check_turns, "--repeats", "3",
-         "--cache", str(args.speech / "latency"), "--server-arg=--device", f"--server-arg={args.device}", *server,
+        ["latency", "--stream-turns", args.stream_turns, "--check-turns", args.check_turns,
+         "--repeats", str(args.repeats), "--cache", str(args.speech / "latency"), "--server-arg=--device", f"--server-arg={args.device}", *server,
          "--json", str(args.out / "latency.json"), "--quiet"],
         left() - 5, args.out / "latency.txt",
     )  # fmt: skip

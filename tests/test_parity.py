@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from resemblyzer import preprocess_wav
@@ -46,3 +47,33 @@ def test_gpu_fixed_batch_padding_returns_the_unpadded_rows(models_dir: Path) -> 
     assert out.shape == (3, manifest.embedding_size)
     np.testing.assert_allclose(out, plain.embed(windows), atol=1e-5)
     assert padded.embed(np.concatenate([windows] * 4)).shape == (12, manifest.embedding_size)  # over: as is
+
+
+def test_gpu_light_shape_pads_a_small_call_to_its_own_session(models_dir: Path) -> None:
+    """With a light shape (sleuthd.encoders.runner.OnnxEncoder's gpu_light_batch), a call of at most that many
+    windows runs on its own session padded to it, a larger one on the main session padded to the full shape, and
+    either gives exactly the caller's rows. Exercised on the CPU provider, which itself never pads."""
+    manifest = load_encoder_manifest(models_dir / "campplus")
+    plain = OnnxEncoder(manifest, device="cpu")
+    assert OnnxEncoder(manifest, device="cpu", gpu_light_batch=4).light_batch == 0  # no padding on the CPU
+    two = OnnxEncoder(manifest, device="cpu")
+    calls: list[tuple[str, int]] = []
+
+    class Recorded:
+        def __init__(self, name: str, session: Any) -> None:
+            self.name, self.session = name, session
+
+        def run(self, outputs: list[str], feeds: dict[str, np.ndarray]) -> Any:
+            calls.append((self.name, len(next(iter(feeds.values())))))
+            return self.session.run(outputs, feeds)
+
+    two.fixed_batch, two.light_batch = 8, 4
+    two._light = Recorded("light", two._session)  # type: ignore[assignment]
+    two._session = Recorded("full", two._session)  # type: ignore[assignment]
+    rng = np.random.default_rng(4)
+    windows = (0.1 * rng.standard_normal((12, manifest.window.window_samples))).astype(np.float32)
+    expected = plain.embed(windows)
+    for n, call in ((3, ("light", 4)), (4, ("light", 4)), (5, ("full", 8)), (12, ("full", 12))):
+        out = two.embed(windows[:n])
+        assert calls[-1] == call and out.shape == (n, manifest.embedding_size)
+        np.testing.assert_allclose(out, expected[:n], atol=1e-5)

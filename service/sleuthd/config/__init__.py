@@ -66,9 +66,16 @@ class BatcherConfig:
     max_concurrent_batches: int = option(
         1, help="model calls in flight at once (1 on a few CPU cores; 2 on a GPU overlaps copy and compute)"
     )
+    gpu_light_windows: int = option(
+        16,
+        help="on the CUDA provider, where every model call is padded to one shape: a call of at most this many "
+        "windows (one client, a streamed turn) is padded to this many on a second session of the encoder, not to "
+        "max_batch_windows; 0 (or not under max_batch_windows) = one shape",
+    )
 
     def __post_init__(self) -> None:
         _at_least(self, "max_batch_windows", 1)
+        _at_least(self, "gpu_light_windows", 0)
         _at_least(self, "max_wait_ms", 0)
         _at_least(self, "max_queue_windows", 1)
         _at_least(self, "max_concurrent_batches", 1)

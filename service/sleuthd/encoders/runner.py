@@ -54,6 +54,7 @@ class OnnxEncoder:
         intra_op_threads: int = 0,
         gpu_batch: int = 64,
         tf32: bool = False,
+        gpu_light_batch: int = 0,
     ) -> None:
         """``tf32``: let the CUDA provider's convolutions and matrix products round to TensorFloat-32 (ONNX
         Runtime's default). Off here: with it, CAM++'s embeddings through the server's padded 64-window calls
@@ -67,7 +68,13 @@ class OnnxEncoder:
         change of batch size cost CAM++ about 2.2 s, so through the micro-batcher, whose batches vary from 1
         to max_batch_windows, it served 2.3 windows/s to one client and 29 to 32 clients, against 126 and
         2,600 at a fixed batch. One shape per session removes the search; padding a 64-row call costs CAM++
-        about 19 ms on that GPU. The server passes its max_batch_windows."""
+        about 19 ms on that GPU. The server passes its max_batch_windows.
+
+        ``gpu_light_batch``: on the CUDA provider, a call of at most this many windows is padded to this many on a
+        second session (its own one shape) instead (0, or not under ``gpu_batch``: one session). Why: padded to 64,
+        light load pays for 64 windows a call: on an H200 one client got 148 audio-s/s at 64 against 393 at 16, and
+        a streamed 3 s turn 60 ms against 23 at turn 10 (docs/research/gpu/README.md, runs 9-10), while 16 alone
+        caps the model at about a third of 64's rate under full load. The server passes its gpu_light_windows."""
         so = ort.SessionOptions()
         so.intra_op_num_threads = intra_op_threads or (os.cpu_count() or 1)
         so.inter_op_num_threads = 1
@@ -79,7 +86,13 @@ class OnnxEncoder:
         self._session = ort.InferenceSession(str(manifest.path), so, providers=session_providers(device, tf32))
         self.provider = self._session.get_providers()[0]
         self.fixed_batch = gpu_batch if self.provider == "CUDAExecutionProvider" else 0
-        logger.info("encoder %s runs on %s", manifest.name, self.provider)
+        self.light_batch = 0
+        self._light: ort.InferenceSession | None = None
+        if self.fixed_batch and 0 < gpu_light_batch < self.fixed_batch:
+            self.light_batch = gpu_light_batch
+            self._light = ort.InferenceSession(str(manifest.path), so, providers=session_providers(device, tf32))
+        shapes = f", padded to {self.light_batch} and {self.fixed_batch} windows" if self.light_batch else ""
+        logger.info("encoder %s runs on %s%s", manifest.name, self.provider, shapes)
 
     def embed(self, windows: np.ndarray) -> np.ndarray:
         """(batch, window_samples) float32 -> (batch, embedding_size) float32 unit vectors."""
@@ -88,11 +101,14 @@ class OnnxEncoder:
         if len(windows) == 0:
             return np.zeros((0, self.manifest.embedding_size), np.float32)
         n = len(windows)
-        if n < self.fixed_batch:
+        session, shape = self._session, self.fixed_batch
+        if self._light is not None and n <= self.light_batch:
+            session, shape = self._light, self.light_batch
+        if n < shape:
             # Repeats of the last window, not zeros: the padding rows are computed and dropped.
-            windows = np.concatenate([windows, np.repeat(windows[-1:], self.fixed_batch - n, axis=0)])
+            windows = np.concatenate([windows, np.repeat(windows[-1:], shape - n, axis=0)])
         try:
-            (out,) = self._session.run([self.manifest.output_name], {self.manifest.input_name: windows})
+            (out,) = session.run([self.manifest.output_name], {self.manifest.input_name: windows})
         except Exception as exc:  # onnxruntime raises its own exception types
             raise EngineFailure(f"encoder {self.manifest.name} failed: {exc}") from exc
         result: np.ndarray = out[:n]
@@ -112,8 +128,9 @@ class OnnxEncoder:
         self._session.run([self.manifest.output_name], {self.manifest.input_name: window}, options)
 
     def warm_up(self) -> None:
-        """One model call, at the fixed batch on a GPU: its kernels are chosen here, not in a request."""
-        self.embed(np.zeros((max(self.fixed_batch, 2), self.manifest.window.window_samples), np.float32))
+        """One model call at each padded shape on a GPU: its kernels are chosen here, not in a request."""
+        for n in {max(self.fixed_batch, 2), self.light_batch} - {0}:
+            self.embed(np.zeros((n, self.manifest.window.window_samples), np.float32))
 
 
 class WindowEncoder(Protocol):

@@ -125,6 +125,7 @@ def load_models(config: EngineConfig, observer: EngineObserver | None = None) ->
                 device=config.device,
                 intra_op_threads=config.intra_op_threads,
                 gpu_batch=config.batcher.max_batch_windows,
+                gpu_light_batch=config.batcher.gpu_light_windows,
             )
             runner.warm_up()
             audio_cost[runner.manifest.name] = model_seconds_per_audio_second(runner)
