@@ -229,7 +229,8 @@ def main() -> int:
             report["unfinished"].append(name)
     ok, _ = bench(
         ["latency", "--stream-turns", args.stream_turns, "--check-turns", args.check_turns,
-         "--repeats", str(args.repeats), "--cache", str(args.speech / "latency"), "--server-arg=--device", f"--server-arg={args.device}", *server,
+         "--repeats", str(args.repeats), "--cache", str(args.speech / "latency"),
+         "--server-arg=--device", f"--server-arg={args.device}", *server,
          "--json", str(args.out / "latency.json"), "--quiet"],
         left() - 5, args.out / "latency.txt",
     )  # fmt: skip
