@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
-from sleuthd.api import short_turns
+from sleuthd.api import MAX_PIECES, short_turns
 from sleuthd.audio import SAMPLE_RATE
 from sleuthd.config import ConfigError, EngineConfig
 from sleuthd.domain import AudioInput
@@ -126,6 +126,47 @@ async def test_a_short_turn_of_another_voice_stays_flagged(
     assert len(judged) == 1 and f"turn 't{SLOT}'" in judged[0], judged
     assert list(v.speakers[0].inconsistent_turn_ids) == [f"t{SLOT}"], [(t.status, t.detail) for t in v.turns]
     assert "length matched" not in v.turns[SLOT].detail
+
+
+async def test_a_short_turn_of_the_opposite_gender_among_many_turns_is_kept_flagged_by_the_guard(
+    stub: pb_grpc.SleuthStub,
+    speech: Speech,
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """1.2 s of f2 as the fourth of 50 turns of m3 (its seven sentences repeated; streamed, as one CheckDialogue
+    would exceed the test server's message limit), the most a length-matched speaker may have: judged against the
+    cuts of the other 49, the model's probability falls as the pool grows (0.93 at 6 turns, 0.25 at 50, 0.17 at 100,
+    where it would have been cleared); the CAM++ guard keeps it flagged (its cosine to the cuts far under their own
+    level)."""
+    from sleuthd.judgment.pitch_matching import GUARD_COSINE
+
+    length_matching(engine, monkeypatch, DEFAULT)
+    audio = [speech.wav_bytes(VOICE_A, k % 7) for k in range(MAX_PIECES)]
+    audio[SLOT] = short(speech.wav_bytes(VOICE_F, 0))
+    with caplog.at_level(logging.DEBUG, logger="sleuthd.judgment.length_matching"):
+        _, final = await _stream(stub, audio)
+    assert list(final.speakers[0].inconsistent_turn_ids) == [f"t{SLOT}"], [t.detail for t in final.turns[:5]]
+    judged = [r.getMessage() for r in caplog.records if "judged on cuts" in r.getMessage()][-1]  # at the last turn
+    found = re.search(r"samples: ([0-9.e-]+); guard ([-+0-9.]+)", judged)
+    assert found is not None, judged
+    assert float(found[1]) < 0.5 and float(found[2]) < GUARD_COSINE - 0.2, judged
+
+
+async def test_a_speaker_of_more_pieces_than_the_bound_is_not_length_matched(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short turn of f2's own among 51 of her turns, streamed: while she has at most 50 pieces it is length matched
+    as the turns arrive; once she has 51, the final verdict is exactly the one without length matching."""
+    audio = [speech.wav_bytes(VOICE_F, k % 7) for k in range(MAX_PIECES + 1)]
+    audio[SLOT] = short(speech.wav_bytes(VOICE_F, SLOT))
+    finals = {}
+    for ratio in (0.0, DEFAULT):
+        length_matching(engine, monkeypatch, ratio)
+        updates, finals[ratio] = await _stream(stub, audio)
+    assert any("length matched" in u.verdict.detail for u in updates)  # with 4-50 pieces
+    assert finals[DEFAULT] == finals[0.0]
 
 
 async def test_a_stream_length_matches_as_check_dialogue_does(

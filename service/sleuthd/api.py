@@ -65,7 +65,7 @@ from sleuthd.encoders.manifest import EncoderManifest
 from sleuthd.engine.facade import Engine
 from sleuthd.engine.loading import LoadedModels, load_models
 from sleuthd.errors import Unsupported
-from sleuthd.judgment.length_matching import CLEAR_BELOW, short_turns
+from sleuthd.judgment.length_matching import CLEAR_BELOW, MAX_PIECES, short_turns
 from sleuthd.judgment.pitch_matching import GUARD_COSINE, GUARD_ENCODER, guard_margin, pitch_moves
 from sleuthd.ops.observe import NullObserver
 from sleuthd.rpc import convert
@@ -79,6 +79,7 @@ __all__ = [
     "CLEAR_BELOW",
     "GUARD_COSINE",
     "GUARD_ENCODER",
+    "MAX_PIECES",
     "NARROWBAND",
     "ChannelCopy",
     "ClipEmbedding",

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from sleuthd.api import CLEAR_BELOW, GUARD_COSINE, GUARD_ENCODER, guard_margin, short_turns
+from sleuthd.api import CLEAR_BELOW, GUARD_COSINE, GUARD_ENCODER, MAX_PIECES, guard_margin, short_turns
 from sleuthd.api import pitch_moves as moves_of
 from sleuthd.judgment.calibration import Calibration, inconsistency_probability, turn_features
 from sleuthd.judgment.evidence import EvidenceCalibration
@@ -266,13 +266,17 @@ def length_matched(
     """``first`` (the instance judged on its clips as sent) after length matching: each flagged turn with less speech
     than ``length.ratio`` of the median of the speaker's other pieces (sleuthd.api.short_turns) judged again with every
     other piece whose trimmed speech is longer replaced by its copy cut to the turn's, and cleared when its probability
-    so is under CLEAR_BELOW (the server's LengthMatcher). A cut that is unusable leaves that turn as first judged."""
+    so is under CLEAR_BELOW and its mean CAM++ cosine to the cut pieces is within GUARD_COSINE of their own level (the
+    server's LengthMatcher; none for a speaker of more than MAX_PIECES pieces). A cut that is unusable leaves that turn
+    as first judged."""
     flagged, unsure, probability = first
     joint = inst.views[FUSED]
     index = joint.index
     positions = index.tolist()
     has_ref = joint.reference is not None
     pieces = [inst.paths[k] for k in positions] + ([inst.reference_path] if has_ref else [])
+    if len(pieces) > MAX_PIECES:
+        return first
     seconds = joint.seconds.tolist() + ([length.speech.get(inst.reference_path)[1]] if has_ref else [])
     rows = short_turns(seconds, [j for j, pos in enumerate(positions) if pos in flagged], length.ratio)
     cleared: dict[int, tuple[bool, float]] = {}  # position -> (uncertain after, probability)
@@ -301,9 +305,12 @@ def length_matched(
                     row = int(np.searchsorted(v.index, positions[k]))
                     emb[row], secs[row] = vec, made[ENCODERS[0]][k][1]
             views[e] = Turns(v.index, emb, secs, reference)
-        again = _judged(replace(inst, views=views), calibration, auto)
+        again_inst = replace(inst, views=views)
+        again = _judged(again_inst, calibration, auto)
         if len(again[2]) == len(positions) and again[2][j] < CLEAR_BELOW:
-            cleared[positions[j]] = (positions[j] in again[1], float(again[2][j]))
+            grams, has_ref_again, _, _ = evidence_inputs(again_inst)
+            if guard_margin(grams[GUARD_ENCODER], [int(has_ref_again) + j]) >= GUARD_COSINE:  # reference first
+                cleared[positions[j]] = (positions[j] in again[1], float(again[2][j]))
     if not cleared:
         return first
     rows_mask = np.isin(index, sorted(cleared))

@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, "docs/research/robustness-phase3/expressive")
 import common  # noqa: E402
-from sleuthd.api import SpeakerEncoder  # noqa: E402
+from sleuthd.api import GUARD_ENCODER, SpeakerEncoder, guard_margin  # noqa: E402
 from sleuthd.config import EngineConfig  # noqa: E402
 from sleuthd.domain import AudioInput  # noqa: E402
 from sleuthd.encoders.clips import decode, trim  # noqa: E402
@@ -37,6 +37,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("split")
 ap.add_argument("--ratio", default="0.4,0.5,0.6,0.7")
 ap.add_argument("--below", default="0.5,0.3,0.2", help="clear when the probability judged again is below this")
+ap.add_argument("--guard", default="-inf", help="clear only when the CAM++ guard margin is at least this (list)")
 ap.add_argument("--dump", type=float)
 ap.add_argument("--root", default=str(common.ROOT), help="data/devlarge for the dev splits (conditions dev-*)")
 args = ap.parse_args()
@@ -99,9 +100,9 @@ def cut(e: str, path: str, n: int) -> tuple[np.ndarray | None, float]:
     return v, s
 
 
-def again(i, t: int) -> float | None:
+def again(i, t: int) -> tuple[float, float] | None:
     """Turn ``t``'s probability of instance ``i`` judged with every piece other than ``t`` longer than it cut to its
-    length (None: a cut copy is unusable)."""
+    length, and its CAM++ guard margin there (pitch matching's guard_margin) (None: a cut copy is unusable)."""
     n = len(kept(i.paths[t]))
     joint = i.views[FUSED]
     views = {}
@@ -133,8 +134,11 @@ def again(i, t: int) -> float | None:
     if "ref" in made[ENCODERS[0]]:
         reference = embed.fused([made[e]["ref"] for e in ENCODERS])
     views[FUSED] = Turns(joint.index, emb, seconds, reference)
-    probability = judges._judged(replace(i, views=views), ev, fcal)[2]
-    return float(probability[int(np.searchsorted(joint.index, t))])
+    again_inst = replace(i, views=views)
+    probability = judges._judged(again_inst, ev, fcal)[2]
+    row = int(np.searchsorted(joint.index, t))
+    grams, has_ref, _, _ = judges.evidence_inputs(again_inst)
+    return float(probability[row]), guard_margin(grams[GUARD_ENCODER], [int(has_ref) + row])
 
 
 rows = []
@@ -157,7 +161,7 @@ for k, i in enumerate(insts):
             if ratio[t] < GATE:
                 n_cand += 1
                 a = again(i, t)
-                cleared[t] = 1.0 if a is None else a
+                cleared[t] = (1.0, -np.inf) if a is None else a
     rows.append((i, served, ratio, cleared))
     if k % 500 == 0:
         print(f"  {k}/{len(insts)} instances, {n_cand} candidates, {time.monotonic() - t0:.0f} s", file=sys.stderr)
@@ -165,8 +169,9 @@ for k, i in enumerate(insts):
 save()
 
 
-def flags(r, below=0.5):
-    return {(i.dialogue_id, i.scenario): served - {t for t, p in cleared.items() if p < below and ratio[t] < r}
+def flags(r, below=0.5, guard=-np.inf):
+    return {(i.dialogue_id, i.scenario): served - {t for t, (p, g) in cleared.items()
+                                                   if p < below and g >= guard and ratio[t] < r}
             for i, served, ratio, cleared in rows}
 
 
@@ -179,8 +184,10 @@ def records(f, cond):
 
 print(f"{args.split}: {len(names)} conditions, {len(rows)} instances; flagged turns under {GATE} of the speaker's "
       f"median judged again: {n_cand}")
-for r, below in [(float(x), float(y)) for x in args.ratio.split(",") for y in args.below.split(",")]:
-    f = flags(r, below)
+grid = [(float(x), float(y), float(g)) for x in args.ratio.split(",") for y in args.below.split(",")
+        for g in args.guard.split(",")]
+for r, below, guard in grid:
+    f = flags(r, below, guard)
     out = []
     for c in names:
         a, b = records(f, c), records(base, c)
@@ -192,16 +199,16 @@ for r, below in [(float(x), float(y)) for x in args.ratio.split(",") for y in ar
                    f"{ma['S2']:.1f}, S3 {mb['S3']:.1f}->{ma['S3']:.1f}) {d.difference:+.2f} [{d.low:+.2f}, {d.high:+.2f}]")
     mean = np.mean([judges.metrics(records(f, c))["bal"] for c in names])
     mean0 = np.mean([judges.metrics(records(base, c))["bal"] for c in names])
-    print(f"\nratio {r:g}, below {below:g}: mean Bal {mean0:.2f} -> {mean:.2f} ({mean - mean0:+.2f})")
+    print(f"\nratio {r:g}, below {below:g}, guard {guard:g}: mean Bal {mean0:.2f} -> {mean:.2f} ({mean - mean0:+.2f})")
     for line in out:
         print("  " + line)
 if args.dump is not None:
-    f = flags(args.dump)
+    f = flags(args.dump, float(args.below.split(",")[0]), float(args.guard.split(",")[0]))
     for i, served, ratio, cleared in rows:
         k = (i.dialogue_id, i.scenario)
         if f[k] != served:
             print(f"  {i.condition:18s} {i.dialogue_id:24s} {i.scenario} gold {sorted(i.gold)} served {sorted(served)} "
                   f"-> {sorted(f[k])}  ratio {{{', '.join(f'{t}: {ratio[t]:.2f}' for t in sorted(cleared))}}}"
-                  f"  again {{{', '.join(f'{t}: {p:.2f}' for t, p in sorted(cleared.items()))}}}")
+                  f"  again {{{', '.join(f'{t}: {p:.2f} guard {g:+.3f}' for t, (p, g) in sorted(cleared.items()))}}}")
 for e in encoders.values():
     e.close()
