@@ -168,7 +168,7 @@ class EngineConfig:
         "flagged turn whose speech is under this share of the median of the speaker's other clips is judged again "
         "for that turn against copies of those clips cut to its length, so a short turn is not read as another voice "
         "for being short; it only clears turns, and only where the turn is then clearly consistent (probability "
-        "under 0.2); 0 = off",
+        "under 0.2) and within pitch matching's CAM++ guard; a speaker of more than 50 clips is left alone; 0 = off",
     )
     band_match_stream_mb: float = option(
         128.0,
