@@ -37,7 +37,7 @@ from sleuthd.audio import SAMPLE_RATE
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.clips import ChannelCopy
 from sleuthd.judgment.channel_matching import Copies
-from sleuthd.judgment.pitch_matching import GUARD_COSINE, GUARD_ENCODER, guard_margin
+from sleuthd.judgment.pitch_matching import GUARD_COSINE, Rejudged, pool_guard
 from sleuthd.judgment.pool import SpeakerPool
 from sleuthd.judgment.verdicts import (
     CONFUSED,
@@ -90,25 +90,20 @@ def short_turns(seconds: Sequence[float], rows: Iterable[int], ratio: float) -> 
     return out
 
 
-class LengthMatcher:
+class LengthMatcher(Rejudged):
     """The length-matching side of one dialogue: the trimmed lengths measured and the cut copies embedded (each once),
     and the speakers' verdicts after matching, for the turns heard so far."""
 
     def __init__(self, copies: Copies, kept: KeptSamples, ratio: float, judgment: Judgment) -> None:
         """``ratio``: a flagged turn with less speech than this times the median of the speaker's other pieces is
         judged again."""
+        super().__init__()
         self._listen = copies
         self._kept_samples = kept
         self._ratio = ratio
         self._judgment = judgment
         self._kept: dict[str, int] = {}  # a clip's digest -> its trimmed speech, samples
         self._made: dict[tuple[str, int], tuple[np.ndarray, float] | None] = {}  # (digest, samples) -> emb, speech s
-        self._stamp = -1
-        self._rematched: dict[str, Rematched] = {}
-
-    def rematched(self, stamp: int) -> Mapping[str, Rematched]:
-        """The speakers length matching changed, for the dialogue at ``stamp`` turns (empty at any other)."""
-        return self._rematched if stamp == self._stamp else {}
 
     async def ensure(self, stamp: int, candidates: Sequence[LengthCandidate], deadline: float | None) -> None:
         """Judge again each short flagged turn of each candidate (the dialogue at ``stamp`` turns)."""
@@ -131,7 +126,7 @@ class LengthMatcher:
                     scores, notes[j] = merge_rows(scores, again[0], rows), again[1]
             if notes:
                 out[c.speaker] = Rematched(scores, notes)
-        self._stamp, self._rematched = stamp, out
+        self._publish(stamp, out)
 
     async def _judge_again(
         self, c: LengthCandidate, j: int, deadline: float | None
@@ -163,7 +158,7 @@ class LengthMatcher:
             pool.add(k, emb, seconds)
         again = score_speakers({**c.pools, c.speaker: pool}, self._judgment)[c.speaker]
         probability = None if again.probability is None else float(again.probability[j])
-        guard = _guard(pool, j)
+        guard = pool_guard(pool, [j])
         logger.debug(
             "speaker %r: turn %r judged on cuts of %d samples: %s; guard %.3f",
             c.speaker,
@@ -179,12 +174,3 @@ class LengthMatcher:
             f"({n / SAMPLE_RATE:.2f} s of trimmed speech)"
         )
         return again, note
-
-
-def _guard(pool: SpeakerPool, row: int) -> float:
-    """:func:`sleuthd.judgment.pitch_matching.guard_margin` of the turn ``row`` in the pool of cut copies, on its
-    GUARD_ENCODER part; -inf without that encoder."""
-    part = pool.components.get(GUARD_ENCODER)
-    if part is None:
-        return -np.inf
-    return guard_margin(part.gram(), [part.r0 + row])

@@ -72,24 +72,35 @@ class PitchCandidate:
     narrow: bool  # judged on narrowband copies
 
 
-class PitchMatcher:
+class Rejudged:
+    """The speakers a matcher judged again (pitch or length matching), as of the dialogue's last turn count: what
+    sleuthd.judgment.dialogue reads back when it scores the dialogue at that count."""
+
+    def __init__(self) -> None:
+        self._stamp = -1
+        self._rematched: dict[str, Rematched] = {}
+
+    def rematched(self, stamp: int) -> Mapping[str, Rematched]:
+        """The speakers this matching changed, for the dialogue at ``stamp`` turns (empty at any other)."""
+        return self._rematched if stamp == self._stamp else {}
+
+    def _publish(self, stamp: int, rematched: dict[str, Rematched]) -> None:
+        self._stamp, self._rematched = stamp, rematched
+
+
+class PitchMatcher(Rejudged):
     """The pitch-matching side of one dialogue: the pitches measured and the copies embedded (each once), and the
     speakers' verdicts after matching, for the turns heard so far."""
 
     def __init__(self, copies: Copies, pitches: Pitches, octaves: float, judgment: Judgment) -> None:
         """``octaves``: the least pitch distance (from the speaker's other pieces) at which a flagged turn is moved."""
+        super().__init__()
         self._listen = copies
         self._pitches = pitches
         self._octaves = octaves
         self._judgment = judgment
         self._pitch: dict[str, float | None] = {}  # a clip's digest -> its median pitch
         self._made: dict[tuple[str, ChannelCopy], tuple[np.ndarray, float] | None] = {}  # (turn, copy) -> emb, speech s
-        self._stamp = -1
-        self._rematched: dict[str, Rematched] = {}
-
-    def rematched(self, stamp: int) -> Mapping[str, Rematched]:
-        """The speakers pitch matching changed, for the dialogue at ``stamp`` turns (empty at any other)."""
-        return self._rematched if stamp == self._stamp else {}
 
     async def ensure(self, stamp: int, candidates: Sequence[PitchCandidate], deadline: float | None) -> None:
         """Judge again each candidate with a flagged turn pitched away from them (the dialogue at ``stamp`` turns)."""
@@ -103,7 +114,7 @@ class PitchMatcher:
                 found = await self._judge_again(c, flagged, moves, deadline)
                 if found is not None:
                     out[c.speaker] = found
-        self._stamp, self._rematched = stamp, out
+        self._publish(stamp, out)
 
     async def _moves(self, c: PitchCandidate, flagged: np.ndarray) -> dict[int, int]:
         """Flagged row -> quarter-tone steps to the median pitch of the speaker's other pieces, for the rows lying
@@ -138,7 +149,7 @@ class PitchMatcher:
             pool.add(k, emb, seconds)
         again = score_speakers({**c.pools, c.speaker: pool}, self._judgment)[c.speaker]
         cleared = flagged & ~np.isin(again.codes, (OVER_THRESHOLD, CONFUSED))
-        guard = _guard(pool, list(moves)) if cleared.any() else np.nan
+        guard = pool_guard(pool, list(moves)) if cleared.any() else np.nan
         logger.debug(
             "speaker %r: moved %s; would clear %s; guard %.3f", c.speaker, moves, np.flatnonzero(cleared), guard
         )
@@ -170,8 +181,9 @@ def pitch_moves(pitches: Sequence[float | None], rows: Iterable[int], octaves: f
     return moves
 
 
-def _guard(pool: SpeakerPool, moved: list[int]) -> float:
-    """:func:`guard_margin` of the pool's GUARD_ENCODER part; -inf without that encoder."""
+def pool_guard(pool: SpeakerPool, moved: Sequence[int]) -> float:
+    """:func:`guard_margin` of the ``moved`` turns (rows of the speaker's usable turns) in the pool's GUARD_ENCODER
+    part; -inf without that encoder. Length matching guards its cut copies with it too."""
     part = pool.components.get(GUARD_ENCODER)
     if part is None:
         return -np.inf
