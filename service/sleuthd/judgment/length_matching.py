@@ -40,8 +40,7 @@ from sleuthd.judgment.channel_matching import Copies
 from sleuthd.judgment.pitch_matching import GUARD_COSINE, Rejudged, pool_guard
 from sleuthd.judgment.pool import SpeakerPool
 from sleuthd.judgment.verdicts import (
-    CONFUSED,
-    OVER_THRESHOLD,
+    FLAGGED,
     Judgment,
     Rematched,
     SpeakerScores,
@@ -109,7 +108,7 @@ class LengthMatcher(Rejudged):
         """Judge again each short flagged turn of each candidate (the dialogue at ``stamp`` turns)."""
         out = {}
         for c in candidates:
-            flagged = np.isin(c.scores.codes, (OVER_THRESHOLD, CONFUSED))
+            flagged = np.isin(c.scores.codes, FLAGGED)
             base = c.pools[c.speaker]
             if not flagged.any() or any(a is None for a in c.audio):
                 continue

@@ -36,8 +36,7 @@ from sleuthd.encoders.clips import ChannelCopy
 from sleuthd.judgment.channel_matching import Copies
 from sleuthd.judgment.pool import SpeakerPool
 from sleuthd.judgment.verdicts import (
-    CONFUSED,
-    OVER_THRESHOLD,
+    FLAGGED,
     Judgment,
     Rematched,
     SpeakerScores,
@@ -106,7 +105,7 @@ class PitchMatcher(Rejudged):
         """Judge again each candidate with a flagged turn pitched away from them (the dialogue at ``stamp`` turns)."""
         out = {}
         for c in candidates:
-            flagged = np.isin(c.scores.codes, (OVER_THRESHOLD, CONFUSED))
+            flagged = np.isin(c.scores.codes, FLAGGED)
             if not flagged.any() or any(a is None for a in c.audio):
                 continue
             moves = await self._moves(c, flagged)
@@ -148,7 +147,7 @@ class PitchMatcher(Rejudged):
             emb, seconds = copies.get(k, (base.emb[k], float(base.seconds[k])))
             pool.add(k, emb, seconds)
         again = score_speakers({**c.pools, c.speaker: pool}, self._judgment)[c.speaker]
-        cleared = flagged & ~np.isin(again.codes, (OVER_THRESHOLD, CONFUSED))
+        cleared = flagged & ~np.isin(again.codes, FLAGGED)
         guard = pool_guard(pool, list(moves)) if cleared.any() else np.nan
         logger.debug(
             "speaker %r: moved %s; would clear %s; guard %.3f", c.speaker, moves, np.flatnonzero(cleared), guard

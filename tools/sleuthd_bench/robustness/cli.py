@@ -263,6 +263,15 @@ def _cut_copies(
     return list(keys)
 
 
+def _rejudging(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(judges.PitchMatching, judges.LengthMatching) at the command's settings, over one load of the copies' cache."""
+    copies = copies_cache(args.out)
+    return (
+        pitch_matching(args.out, args.pitch_match_octaves, copies),
+        length_matching(args.out, args.length_match_ratio, copies),
+    )
+
+
 def _channel_options(args: argparse.Namespace) -> tuple[float, float, float, float, float]:
     """The channel-matching options (add_matching_options), in judges.evidence_flags's order."""
     return (
@@ -274,26 +283,33 @@ def _channel_options(args: argparse.Namespace) -> tuple[float, float, float, flo
     )
 
 
-def pitch_matching(root: Path, octaves: float) -> Any:
-    """judges.PitchMatching at ``octaves`` over the measured pitches and the copies' cache under ``root`` (None: 0)."""
+def copies_cache(root: Path) -> Any:
+    """encoder -> the embeddings of the copies' cache under ``root`` (clipped, noisy, moved in pitch, cut: `robustness
+    embed --clipped/--pitched/--cut`), None when none were made: what pitch and length matching judge again on."""
+    from sleuthd_bench.robustness import embed
+
+    at = embed.clipped_root(root)
+    return {e: embed.load(at, e) for e in embed.ENCODERS} if embed.cache_path(at, "ge2e").is_file() else None
+
+
+def pitch_matching(root: Path, octaves: float, copies: Any = None) -> Any:
+    """judges.PitchMatching at ``octaves`` over the measured pitches and the copies' cache under ``root`` (None: 0);
+    ``copies``: that cache when the caller has loaded it (:func:`copies_cache`)."""
     from sleuthd_bench.robustness import embed, judges
 
     if octaves <= 0:
         return None
-    at = embed.clipped_root(root)
-    copies = {e: embed.load(at, e) for e in embed.ENCODERS} if embed.cache_path(at, "ge2e").is_file() else None
-    return judges.PitchMatching(octaves, embed.load_pitches(root), copies)
+    return judges.PitchMatching(octaves, embed.load_pitches(root), copies or copies_cache(root))
 
 
-def length_matching(root: Path, ratio: float) -> Any:
+def length_matching(root: Path, ratio: float, copies: Any = None) -> Any:
     """judges.LengthMatching at ``ratio`` over the measured trimmed lengths and the copies' cache under ``root`` (None:
-    0)."""
+    0); ``copies`` as for :func:`pitch_matching`."""
     from sleuthd_bench.robustness import embed, judges
 
     if ratio <= 0:
         return None
-    at = embed.clipped_root(root)
-    copies = {e: embed.load(at, e) for e in embed.ENCODERS} if embed.cache_path(at, "ge2e").is_file() else None
+    copies = copies or copies_cache(root)
     return judges.LengthMatching(ratio, embed.load(root, embed.ENCODERS[0]), embed.load_kept(root), copies)
 
 
@@ -355,8 +371,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         calibrations,
         evidence,
         *_channel_options(args),
-        pitch_matching(args.out, args.pitch_match_octaves),
-        length_matching(args.out, args.length_match_ratio),
+        *_rejudging(args),
     )
     focus = next(iter(evidence), None)
     out = {
@@ -556,8 +571,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         calibrations,
         blend,
         *_channel_options(args),
-        pitch_matching(args.out, args.pitch_match_octaves),
-        length_matching(args.out, args.length_match_ratio),
+        *_rejudging(args),
     )
     if blend:
         offline[f"{args.encoder}:auto"] = offline["blend"]

@@ -207,25 +207,12 @@ def pitch_matched(
     if pitch.copies is None or not all(k in pitch.copies[e].index for e in ENCODERS for k in keys.values()):
         raise LookupError(f"{inst.dialogue_id}/{inst.scenario}: the copies moved in pitch are not embedded: run "
                           "`sleuthd-bench robustness embed --pitched`")  # fmt: skip
-    made = {e: {pos: pitch.copies[e].get(key) for pos, key in keys.items()} for e in ENCODERS}
+    made: dict[str, dict[int | None, tuple[np.ndarray | None, float]]] = {
+        e: {pos: pitch.copies[e].get(key) for pos, key in keys.items()} for e in ENCODERS
+    }
     if any(vec is None for e in ENCODERS for vec, _ in made[e].values()):
         return first  # too little speech left in a copy: judged as first judged
-    views = {}
-    for e in ENCODERS:
-        v = inst.views[e]
-        emb, seconds = v.emb.copy(), v.seconds.copy()
-        for pos, (vec, speech) in made[e].items():
-            j = int(np.searchsorted(v.index, pos))
-            emb[j], seconds[j] = vec, speech
-        views[e] = Turns(v.index, emb, seconds, v.reference)
-    joint = inst.views[FUSED]
-    emb, seconds = joint.emb.copy(), joint.seconds.copy()
-    for pos in moves:
-        j = int(np.searchsorted(joint.index, pos))
-        emb[j] = fused([made[e][pos][0] for e in ENCODERS])
-        seconds[j] = made[ENCODERS[0]][pos][1]
-    views[FUSED] = Turns(joint.index, emb, seconds, joint.reference)
-    again_inst = replace(inst, views=views)
+    again_inst = replace(inst, views=_with_copies(inst, made))
     again = _judged(again_inst, calibration, auto)
     cleared = flagged - again[0]
     if not cleared:
@@ -279,33 +266,26 @@ def length_matched(
         return first
     seconds = joint.seconds.tolist() + ([length.speech.get(inst.reference_path)[1]] if has_ref else [])
     rows = short_turns(seconds, [j for j, pos in enumerate(positions) if pos in flagged], length.ratio)
+    unmeasured = [p for p in pieces if p not in length.kept]
+    if rows and unmeasured:
+        raise LookupError(f"{inst.dialogue_id}: no trimmed length for {unmeasured[0]}: run `sleuthd-bench "
+                          "robustness embed --cut`")  # fmt: skip
     cleared: dict[int, tuple[bool, float]] = {}  # position -> (uncertain after, probability)
     for j in rows:
-        unmeasured = [p for p in pieces if p not in length.kept]
-        if unmeasured:
-            raise LookupError(f"{inst.dialogue_id}: no trimmed length for {unmeasured[0]}: run `sleuthd-bench "
-                              "robustness embed --cut`")  # fmt: skip
         n = length.kept[pieces[j]]
-        keys = {k: cut_key(p, n) for k, p in enumerate(pieces) if k != j and length.kept[p] > n}
+        # The pieces cut, by dialogue position (None: the reference), and their copies' cache keys.
+        keys = {
+            (positions[k] if k < len(positions) else None): cut_key(p, n)
+            for k, p in enumerate(pieces)
+            if k != j and length.kept[p] > n
+        }
         if length.copies is None or not all(key in length.copies[e].index for e in ENCODERS for key in keys.values()):
             raise LookupError(f"{inst.dialogue_id}/{inst.scenario}: the cut copies are not embedded: run "
                               "`sleuthd-bench robustness embed --cut`")  # fmt: skip
-        made = {e: {k: length.copies[e].get(key) for k, key in keys.items()} for e in ENCODERS}
+        made = {e: {at: length.copies[e].get(key) for at, key in keys.items()} for e in ENCODERS}
         if any(vec is None for e in ENCODERS for vec, _ in made[e].values()):
             continue  # too little speech in a cut: judged as first judged
-        views = {}
-        for e in [*ENCODERS, FUSED]:
-            v = inst.views[e]
-            emb, secs, reference = v.emb.copy(), v.seconds.copy(), v.reference
-            for k in keys:
-                vec = made[e][k][0] if e != FUSED else fused([made[c][k][0] for c in ENCODERS])
-                if k == len(positions):
-                    reference = vec
-                else:
-                    row = int(np.searchsorted(v.index, positions[k]))
-                    emb[row], secs[row] = vec, made[ENCODERS[0]][k][1]
-            views[e] = Turns(v.index, emb, secs, reference)
-        again_inst = replace(inst, views=views)
+        again_inst = replace(inst, views=_with_copies(inst, made))
         again = _judged(again_inst, calibration, auto)
         if len(again[2]) == len(positions) and again[2][j] < CLEAR_BELOW:
             grams, has_ref_again, _, _ = evidence_inputs(again_inst)
@@ -313,16 +293,37 @@ def length_matched(
                 cleared[positions[j]] = (positions[j] in again[1], float(again[2][j]))
     if not cleared:
         return first
-    rows_mask = np.isin(index, sorted(cleared))
-    probs = probability.copy() if len(probability) == len(positions) else probability
     if len(probability) == len(positions):
+        probability = probability.copy()
         for pos, (_, p) in cleared.items():
-            probs[positions.index(pos)] = p
+            probability[positions.index(pos)] = p
     return (
         flagged - frozenset(cleared),
         frozenset(p for p in unsure if p not in cleared) | frozenset(p for p, (u, _) in cleared.items() if u),
-        probs if rows_mask.any() else probability,
+        probability,
     )
+
+
+def _with_copies(
+    inst: Instance, made: Mapping[str, Mapping[int | None, tuple[np.ndarray | None, float]]]
+) -> dict[str, Turns]:
+    """The instance's views with the pieces ``made`` names (encoder -> dialogue position, None for the reference ->
+    the copy's embedding and speech seconds, every one usable) replaced by their copies, the fused view's joined as
+    the server joins them: what pitch and length matching judge again."""
+    views = {}
+    for e in [*ENCODERS, FUSED]:
+        v = inst.views[e]
+        emb, seconds, reference = v.emb.copy(), v.seconds.copy(), v.reference
+        for at in made[ENCODERS[0]]:
+            part = ENCODERS[0] if e == FUSED else e
+            vec = fused([made[c][at][0] for c in ENCODERS]) if e == FUSED else made[e][at][0]
+            if at is None:
+                reference = vec
+            else:
+                j = int(np.searchsorted(v.index, at))
+                emb[j], seconds[j] = vec, made[part][at][1]
+        views[e] = Turns(v.index, emb, seconds, reference)
+    return views
 
 
 def _judged(
