@@ -83,6 +83,33 @@ def test_short_conditions_cut_every_turn_and_intruder_but_never_the_reference() 
                 assert all(cuts[: build.TURNS]) and all(cuts[build.TURNS + 1 :])
 
 
+def test_long_conditions_draw_30_turns_and_may_cut_the_reference_too() -> None:
+    # c-long-*: 30 turns a speaker (session 27's gate failure lay in long dialogues of short turns); allshort also
+    # cuts the reference, a short prompt, so the speaker's pool is short pieces only.
+    speakers = [
+        build.Speaker(
+            s.name, s.gender, s.family, s.split, tuple({**_espeak(f"{s.name} {j}"), "fx": []} for j in range(32))
+        )
+        for s in _speakers()
+    ]
+    similar = {"a": ["b"], "b": ["a"], "c": ["d"], "d": ["c"]}
+    for name, reference_cut in (("c-long-short", False), ("c-long-allshort", True)):
+        cond = build.CONDITION_BY_NAME[name]
+        assert cond.turns == 30
+        for raw in build.draw_dialogues(cond, speakers, similar, 4, "eval", seed=0):
+            assert len(raw["target_turns"]) == 30 and 0 <= raw["altered_turn"] < 30
+            assert len(set(raw["target_turns"]) | {raw["reference"]}) == 31  # distinct clips of the target
+            cuts = [any(step[0] == "cut" for step in spec["fx"]) for spec in raw["meta"]["specs"]]
+            assert len(cuts) == 33 and all(cuts[:30]) and all(cuts[31:])
+            assert cuts[30] is reference_cut, name
+
+
+def test_building_some_conditions_keeps_the_others_in_the_index(tmp_path: Path) -> None:
+    (tmp_path / "conditions.json").write_text(json.dumps({"ctrl-espeak": {"group": "ctrl"}}))
+    build.build(tmp_path, [], eval_dialogues=1, train_dialogues=1, fsdd_dir=tmp_path)
+    assert "ctrl-espeak" in json.loads((tmp_path / "conditions.json").read_text())
+
+
 def _instance(scenario: str, scores: list[float], k: int) -> Instance:
     """A speaker whose turns' pairwise mean cosines are ``scores`` (built from 2-d unit vectors)."""
     angles = np.arccos(np.clip(scores, -1, 1))

@@ -6,9 +6,10 @@ every language), Kokoro's fit voices train and its transfer voices are evaluated
 speakers are evaluated only, never fitted on.
 
 A condition is a pool of speakers (its clean source clips) and a policy that turns every slot of a dialogue
-(5 turns, the reference, the S2 and S3 intruders) into a clip spec: prosody, a cut, a channel. Random choices
-that belong to a clip (its cut, its channel's parameters) are drawn from a generator seeded by the clip and
-the choice, so a clip reappearing in another dialogue or condition under the same choice is the same file.
+(5 turns, or the condition's ``turns``; the reference, the S2 and S3 intruders) into a clip spec: prosody, a cut,
+a channel. Random choices that belong to a clip (its cut, its channel's parameters) are drawn from a generator
+seeded by the clip and the choice, so a clip reappearing in another dialogue or condition under the same choice is
+the same file.
 
 Intruders: S2 is a clip of a random opposite-gender speaker of the pool (FSDD, all men: the least similar
 one); S3 is a clip of the most similar same-gender speaker, judged by neither encoder under test: by MFCC
@@ -66,6 +67,11 @@ class Condition:
     channel: str = "none"  # none, one of CHANNELS (every slot), any (one per dialogue), drift (one per slot)
     prosody: str = "none"  # none, sox (pitch and tempo per slot)
     about: str = ""
+    # The target's turns a dialogue. Long dialogues are their own condition: the evidence model was fitted on
+    # 5-turn speakers, and a pool of many short turns was found to hide intruders that 5 turns show.
+    turns: int = TURNS
+    # Cut the reference short too (a caller whose reference is a short prompt): a pool of short pieces only.
+    short_reference: bool = False
 
 
 CONDITIONS: tuple[Condition, ...] = (
@@ -77,6 +83,18 @@ CONDITIONS: tuple[Condition, ...] = (
     Condition("b-kokoro-speed", "b", "kokoro-en", about="Kokoro, speed 0.7-1.4 per turn"),
     Condition("c-short", "c", "espeak-en", length="short", about="every turn 1.2-2 s"),
     Condition("c-mixed", "c", "espeak-en", length="mixed", about="each turn whole or 1.2-2 s by a coin flip"),
+    Condition(
+        "c-long-short", "c", "espeak-en-long", length="short", turns=30, about="30 turns a speaker, every turn 1.2-2 s"
+    ),
+    Condition(
+        "c-long-allshort",
+        "c",
+        "espeak-en-long",
+        length="short",
+        turns=30,
+        short_reference=True,
+        about="30 turns a speaker and the reference, each 1.2-2 s",
+    ),
     *(Condition(f"d-{c}", "d", "espeak-en", channel=c, about=f"every clip through {c}") for c in CHANNELS),
     Condition("e-drift", "e", "espeak-en", channel="drift", about="a different channel for every turn"),
     Condition("f-fsdd", "f", "fsdd", about="FSDD real speech, clean (control)"),
@@ -207,6 +225,8 @@ def _fsdd_pool(root: Path, fsdd_dir: Path, turns: int) -> list[Speaker]:
 def pools(root: Path, fsdd_dir: Path, needed: Sequence[str]) -> dict[str, list[Speaker]]:
     makers: dict[str, Callable[[], list[Speaker]]] = {
         "espeak-en": lambda: _espeak_pool("en", 8),
+        # The same voices with 32 sentences each (the first 8 are espeak-en's: same seed), for 30-turn dialogues.
+        "espeak-en-long": lambda: _espeak_pool("en", 32),
         "espeak-lang": lambda: _espeak_pool("lang", 7),
         "espeak-expr": lambda: _espeak_pool("expr", 8),
         "espeak-de-expr": lambda: _espeak_pool("de-expr", 7),
@@ -301,7 +321,7 @@ def slot_spec(clean: Mapping[str, Any], cond: Condition, channel: str, cut: bool
     """The spec of one slot: the clean clip, then the condition's prosody, cut and channel. ``cut`` False: never
     cut short (the reference: a caller chooses it, and the server refuses one with less speech than the encoder
     needs, so a cut reference would make the dialogue one the server does not answer; the conditions are about
-    short turns)."""
+    short turns), unless the condition cuts the reference too (``short_reference``; the report counts refusals)."""
     key = render.clip_id(clean)
     fx = list(clean.get("fx") or [])
     rng = random.Random(_seed("slot", cond.prosody, cond.length, key))
@@ -323,7 +343,8 @@ def draw_dialogues(
     mine = [s for s in speakers if s.split == split]
     by_name = {s.name: s for s in mine}
     rng = random.Random(_seed("dialogues", cond.name, split, seed))
-    targets = [s for s in mine if len(s.clips) >= TURNS + 1 and similar.get(s.name)]
+    turns = cond.turns
+    targets = [s for s in mine if len(s.clips) >= turns + 1 and similar.get(s.name)]
     if not targets:
         raise ValueError(f"{cond.name}/{split}: no speaker has the clips and a similar voice a dialogue needs")
     order = list(targets)
@@ -331,8 +352,8 @@ def draw_dialogues(
     lines = []
     for k in range(n):
         t = order[k % len(order)]
-        own = rng.sample(list(t.clips), TURNS + 1)
-        altered = rng.randrange(TURNS)
+        own = rng.sample(list(t.clips), turns + 1)
+        altered = rng.randrange(turns)
         opposite = [o for o in mine if o.gender != t.gender and o.group == t.group]
         s2_speaker = rng.choice(opposite) if opposite else by_name[similar[t.name][-1]]
         s3_speaker = by_name[similar[t.name][0]]
@@ -345,18 +366,21 @@ def draw_dialogues(
             channels = ["clean"] * len(slots)
         else:
             channels = [cond.channel] * len(slots)
-        specs = [slot_spec(c, cond, ch, cut=k != TURNS) for k, (c, ch) in enumerate(zip(slots, channels, strict=True))]
+        specs = [
+            slot_spec(c, cond, ch, cut=k != turns or cond.short_reference)
+            for k, (c, ch) in enumerate(zip(slots, channels, strict=True))
+        ]
         paths = [render.relpath(s) for s in specs]
         lines.append(
             {
                 "dialogue_id": f"{cond.name}-{split}-{k:04d}",
                 "source": cond.name,
                 "target_speaker": t.name,
-                "reference": paths[TURNS],
-                "target_turns": paths[:TURNS],
+                "reference": paths[turns],
+                "target_turns": paths[:turns],
                 "altered_turn": altered,
-                "s2_audio": paths[TURNS + 1],
-                "s3_audio": paths[TURNS + 2],
+                "s2_audio": paths[turns + 1],
+                "s3_audio": paths[turns + 2],
                 "meta": {
                     "condition": cond.name,
                     "group": cond.group,
@@ -462,7 +486,9 @@ def build(
             tick(path)
         serial.result()
     result.rendered = len(todo)
-    (root / "conditions.json").write_text(
-        json.dumps({c.name: {"group": c.group, "pool": c.pool, "about": c.about} for c in conditions}, indent=1) + "\n"
-    )
+    # Merged into what is there: building one condition must not drop the others from the index.
+    index_path = root / "conditions.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    index.update({c.name: {"group": c.group, "pool": c.pool, "about": c.about} for c in conditions})
+    index_path.write_text(json.dumps(index, indent=1) + "\n")
     return result
