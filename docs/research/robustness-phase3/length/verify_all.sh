@@ -10,6 +10,7 @@ for m in data/robustness/eval-*.jsonl; do
   c=$(basename "$m" .jsonl); c=${c#eval-}
   dir=runs/replay-length
   [[ "$GUARDED" == *" $c "* ]] && dir=runs/replay-length-guard
+  [[ "$c" == c-long-* ]] && dir=runs/replay-long  # session 28's long conditions (../size/verify_long.txt)
   echo "== $c ($dir/eval-$c)"
   .venv/bin/sleuthd-bench robustness verify "$dir/eval-$c" --condition "$c" 2>/dev/null | grep -E "refused|^auto"
 done
