@@ -106,6 +106,29 @@ async def test_a_short_turn_of_the_speakers_own_voice_is_cleared_against_cuts_of
     assert len(cuts) == 5 and again == on
 
 
+@pytest.mark.parametrize("pitch", [0.25, 0.0])
+async def test_a_dialogue_is_scored_once_before_length_matching_with_pitch_matching_on_or_off(
+    stub: pb_grpc.SleuthStub, speech: Speech, engine: Engine, monkeypatch: pytest.MonkeyPatch, pitch: float
+) -> None:
+    """The verdicts reuse the scores the candidates were chosen from: one scoring of the dialogue's pools per request
+    (none of its speakers is channel matched), not one more for the verdicts when pitch matching is off."""
+    from sleuthd.judgment import dialogue as dialogue_module
+
+    audio, reference = dialogue(speech, short(speech.wav_bytes(VOICE_F, SLOT)))
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, pitch_match_octaves=pitch))
+    calls: list[int] = []
+    score = dialogue_module.score_speakers
+
+    def counting(*args: Any) -> Any:
+        calls.append(1)
+        return score(*args)
+
+    monkeypatch.setattr(dialogue_module, "score_speakers", counting)
+    verdict = await stub.CheckDialogue(with_reference(audio, reference), timeout=120)
+    assert verdict.turns[SLOT].status == pb.CONSISTENT and NOTE.search(verdict.turns[SLOT].detail)
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize("voice", [VOICE_A, VOICE_B])
 async def test_a_short_turn_of_another_voice_stays_flagged(
     stub: pb_grpc.SleuthStub,

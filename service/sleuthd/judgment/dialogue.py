@@ -282,6 +282,10 @@ class EncoderDialogue:
         again: judged on their clips as sent (the kind it was screened on)."""
         assert self._channels is not None
         order, scores = self._score(length=False)
+        if self._pitch is None:
+            # Nothing re-judged these turns before: keep the scores, as pitch matching's candidates do, so that the
+            # verdicts of the same turns (after their copies were made) are not scored a second time.
+            self._first = (len(self._turns), order, dict(scores))
         matched = self._channels.matched()
         heard = {s: self._speakers[s].pool for s in order}
         out = []
@@ -353,7 +357,7 @@ class EncoderDialogue:
         length-matched speaker's as length matching left them: LengthMatcher)."""
         stamp = len(self._turns)
         if self._first is not None and self._first[0] == stamp:
-            # Pitch matching scored these turns already (after their copies were made): not again per turn.
+            # Pitch (or else length) matching scored these turns already, after their copies were made: not again.
             order, scores = self._first[1], dict(self._first[2])
         else:
             order = sorted(self._speakers, key=lambda s: self._speakers[s].turns[0].position)
