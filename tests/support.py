@@ -86,6 +86,19 @@ def check_request(audio: list[bytes], method: int = pb.METHOD_AUTO, encoder: str
     return req
 
 
+def calls_to(monkeypatch: Any, module: Any, name: str) -> list[tuple[Any, ...]]:
+    """A list that grows by the arguments of every call of ``module.name`` from here on (the call still happens)."""
+    made: list[tuple[Any, ...]] = []
+    real = getattr(module, name)
+
+    def counting(*args: Any) -> Any:
+        made.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(module, name, counting)
+    return made
+
+
 def copies_made(monkeypatch: Any) -> list[Any]:
     """A list that grows by the ChannelCopy of every channel copy the server makes from here on
     (sleuthd.encoders.embedder)."""

@@ -25,7 +25,7 @@ from sleuthd.v1 import sleuthd_pb2 as pb
 from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .offline_judges import assert_offline_flags_as_served, offline_judges
-from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, check_request, enc, encode_wav
+from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, calls_to, check_request, enc, encode_wav
 from .test_band_matching import _stream
 
 SLOT = 3
@@ -116,14 +116,7 @@ async def test_a_dialogue_is_scored_once_before_length_matching_with_pitch_match
 
     audio, reference = dialogue(speech, short(speech.wav_bytes(VOICE_F, SLOT)))
     monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, pitch_match_octaves=pitch))
-    calls: list[int] = []
-    score = dialogue_module.score_speakers
-
-    def counting(*args: Any) -> Any:
-        calls.append(1)
-        return score(*args)
-
-    monkeypatch.setattr(dialogue_module, "score_speakers", counting)
+    calls = calls_to(monkeypatch, dialogue_module, "score_speakers")
     verdict = await stub.CheckDialogue(with_reference(audio, reference), timeout=120)
     assert verdict.turns[SLOT].status == pb.CONSISTENT and NOTE.search(verdict.turns[SLOT].detail)
     assert len(calls) == 1

@@ -31,7 +31,7 @@ from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 from sleuthd_bench import synth
 
 from .offline_judges import assert_offline_flags_as_served, offline_judges
-from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, check_request, copies_made, encode_wav
+from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, calls_to, check_request, copies_made, encode_wav
 from .test_band_matching import _stream
 
 SLOT = 2
@@ -188,14 +188,7 @@ async def test_a_clips_pitch_is_measured_once_across_requests(
     pitch is remembered by its digest, as its embeddings are."""
     from sleuthd.encoders import embedder
 
-    measured: list[int] = []
-    clip_pitch = embedder.clip_pitch
-
-    def counting(*args: Any) -> Any:
-        measured.append(1)
-        return clip_pitch(*args)
-
-    monkeypatch.setattr(embedder, "clip_pitch", counting)
+    measured = calls_to(monkeypatch, embedder, "clip_pitch")
     pitch_matching(engine, monkeypatch, DEFAULT)
     audio = [speech.wav_bytes(VOICE_F, k) for k in range(5)]
     audio[SLOT] = moved(audio[SLOT], -7)  # a move no other test makes: these clips are new to the server
