@@ -33,6 +33,7 @@ from sleuthd.config.triton import EncoderBackendConfig
 __all__ = [
     "DEFAULT_TARGET",
     "ENV_PREFIX",
+    "PITCH_CEILING_OCTAVES",
     "AdmissionConfig",
     "BatcherConfig",
     "ConfigError",
@@ -47,6 +48,10 @@ __all__ = [
     "from_cli_args",
     "option",
 ]
+
+# Pitch matching never moves a turn this far or farther from its speaker (sleuthd.judgment.pitch_matching): a jump of
+# about an octave is another gender's voice. Here, so that the option's bound and the rule share one number.
+PITCH_CEILING_OCTAVES = 0.5
 
 
 @dataclass(frozen=True)
@@ -156,11 +161,11 @@ class EngineConfig:
     pitch_match_octaves: float = option(
         0.25,
         help="under the fused encoder's auto with channel matching on, a speaker with a flagged turn whose median "
-        "pitch lies this many octaves or more (and under 0.5) from the speaker's other clips is judged again with "
-        "that turn moved to their pitch, spectral envelope with it, so a resampling pitch control (or audio played "
-        "at the wrong rate) is not read as another voice; it only clears turns, and only where the moved copy comes "
-        "back to the speaker's own CAM++ level. 0.25 leaves the dev benchmark's sox-variant similar speakers "
-        "(150-300 cents) flagged; 0 = off",
+        f"pitch lies this many octaves or more (and under {PITCH_CEILING_OCTAVES:g}) from the speaker's other clips is "
+        "judged again with that turn moved to their pitch, spectral envelope with it, so a resampling pitch control "
+        "(or audio played at the wrong rate) is not read as another voice; it only clears turns, and only where the "
+        "moved copy comes back to the speaker's own CAM++ level. 0.25 leaves the dev benchmark's sox-variant similar "
+        "speakers (150-300 cents) flagged; 0 = off",
     )
     length_match_ratio: float = option(
         0.5,
@@ -198,10 +203,10 @@ class EngineConfig:
         _at_least(self, "noise_compose_db", 0)
         if not self.telephone_band_db <= 0:  # also refuses NaN
             raise ConfigError(f"telephone_band_db must be 0 (off) or negative (dB), got {self.telephone_band_db}")
-        if not 0 <= self.pitch_match_octaves < 0.5:  # also refuses NaN
+        if not 0 <= self.pitch_match_octaves < PITCH_CEILING_OCTAVES:  # also refuses NaN
             raise ConfigError(
-                f"pitch_match_octaves must be 0 (off) or under 0.5 octave (a larger jump is never moved), "
-                f"got {self.pitch_match_octaves}"
+                f"pitch_match_octaves must be 0 (off) or under {PITCH_CEILING_OCTAVES:g} octave (a larger jump is "
+                f"never moved), got {self.pitch_match_octaves}"
             )
         if not 0 <= self.length_match_ratio < 1:  # also refuses NaN
             raise ConfigError(

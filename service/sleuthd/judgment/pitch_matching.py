@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sleuthd.audio.pitch import STEPS_PER_OCTAVE, shift_steps
+from sleuthd.config import PITCH_CEILING_OCTAVES
 from sleuthd.domain import AudioInput
 from sleuthd.encoders.clips import ChannelCopy
 from sleuthd.judgment.channel_matching import Copies
@@ -48,7 +49,8 @@ logger = logging.getLogger(__name__)
 
 # A jump of about an octave is another gender's voice (and a man's voice moved up half an octave passed both
 # encoders in the WORLD screen, docs/research/robustness-phase3/prosody/REPORT.md): never moved from 0.5 octave.
-CEILING_OCTAVES = 0.5
+# The number lives with the option it bounds (--pitch-match-octaves).
+CEILING_OCTAVES = PITCH_CEILING_OCTAVES
 # The moved copy must sit this close to the speaker's own CAM++ level (cosine; chosen on the train split among
 # -0.15 .. +0.025: the best mean balanced accuracy with no train condition worse).
 GUARD_COSINE = -0.075
