@@ -104,6 +104,13 @@ def test_long_conditions_draw_30_turns_and_may_cut_the_reference_too() -> None:
             assert cuts[30] is reference_cut, name
 
 
+def test_the_default_fitting_set_is_the_one_the_served_card_was_fitted_on() -> None:
+    # `calibrate fit-evidence` with no --conditions must keep reproducing service/sleuthd/cards/evidence.json.
+    card = json.loads((Path(__file__).resolve().parents[2] / "service/sleuthd/cards/evidence.json").read_text())
+    fitted = [c.name for c in build.CONDITIONS if c.fitted and c.pool != "fsdd" and c.pool != "kokoro-de"]
+    assert f"conditions {', '.join(sorted(fitted))}), seed" in card["how"]
+
+
 def test_building_some_conditions_keeps_the_others_in_the_index(tmp_path: Path) -> None:
     (tmp_path / "conditions.json").write_text(json.dumps({"ctrl-espeak": {"group": "ctrl"}}))
     build.build(tmp_path, [], eval_dialogues=1, train_dialogues=1, fsdd_dir=tmp_path)

@@ -398,7 +398,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_fit_evidence(args: argparse.Namespace) -> int:
     from sleuthd_bench.robustness import fit
 
+    from sleuthd_bench.robustness.build import CONDITION_BY_NAME
+
     names = _conditions(args.conditions, args.exclude_groups)
+    if not args.conditions:  # the default fitting set: the conditions the served card was fitted on
+        names = [n for n in names if CONDITION_BY_NAME[n].fitted]
     names = [n for n in names if (args.data / f"train-{n}.jsonl").is_file()]
     if not names:
         print("error: no train manifests for those conditions: run `sleuthd-bench robustness build`", file=sys.stderr)
@@ -521,7 +525,11 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
     )
     f.add_argument("--data", type=Path, default=DEFAULT_ROOT, help="robustness data folder (default: data/robustness)")
     f.add_argument("--out", type=Path, default=DEFAULT_EVIDENCE, help="calibration file to write")
-    f.add_argument("--conditions", help="comma-separated conditions to fit on (default: all with a train split)")
+    f.add_argument(
+        "--conditions",
+        help="comma-separated conditions to fit on (default: every fitted condition with a train split, which leaves "
+        "out the long-dialogue conditions the served card predates)",
+    )
     f.add_argument("--exclude-groups", default="", help="leave out conditions of these groups, e.g. a or b")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument(
