@@ -397,7 +397,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_fit_evidence(args: argparse.Namespace) -> int:
     from sleuthd_bench.robustness import fit
-
     from sleuthd_bench.robustness.build import CONDITION_BY_NAME
 
     names = _conditions(args.conditions, args.exclude_groups)
