@@ -10,6 +10,12 @@ are not independent, and both runs are resampled with the same dialogues (paired
 variation that comes from which dialogues happened to be drawn. Only dialogues that both runs
 answered in all three scenarios take part; their number is reported.
 
+Where dialogues share more than their own turns (the robustness matrix draws each voice's dialogues from a few
+clips of that voice, so two dialogues of one voice carry mostly the same clips), ``groups`` names each dialogue's
+cluster (its voice) and whole clusters are resampled instead: each resample draws as many clusters as there are,
+with replacement, and weighs every dialogue by how often its cluster was drawn. The interval then says how sure
+the difference is over voices, not over dialogues that repeat the same few clips.
+
 Scale: differences and interval bounds are in percentage points (0–100 scale, like the report);
 ``p_ahead`` is the share of resamples (0–1) in which the run is strictly ahead.
 """
@@ -52,6 +58,7 @@ class PairedComparison:
     bal_f1: Difference
     # Per scenario: (instances only the run gets right, instances only the baseline gets right), detection.
     discordant: dict[str, tuple[int, int]]
+    clusters: int = 0  # how many clusters were resampled (0: the dialogues themselves)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -75,9 +82,14 @@ def _balanced(per_scenario_means: np.ndarray) -> np.ndarray:
 
 
 def _difference(run: np.ndarray, base: np.ndarray, samples: np.ndarray, level: float) -> Difference:
-    """run/base: (n, 3) per-dialogue values per scenario; samples: (R, n) resampled dialogue indices."""
+    """run/base: (n, 3) per-dialogue values per scenario; samples: (R, n) resampled dialogue indices, or (R, n) float
+    weights of the dialogues (clusters resampled)."""
     point = float(_balanced(run.mean(axis=0)) - _balanced(base.mean(axis=0)))
-    boot = _balanced(run[samples].mean(axis=1)) - _balanced(base[samples].mean(axis=1))
+    if samples.dtype.kind == "f":
+        total = samples.sum(axis=1, keepdims=True)
+        boot = _balanced(samples @ run / total) - _balanced(samples @ base / total)
+    else:
+        boot = _balanced(run[samples].mean(axis=1)) - _balanced(base[samples].mean(axis=1))
     tail = 100.0 * (1.0 - level) / 2.0
     low, high = np.percentile(boot, [tail, 100.0 - tail])
     return Difference(point, float(low), float(high), float(np.mean(boot > 1e-12)))
@@ -91,10 +103,12 @@ def compare(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     level: float = DEFAULT_LEVEL,
+    groups: Mapping[str, str] | None = None,
 ) -> PairedComparison:
-    """Paired bootstrap of ``run − baseline`` over the dialogues both answered in every scenario.
+    """Paired bootstrap of ``run − baseline`` over the dialogues both answered in every scenario; with ``groups``
+    (dialogue id -> cluster, e.g. its voice; every shared dialogue needs one), over those clusters.
 
-    Raises ValueError when no dialogue is shared or the settings make no sense."""
+    Raises ValueError when no dialogue is shared, one has no cluster, or the settings make no sense."""
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
     if not 0.0 < level < 1.0:
@@ -108,7 +122,20 @@ def compare(
     # (n, 3, 2): dialogue x scenario x (detection correct, localization F1)
     run = np.array([[run_by[d][s] for s in SCENARIOS] for d in shared], dtype=np.float64)
     base = np.array([[base_by[d][s] for s in SCENARIOS] for d in shared], dtype=np.float64)
-    samples = np.random.default_rng(seed).integers(0, len(shared), size=(resamples, len(shared)))
+    rng = np.random.default_rng(seed)
+    clusters = 0
+    if groups is None:
+        samples = rng.integers(0, len(shared), size=(resamples, len(shared)))
+    else:
+        missing = [d for d in shared if d not in groups]
+        if missing:
+            raise ValueError(f"no cluster for dialogue {missing[0]!r} ({len(missing)} in all)")
+        names = sorted({groups[d] for d in shared})
+        clusters = len(names)
+        of = np.array([names.index(groups[d]) for d in shared])
+        counts = np.zeros((resamples, clusters))
+        np.add.at(counts, (np.arange(resamples)[:, None], rng.integers(0, clusters, size=(resamples, clusters))), 1.0)
+        samples = counts[:, of]  # (R, n) float: each dialogue weighed by its cluster's draws
     right_run, right_base = run[:, :, 0] == 1.0, base[:, :, 0] == 1.0
     discordant: dict[str, tuple[int, int]] = {
         s: (int((right_run[:, k] & ~right_base[:, k]).sum()), int((right_base[:, k] & ~right_run[:, k]).sum()))
@@ -124,6 +151,7 @@ def compare(
         bal=_difference(run[:, :, 0], base[:, :, 0], samples, level),
         bal_f1=_difference(run[:, :, 1], base[:, :, 1], samples, level),
         discordant=discordant,
+        clusters=clusters,
     )
 
 
@@ -133,13 +161,15 @@ def compare_with_all(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     level: float = DEFAULT_LEVEL,
+    groups: Mapping[str, str] | None = None,
 ) -> list[PairedComparison]:
     """``focus`` against every other run, in the given order (each with the same resampled dialogues
-    when the runs answered the same dialogues, because the generator restarts from ``seed``)."""
+    when the runs answered the same dialogues, because the generator restarts from ``seed``); ``groups``
+    as in :func:`compare`."""
     if focus not in records_by_run:
         raise ValueError(f"no run named {focus!r}; runs: {', '.join(records_by_run)}")
     return [
-        compare(focus, records_by_run[focus], name, records, resamples, seed, level)
+        compare(focus, records_by_run[focus], name, records, resamples, seed, level, groups)
         for name, records in records_by_run.items()
         if name != focus
     ]
@@ -196,8 +226,9 @@ def explanation(comparisons: Sequence[PairedComparison]) -> str:
     if not comparisons:
         return ""
     c = comparisons[0]
+    unit = f"{c.clusters} clusters of dialogues (whole clusters drawn)" if c.clusters else "dialogues"
     return (
-        f"Paired bootstrap over dialogues ({c.resamples} resamples, seed {c.seed}; each dialogue's S1, S2 "
+        f"Paired bootstrap over {unit} ({c.resamples} resamples, seed {c.seed}; each dialogue's S1, S2 "
         f"and S3 instances are drawn together). Δ = {c.run} − the other run, in percentage points; "
         f"P(ahead) = share of resamples in which {c.run} is strictly ahead; the last column counts "
         "detection instances. An interval that contains 0 means this split cannot tell the two apart."

@@ -37,6 +37,25 @@ def test_identical_runs_differ_by_nothing() -> None:
     assert c.discordant == {"S1": (0, 0), "S2": (0, 0), "S3": (0, 0)} and c.n_dialogues == 4
 
 
+def test_clusters_of_repeated_dialogues_are_resampled_whole() -> None:
+    """Four voices, each with five dialogues that repeat one another; the baseline has a false alarm in every dialogue
+    of the last voice. Over dialogues, a resample of 20 almost always draws some of them (P(ahead) = 1 - 0.75^20); over
+    voices, it is the one-in-four voice of the four-dialogue case (P(ahead) = 1 - 0.75^4), and the interval is wider."""
+    voices = {f"v{k}-{j}": f"v{k}" for k in range(4) for j in range(5)}
+    run = _perfect(sorted(voices))
+    base = [r for d in sorted(voices) for r in _dialogue(d, {0} if d.startswith("v3") else set(), {1}, {1})]
+    plain = paired.compare("run", run, "base", base, resamples=4000, seed=1)
+    whole = paired.compare("run", run, "base", base, resamples=4000, seed=1, groups=voices)
+    assert plain.bal.difference == whole.bal.difference == pytest.approx(12.5)
+    assert (plain.clusters, whole.clusters) == (0, 4)
+    assert plain.bal.p_ahead == pytest.approx(1 - 0.75**20, abs=0.01)
+    assert whole.bal.p_ahead == pytest.approx(1 - 0.75**4, abs=0.03)
+    assert whole.bal.low == 0.0 and whole.bal.high - whole.bal.low > plain.bal.high - plain.bal.low
+    assert "4 clusters" in paired.explanation([whole])
+    with pytest.raises(ValueError, match="no cluster"):
+        paired.compare("run", run, "base", base, resamples=10, groups={"v0-0": "v0"})
+
+
 def test_one_false_alarm_of_four_dialogues() -> None:
     """The baseline flags turn 0 of one consistent dialogue: S1 accuracy 75 %, so Bal is 12.5 points lower
     (S1 weighs half), and so is Bal F1 (that S1 instance has F1 0)."""

@@ -1,7 +1,7 @@
 """The robustness report: per condition and method, Bal / Bal-F1 / S1 / S2 / S3, the oracle column
 (the best hindsight threshold of each encoder x paper method on that condition), the evidence model's
 uncertain rate, and paired bootstrap intervals of the evidence model against today's fused `auto` and
-against the best fixed-threshold run. Values in percent (0-100)."""
+against the best fixed-threshold run, over whole voices (sleuthd_bench.paired's groups). Values in percent (0-100)."""
 
 from __future__ import annotations
 
@@ -67,17 +67,21 @@ def condition_report(
         # >= 99 % of the opposite-gender intruders (a threshold that flags everything does not count).
         out["s2_reachable"] = any(o["S2"] >= 99.0 for o in out["oracle"].values())
     if focus is not None and focus in runs and baseline in runs:
+        # Whole voices are resampled: a voice's dialogues are drawn from a few clips of it, so they repeat each other
+        # (a voice is one speaker in every language, as the fit's folds take it).
+        voices = {i.dialogue_id: i.target.partition("@")[0] for i in mine}
         comps = []
         for other in (baseline, *_best_fixed(out)):
             a = [r for r in runs[focus] if r.source == cond]
             b = [r for r in runs[other] if r.source == cond]
-            c = paired.compare(focus, a, other, b)
+            c = paired.compare(focus, a, other, b, groups=voices)
             comps.append(
                 {
                     "vs": other,
                     "bal": round(c.bal.difference, 2),
                     "low": round(c.bal.low, 2),
                     "high": round(c.bal.high, 2),
+                    "voices": c.clusters,
                 }
             )
         out["paired"] = comps
@@ -148,7 +152,7 @@ def markdown(report: Mapping[str, Any], focus: str | None, runs_shown: Sequence[
         for c in r.get("paired", []):
             lines.append(
                 f"\n{focus} − {c['vs']}: Δ Bal {c['bal']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}] "
-                "(paired bootstrap, 95 %)"
+                f"(paired bootstrap over {c.get('voices', 0) or 'the'} voices' dialogues, 95 %)"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
