@@ -124,6 +124,7 @@ def compare(
     base = np.array([[base_by[d][s] for s in SCENARIOS] for d in shared], dtype=np.float64)
     rng = np.random.default_rng(seed)
     clusters = 0
+    samples: np.ndarray
     if groups is None:
         samples = rng.integers(0, len(shared), size=(resamples, len(shared)))
     else:
