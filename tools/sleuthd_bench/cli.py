@@ -207,9 +207,17 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
             for row in found:
                 row["run"] = f"{label}:{row['run']}"
         rows += found
+    groups = None
+    if args.by_speaker is not None:
+        from sleuthd_bench.manifest import ManifestError, read_manifest
+
+        try:
+            groups = {line.dialogue_id: line.target_speaker for line in read_manifest(args.by_speaker, False)}
+        except (OSError, ManifestError) as exc:
+            return _error(f"--by-speaker: {exc}")
     try:
         records = paired.detection_records(rows)
-        comparisons = paired.compare_with_all(records, args.run, args.resamples, args.seed, args.level)
+        comparisons = paired.compare_with_all(records, args.run, args.resamples, args.seed, args.level, groups)
     except (KeyError, TypeError) as exc:
         return _error(f"{', '.join(map(str, paths))}: not a replay's predictions.jsonl ({exc})")
     except ValueError as exc:
@@ -715,6 +723,13 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     cp.add_argument("--level", type=float, default=0.95, help="interval level, 0-1 (default: 0.95)")
     cp.add_argument("--json", type=Path, help="also write the comparisons as JSON")
+    cp.add_argument(
+        "--by-speaker",
+        type=Path,
+        metavar="MANIFEST",
+        help="resample whole target speakers, as the replayed manifest names them, instead of dialogues: where a "
+        "speaker's dialogues reuse the same clips, they are not independent draws and their interval is too narrow",
+    )
     cp.set_defaults(func=cmd_bench_compare)
 
     t = sub.add_parser(

@@ -188,6 +188,34 @@ def test_bench_compare_command(tmp_path: Path) -> None:
     assert junk.returncode == 2 and "not a replay's predictions.jsonl" in junk.stderr
 
 
+def test_bench_compare_by_speaker(tmp_path: Path) -> None:
+    """--by-speaker MANIFEST resamples the target speakers the manifest names (two dialogues each here)."""
+    ids = [f"d{k}" for k in range(8)]
+    base = [r for d in ids for r in _dialogue(d, {0} if d in ("d6", "d7") else set(), {1}, {1})]
+    rows = _prediction_rows("auto", _perfect(ids)) + _prediction_rows("centroid@default", base)
+    (tmp_path / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = [
+        {"dialogue_id": d, "source": "src", "target_speaker": f"s{k // 2}", "reference": "r.wav",
+         "target_turns": ["a.wav", "b.wav"], "altered_turn": 1, "s2_audio": "c.wav", "s3_audio": "d.wav"}
+        for k, d in enumerate(ids)
+    ]  # fmt: skip
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ok = _cli(
+        str(tmp_path),
+        "--resamples",
+        "500",
+        "--by-speaker",
+        str(tmp_path / "m.jsonl"),
+        "--json",
+        str(tmp_path / "c.json"),
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "over 4 clusters of dialogues" in ok.stdout
+    assert json.loads((tmp_path / "c.json").read_text())["comparisons"][0]["clusters"] == 4
+    bad = _cli(str(tmp_path), "--by-speaker", str(tmp_path / "nowhere.jsonl"))
+    assert bad.returncode == 2 and "--by-speaker" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
 def test_bench_compare_across_replays_of_one_manifest(tmp_path: Path) -> None:
     """One replay per encoder: runs are named FOLDER:RUN by the folder that tells the replays apart."""
     base = _dialogue("d0", {0}, {1}, set()) + _perfect(IDS[1:])
