@@ -227,7 +227,7 @@ def explanation(comparisons: Sequence[PairedComparison]) -> str:
     if not comparisons:
         return ""
     c = comparisons[0]
-    unit = f"{c.clusters} clusters of dialogues, each drawn whole," if c.clusters else "dialogues"
+    unit = f"{c.clusters} clusters of dialogues, each drawn whole" if c.clusters else "dialogues"
     return (
         f"Paired bootstrap over {unit} ({c.resamples} resamples, seed {c.seed}; each dialogue's S1, S2 "
         f"and S3 instances are drawn together). Δ = {c.run} − the other run, in percentage points; "
