@@ -1,29 +1,19 @@
 """Size matching (K=5, R=2) against the served blend (no matching) on eval's long conditions, with the paired bootstrap
 resampling target speakers (every dialogue of a voice shares ~28 of its 32 clips) beside the one resampling dialogues."""
 import sys
-from dataclasses import replace
 import numpy as np
 sys.path.insert(0, "docs/research/robustness-phase3/expressive")
+sys.path.insert(0, "docs/research/robustness-phase3/size")
 import common
+from groups import group_logits
 from sleuthd_bench.robustness import judges
-from sleuthd_bench.robustness.instances import Turns
 conds = ["c-long-short", "c-long-allshort"]
 _, insts = common.load("eval", conds)
 metas = common.metas("eval", conds)
 fcal, ev = common.load_models()
 K, R = 5, 2
-def sub(inst, keep):
-    return replace(inst, views={e: Turns(v.index[np.isin(v.index, keep)], v.emb[np.isin(v.index, keep)], v.seconds[np.isin(v.index, keep)], v.reference) for e, v in inst.views.items()})
 def groups_flags(i):
-    idx = i.views["fused"].index; n = len(idx)
-    tot = np.zeros(n); cnt = np.zeros(n); rng = np.random.default_rng(n)
-    for r in range(R):
-        perm = rng.permutation(n)
-        for s in range(n):
-            t = sub(i, idx[perm[(s + np.arange(K)) % n]]); _, _, p = judges.evidence_flags(t, ev, fcal)
-            pos = np.searchsorted(idx, t.views["fused"].index)
-            p = np.clip(p, 1e-12, 1 - 1e-12); tot[pos] += np.log(p / (1 - p)); cnt[pos] += 1
-    return frozenset(idx[tot / cnt > 0].tolist())
+    return frozenset(i.views["fused"].index[group_logits(i, ev, fcal, K, R) > 0].tolist())
 rows = {}
 for i in insts:
     if i.refused: continue

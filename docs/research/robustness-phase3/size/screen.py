@@ -1,27 +1,21 @@
-"""Subset judging offline: a speaker with more than K turns judged as windows of K turns (cyclic windows over R seeded
-permutations), each turn's logit averaged over the windows containing it."""
+"""Size matching offline: a speaker with more than K turns judged as groups of K turns (groups.py), flagged where the
+mean log-odds is over A * log(n / K) (A = 0: the plain rule; eval.txt's afterthought raises it with n).
+
+    PYTHONPATH=service:tools:. python docs/research/robustness-phase3/size/screen.py SPLIT CONDITIONS K R [A]
+"""
 import sys, time
-from dataclasses import replace
 import numpy as np
 sys.path.insert(0, "docs/research/robustness-phase3/expressive")
+sys.path.insert(0, "docs/research/robustness-phase3/size")
 import common
+from groups import group_logits
 from sleuthd_bench.robustness import judges
-from sleuthd_bench.robustness.instances import Turns
 
 split = sys.argv[1]; conds = sys.argv[2].split(","); K = int(sys.argv[3]); R = int(sys.argv[4])
+A = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 _, insts = common.load(split, conds)
 insts = [i for i in insts if not i.refused]
 fcal, ev = common.load_models()
-
-def sub(inst, keep):
-    views = {}
-    for e, v in inst.views.items():
-        m = np.isin(v.index, keep)
-        views[e] = Turns(v.index[m], v.emb[m], v.seconds[m], v.reference)
-    return replace(inst, views=views)
-
-def logit(p):
-    p = np.clip(p, 1e-12, 1 - 1e-12); return np.log(p / (1 - p))
 
 res = {}
 t0 = time.time()
@@ -32,19 +26,8 @@ for i in insts:
     if n <= K:
         f_sub = f_full
     else:
-        tot = np.zeros(n); cnt = np.zeros(n)
-        rng = np.random.default_rng(n)
-        for r in range(R):
-            perm = rng.permutation(n)
-            for s in range(n):
-                w = perm[(s + np.arange(K)) % n]
-                t = sub(i, idx[w])
-                _, _, p = judges.evidence_flags(t, ev, fcal)
-                ti = t.views["fused"].index
-                pos = np.searchsorted(idx, ti)
-                tot[pos] += logit(p); cnt[pos] += 1
-        z = tot / cnt
-        f_sub = frozenset(idx[z > 0].tolist())
+        z = group_logits(i, ev, fcal, K, R)
+        f_sub = frozenset(idx[z > A * np.log(n / K)].tolist())
     res.setdefault(i.condition, []).append((i, f_full, f_sub))
 print(f"{time.time()-t0:.0f} s")
 from sleuthd_bench import paired
