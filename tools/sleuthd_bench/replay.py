@@ -437,17 +437,24 @@ async def replay(config: ReplayConfig) -> ReplayResult:
         sweep_defaults={m: defaults[m] for m in sweeps if m in defaults},
     )
     comparisons: list[paired.PairedComparison] = []
+    by_speaker: list[paired.PairedComparison] = []
     judge = judge_description(info) if any(run.method == LALM for run in runs) else None
     if judge is not None:
         written.update(_write_reliability(out_dir, predictions, Path(config.manifest).name, LALM))
     if any(run.method == AUTO for run in runs):
         written.update(_write_reliability(out_dir, predictions, Path(config.manifest).name))
         comparisons = _compare_auto(records_by_run)
+        # Beside it, over target speakers where speakers have several dialogues: those dialogues usually reuse the
+        # speaker's clips, so they are not independent draws (sleuthd_bench.paired, groups).
+        speakers = {line.dialogue_id: line.target_speaker for line in lines}
+        if comparisons and len(set(speakers.values())) < len(speakers):
+            by_speaker = _compare_auto(records_by_run, speakers)
         if comparisons:
-            written["comparison"] = _write_json(
-                out_dir / "comparison.json",
-                {"manifest": Path(config.manifest).name, "comparisons": [c.to_json() for c in comparisons]},
-            )
+            doc: dict[str, Any] = {"manifest": Path(config.manifest).name}
+            doc["comparisons"] = [c.to_json() for c in comparisons]
+            if by_speaker:
+                doc["comparisons_by_speaker"] = [c.to_json() for c in by_speaker]
+            written["comparison"] = _write_json(out_dir / "comparison.json", doc)
     wall_s = time.monotonic() - started
     failures = replayer.failures
     marks = {"paper": dict(sorted(info.paper_thresholds.items())), "default": defaults}
@@ -483,7 +490,16 @@ async def replay(config: ReplayConfig) -> ReplayResult:
         },
     )
     _append_markdown(
-        written["report_md"], sweeps, marks, comparisons, failures, incomplete, wall_s, replayer.rpcs, judge
+        written["report_md"],
+        sweeps,
+        marks,
+        comparisons,
+        failures,
+        incomplete,
+        wall_s,
+        replayer.rpcs,
+        judge,
+        by_speaker,
     )
     return ReplayResult(report, written, failures, wall_s, replayer.rpcs, sweeps, incomplete, replayer.busy_retries)
 
@@ -657,12 +673,15 @@ def _write_json(path: Path, obj: Any) -> Path:
     return path
 
 
-def _compare_auto(records_by_run: dict[str, list[DetectionRecord]]) -> list[paired.PairedComparison]:
-    """auto against every other scored run; none when auto itself could not be scored."""
+def _compare_auto(
+    records_by_run: dict[str, list[DetectionRecord]], speakers: dict[str, str] | None = None
+) -> list[paired.PairedComparison]:
+    """auto against every other scored run, over dialogues (or, with ``speakers``, over whole target speakers); none
+    when auto itself could not be scored."""
     if AUTO not in records_by_run:
         return []
     try:
-        return paired.compare_with_all(records_by_run, AUTO)
+        return paired.compare_with_all(records_by_run, AUTO, groups=speakers)
     except ValueError as exc:  # e.g. no dialogue answered by both in all three scenarios
         logger.error("no paired comparison with auto: %s", exc)
         return []
@@ -678,6 +697,7 @@ def _append_markdown(
     wall_s: float,
     rpcs: int,
     judge: dict[str, Any] | None = None,
+    by_speaker: Sequence[paired.PairedComparison] = (),
 ) -> None:
     parts = [""]
     if judge is not None:
@@ -707,6 +727,15 @@ def _append_markdown(
             paired.explanation(comparisons),
             "",
             paired.markdown_table(comparisons),
+        ]
+    if by_speaker:
+        parts += [
+            "### The same over target speakers",
+            "",
+            "A speaker's dialogues usually reuse its clips, so they are not independent draws: here whole speakers "
+            "are resampled. Where the two intervals differ, read this one. " + paired.explanation(by_speaker),
+            "",
+            paired.markdown_table(by_speaker),
         ]
     parts += ["## Failures", ""]
     if failures or incomplete:

@@ -224,6 +224,17 @@ async def test_small_devset_replays_with_a_complete_report(
             assert abs(c[measure]["difference"] - got) <= 0.1 + 1e-9, (name, measure)
             assert c[measure]["low"] <= c[measure]["high"] and 0.0 <= c[measure]["p_ahead"] <= 1.0, (name, measure)
     assert "## auto against each run, paired" in md and "| auto vs | n | Δ Bal acc [95 % CI]" in md
+    # Where a speaker has several dialogues, the same comparisons over whole speakers, beside them.
+    speakers = {line.target_speaker for line in lines}
+    saved = json.loads((out / "comparison.json").read_text())
+    if len(speakers) < len(lines):
+        over = saved["comparisons_by_speaker"]
+        assert [c["baseline"] for c in over] == list(ALL_RUNS) and {c["clusters"] for c in over} == {len(speakers)}
+        for c, d in zip(over, comparisons, strict=True):
+            assert c["bal"]["difference"] == pytest.approx(d["bal"]["difference"])
+        assert "### The same over target speakers" in md and f"over {len(speakers)} clusters" in md
+    else:
+        assert "comparisons_by_speaker" not in saved and "over target speakers" not in md
 
     if "fsdd" in small_devset:  # real speech, all male: S2 falls back to the least similar speaker
         assert {line.meta["s2_policy"] for line in read_manifest(small_devset["fsdd"])} == {"least_similar"}
@@ -267,6 +278,42 @@ async def test_failed_instances_are_counted_and_left_out(
     replay_doc = json.loads((tmp_path / "out" / "replay.json").read_text())
     assert replay_doc["failures"]["by_code"] == {"INVALID_ARGUMENT": 6}
     assert "## Failures" in (tmp_path / "out" / "report.md").read_text()
+
+
+@needs_tools
+async def test_speakers_with_several_dialogues_get_the_comparison_over_speakers_too(
+    server: RunningServer, small_devset: dict[str, Path], tmp_path: Path
+) -> None:
+    """Six dialogues named as three speakers' (two each): comparison.json and report.md carry auto against each run
+    over the three speakers beside the one over the six dialogues; same differences, resampled by speaker."""
+    base = small_devset["all"].parent
+    raw = [json.loads(x) for x in small_devset["all"].read_text().splitlines()[:6]]
+    for k, obj in enumerate(raw):
+        for key in ("reference", "s2_audio", "s3_audio"):
+            obj[key] = relative_path(base / obj[key], tmp_path)
+        obj["target_turns"] = [relative_path(base / t, tmp_path) for t in obj["target_turns"]]
+        obj["target_speaker"] = f"speaker-{k // 2}"
+    manifest = tmp_path / "six.jsonl"
+    manifest.write_text("".join(json.dumps(o) + "\n" for o in raw))
+    out = tmp_path / "out"
+    await replay(
+        ReplayConfig(
+            manifest=manifest,
+            target=f"127.0.0.1:{server.port}",
+            out_dir=out,
+            methods=("auto",),
+            thresholds=("paper",),
+            show_progress=False,
+        )
+    )
+    saved = json.loads((out / "comparison.json").read_text())
+    plain, over = saved["comparisons"], saved["comparisons_by_speaker"]
+    assert [c["baseline"] for c in over] == [c["baseline"] for c in plain] and len(over) == 3
+    for c, d in zip(over, plain, strict=True):
+        assert (c["clusters"], d["clusters"], c["n_dialogues"]) == (3, 0, 6)
+        assert c["bal"]["difference"] == pytest.approx(d["bal"]["difference"])
+    md = (out / "report.md").read_text()
+    assert "### The same over target speakers" in md and "over 3 clusters of dialogues, each drawn whole" in md
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
