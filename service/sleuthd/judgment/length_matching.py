@@ -148,13 +148,9 @@ class LengthMatcher(Rejudged):
         cut = {k: self._made[(a.digest, n)] for k, a, _ in pieces}
         if any(v is None for v in cut.values()):
             return None  # too little speech in a cut to embed: judged as first judged
-        base = c.pools[c.speaker]
-        reference = cut[-1][0] if -1 in cut and cut[-1] is not None else base.reference
-        pool = SpeakerPool(reference, self._judgment.components)
-        for k in range(base.n):
-            found = cut.get(k)
-            emb, seconds = found if found is not None else (base.emb[k], float(base.seconds[k]))
-            pool.add(k, emb, seconds)
+        rows = {k: made for k, made in cut.items() if k >= 0 and made is not None}
+        reference = cut[-1][0] if -1 in cut and cut[-1] is not None else None
+        pool = c.pools[c.speaker].with_rows(rows, reference)
         again = score_speakers({**c.pools, c.speaker: pool}, self._judgment)[c.speaker]
         probability = None if again.probability is None else float(again.probability[j])
         guard = pool_guard(pool, [j])

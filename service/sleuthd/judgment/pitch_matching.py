@@ -143,11 +143,7 @@ class PitchMatcher(Rejudged):
             if made is None:  # too little speech left to embed: judged as first judged
                 return None
             copies[j] = made
-        base = c.pools[c.speaker]
-        pool = SpeakerPool(base.reference, self._judgment.components)
-        for k in range(base.n):
-            emb, seconds = copies.get(k, (base.emb[k], float(base.seconds[k])))
-            pool.add(k, emb, seconds)
+        pool = c.pools[c.speaker].with_rows(copies)
         again = score_speakers({**c.pools, c.speaker: pool}, self._judgment)[c.speaker]
         cleared = flagged & ~np.isin(again.codes, FLAGGED)
         guard = pool_guard(pool, list(moves)) if cleared.any() else np.nan

@@ -8,7 +8,7 @@ Python loop over turns), and gives the same bits as building the pool at once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -84,6 +84,19 @@ class SpeakerPool:
         self._evidence = None
         for name, part in self.components.items():
             part.add(k, _part(embedding, *self._slices[name]), speech_seconds)
+
+    def with_rows(
+        self, rows: Mapping[int, tuple[np.ndarray, float]], reference: np.ndarray | None = None
+    ) -> SpeakerPool:
+        """A new pool of the same turns with ``rows`` (turn row -> embedding, speech seconds) put in their place, and
+        ``reference`` in the reference's when given: the speaker as pitch and length matching judge them again."""
+        part = SpeakerPool(
+            self.reference if reference is None else reference, [(n, *s) for n, s in self._slices.items()]
+        )
+        for k in range(self.n):
+            emb, seconds = rows.get(k, (self._buf[k], self._seconds[k]))
+            part.add(k, emb, seconds)
+        return part
 
     def gram(self) -> np.ndarray:
         """The pool's exact cosine matrix, brought up to date."""
