@@ -1,6 +1,7 @@
 """The robustness matrix's tools: every channel renders audio the product decodes, a clip's spec names one
-file, dialogues follow the benchmark format with intruders of the right kind, and the oracle threshold is
-the best single threshold in hindsight."""
+file, dialogues follow the benchmark format with intruders of the right kind, the oracle threshold is
+the best single threshold in hindsight, and the train-chosen rule is the train split's best rule applied
+unchanged to eval."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 from sleuthd.audio.decode import decode_encoded
 from sleuthd_bench.instances import scenario_turns
 from sleuthd_bench.manifest import read_manifest
-from sleuthd_bench.robustness import build, render
+from sleuthd_bench.robustness import build, render, report
 from sleuthd_bench.robustness.instances import Instance, Turns
-from sleuthd_bench.robustness.judges import oracle, paper_flags
+from sleuthd_bench.robustness.judges import metrics, oracle, paper_flags, record
 
 
 def _espeak(text: str = "The young doctor found the red bicycle near the harbour.") -> dict:
@@ -118,12 +119,15 @@ def test_building_some_conditions_keeps_the_others_in_the_index(tmp_path: Path) 
 
 
 def _instance(scenario: str, scores: list[float], k: int) -> Instance:
-    """A speaker whose turns' pairwise mean cosines are ``scores`` (built from 2-d unit vectors)."""
+    """A speaker whose turns lie at angles arccos(``scores``) on the unit circle (GE2E); CAM++ hears every turn
+    alike, so no CAM++ threshold tells the scenarios apart."""
     angles = np.arccos(np.clip(scores, -1, 1))
     emb = np.stack([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
     view = Turns(np.arange(len(scores)), emb, np.full(len(scores), 3.0), None)
+    same = Turns(np.arange(len(scores)), np.tile(np.float32([1.0, 0.0]), (len(scores), 1)), view.seconds, None)
     gold = frozenset() if scenario == "S1" else frozenset({0})
-    return Instance(f"d{k}", "c", scenario, gold, len(scores), {"ge2e": view})  # type: ignore[arg-type]
+    views = {"ge2e": view, "campplus": same}
+    return Instance(f"d{k}", "c", scenario, gold, len(scores), views, target=f"v{k}@c")  # type: ignore[arg-type]
 
 
 def test_the_oracle_is_the_best_single_threshold_in_hindsight() -> None:
@@ -136,3 +140,32 @@ def test_the_oracle_is_the_best_single_threshold_in_hindsight() -> None:
     # The threshold it found flags exactly the altered dialogues.
     for inst in insts:
         assert bool(paper_flags(inst.views["ge2e"], "pairwise", o.threshold)) == (inst.scenario != "S1")
+
+
+def test_the_train_chosen_rule_is_chosen_on_train_and_applied_unchanged_to_eval() -> None:
+    # Train: the similar intruder sits at 0.8, so the best train threshold lies just below the consistent speakers.
+    train = [_instance(sc, [x, 0.9, 0.9], k) for k in range(4) for sc, x in (("S1", 0.9), ("S2", 0.2), ("S3", 0.8))]
+    # Eval: a subtler similar intruder (0.88) that only a threshold chosen in hindsight on eval catches.
+    evals = [_instance(sc, [x, 0.9, 0.9], k) for k in range(4) for sc, x in (("S1", 0.9), ("S2", 0.2), ("S3", 0.88))]
+    records, choices = report.train_chosen(train, evals, ["c", "absent"])
+    assert set(choices) == {"c"}  # a condition without train instances gets no rule
+    assert choices["c"]["run"] == "ge2e:pairwise" and choices["c"]["train_bal"] == pytest.approx(100.0)
+    tau = oracle(train, "ge2e", "pairwise").threshold  # type: ignore[union-attr]
+    assert choices["c"]["threshold"] == pytest.approx(tau, abs=1e-4)
+    chosen = metrics(records)
+    assert (chosen["S1"], chosen["S2"], chosen["S3"], chosen["bal"]) == (100.0, 100.0, 0.0, 75.0)
+
+    # A judge as good as eval's hindsight oracle: ahead of the train-chosen rule, and the report says so.
+    best = oracle(evals, "ge2e", "pairwise")
+    assert best is not None and best.bal == pytest.approx(100.0)
+    perfect = [record(i, paper_flags(i.views["ge2e"], "pairwise", best.threshold)) for i in evals]
+    runs = {"fused:auto": perfect, "evidence": perfect, report.TRAIN_CHOSEN: records}
+    out = report.condition_report("c", evals, runs, {}, "evidence", chosen=choices["c"])
+    assert out["oracle_best"] == {"run": "ge2e:pairwise", "bal": 100.0}
+    assert out["train_chosen"]["bal"] == 75.0 and out["train_chosen"]["run"] == "ge2e:pairwise"
+    vs = {c["vs"]: c for c in out["paired"]}
+    assert vs[report.TRAIN_CHOSEN]["bal"] == pytest.approx(25.0) and vs[report.TRAIN_CHOSEN]["voices"] == 4
+    md = report.markdown({"conditions": {"c": out}}, "evidence", ["fused:auto", report.TRAIN_CHOSEN, "evidence"])
+    assert "| 75.0 (ge2e:pairwise) |" in md
+    assert "on 1 of 1 conditions and the S2 bar on 1 of the 1 where it applies" in md
+    assert "at least the train-chosen rule on 1 of 1." in md

@@ -338,6 +338,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from sleuthd.judgment.evidence import EvidenceCalibration
 
     from sleuthd_bench.robustness import judges, report
+    from sleuthd_bench.robustness.instances import load_instances
 
     # Any eval manifest in the folder may be named (e.g. the dev benchmark's splits copied as eval-dev-fsdd.jsonl).
     names = [t.strip() for t in args.conditions.split(",")] if args.conditions else _conditions(None)
@@ -373,10 +374,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         *_channel_options(args),
         *_rejudging(args),
     )
+    choices: dict[str, Any] = {}
+    with_train = [n for n in names if (args.out / f"train-{n}.jsonl").is_file()]
+    if with_train and not args.no_train_chosen:
+        # Only the paper scores of the train instances are read: the rule is an encoder, a method and a threshold.
+        train = [i for i in load_instances(args.out, "train", with_train, embs) if not i.refused]
+        runs[report.TRAIN_CHOSEN], choices = report.train_chosen(train, instances, with_train)
     focus = next(iter(evidence), None)
     out = {
         "conditions": {
-            c: report.condition_report(c, instances, runs, uncertain, focus, refused=refused[c]) for c in names
+            c: report.condition_report(c, instances, runs, uncertain, focus, refused=refused[c], chosen=choices.get(c))
+            for c in names
         }
     }
     shown = [
@@ -384,6 +392,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         "ge2e:auto",
         "campplus:auto",
         "fused:auto",
+        report.TRAIN_CHOSEN,
         *evidence,
     ]
     md = report.markdown(out, focus, shown)
@@ -509,6 +518,12 @@ def add_parsers(sub: Any, calibrate_sub: Any) -> None:
     )
     e.set_defaults(func=cmd_embed)
     rep.add_argument("--evidence", action="append", help="LABEL=FILE of an evidence calibration to judge with (repeat)")
+    rep.add_argument(
+        "--no-train-chosen",
+        action="store_true",
+        help="leave out the train-chosen rule (by default, each condition with a train manifest gets the encoder x "
+        "paper method x threshold best on its train split, applied unchanged to eval, beside the hindsight oracle)",
+    )
     rep.add_argument("--json", type=Path, help="write the report as JSON")
     rep.add_argument("--md", type=Path, help="write the report as markdown")
     rep.set_defaults(func=cmd_report)
