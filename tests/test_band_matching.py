@@ -196,6 +196,19 @@ async def _stream(
     return updates, final
 
 
+def _assert_consistent_as_checked(
+    checked: pb.DialogueVerdict, updates: list[pb.TurnUpdate], final: pb.DialogueVerdict, slot: int, kind: str
+) -> None:
+    """A stream of one consistent speaker ends with CheckDialogue's verdicts (every turn CONSISTENT, the same scores
+    and the same detail at ``slot``), and the turn at ``slot`` was already judged again as it arrived: its first
+    verdict is CONSISTENT and says "<kind> matched"."""
+    assert [t.status for t in final.turns] == [t.status for t in checked.turns] == [pb.CONSISTENT] * len(final.turns)
+    assert [t.score for t in final.turns] == pytest.approx([t.score for t in checked.turns], abs=1e-5)
+    assert final.turns[slot].detail == checked.turns[slot].detail
+    arrival = next(u.verdict for u in updates if not u.revision and u.verdict.turn_id == f"t{slot}")
+    assert arrival.status == pb.CONSISTENT and f"{kind} matched" in arrival.detail, arrival.detail
+
+
 @pytest.mark.parametrize("narrow_on_arrival", [False, True])
 async def test_a_stream_band_matches_as_check_dialogue_does(
     stub: pb_grpc.SleuthStub, engine: Engine, narrowing_server: RunningServer, speech: Speech, narrow_on_arrival: bool

@@ -26,7 +26,7 @@ from sleuthd.v1 import sleuthd_pb2_grpc as pb_grpc
 
 from .offline_judges import assert_offline_flags_as_served, offline_judges
 from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, calls_to, check_request, enc, encode_wav
-from .test_band_matching import _stream
+from .test_band_matching import _assert_consistent_as_checked, _stream
 
 SLOT = 3
 DEFAULT = 0.5  # the served default (chosen on the matrix's train split)
@@ -193,12 +193,8 @@ async def test_a_stream_length_matches_as_check_dialogue_does(
     checked = await stub.CheckDialogue(with_reference(audio, reference), timeout=120)
     refs = [pb.SpeakerReference(speaker="B", audio=enc(reference))]
     updates, final = await _stream(stub, audio, refs)
-    assert [t.status for t in final.turns] == [t.status for t in checked.turns] == [pb.CONSISTENT] * 5
-    assert [t.score for t in final.turns] == pytest.approx([t.score for t in checked.turns], abs=1e-5)
-    assert final.turns[SLOT].detail == checked.turns[SLOT].detail
     # With three turns of the speaker and the reference before it, the short turn is judged again as it arrives.
-    arrival = next(u.verdict for u in updates if not u.revision and u.verdict.turn_id == f"t{SLOT}")
-    assert arrival.status == pb.CONSISTENT and "length matched" in arrival.detail, arrival.detail
+    _assert_consistent_as_checked(checked, updates, final, SLOT, "length")
 
 
 async def test_the_offline_judges_length_match_as_the_server_does(

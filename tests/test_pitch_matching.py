@@ -32,7 +32,7 @@ from sleuthd_bench import synth
 
 from .offline_judges import assert_offline_flags_as_served, offline_judges
 from .support import VOICE_A, VOICE_B, VOICE_C, VOICE_F, Speech, calls_to, check_request, copies_made, encode_wav
-from .test_band_matching import _stream
+from .test_band_matching import _assert_consistent_as_checked, _stream
 
 SLOT = 2
 DEFAULT = 0.25  # the served default: the lowest lower bound that leaves the dev transfer split's sox variants flagged
@@ -207,12 +207,8 @@ async def test_a_stream_pitch_matches_as_check_dialogue_does(
     audio[SLOT] = moved(audio[SLOT], -8)
     checked = await stub.CheckDialogue(check_request(audio), timeout=120)
     updates, final = await _stream(stub, audio)
-    assert [t.status for t in final.turns] == [t.status for t in checked.turns] == [pb.CONSISTENT] * 5
-    assert [t.score for t in final.turns] == pytest.approx([t.score for t in checked.turns], abs=1e-5)
-    assert final.turns[SLOT].detail == checked.turns[SLOT].detail
     # With two turns of the speaker before it, the moved turn is judged again on its copy as it arrives.
-    arrival = next(u.verdict for u in updates if not u.revision and u.verdict.turn_id == f"t{SLOT}")
-    assert arrival.status == pb.CONSISTENT and "pitch matched" in arrival.detail, arrival.detail
+    _assert_consistent_as_checked(checked, updates, final, SLOT, "pitch")
 
 
 async def test_the_offline_judges_pitch_match_as_the_server_does(
