@@ -157,3 +157,21 @@ def threshold_screen_args(*extra):
     names = args.conditions.split(",") if args.conditions else [
         n for n in _conditions(None) if (args.root / f"{args.split}-{n}.jsonl").is_file()]
     return args, names
+
+
+def load_served(split, names, root=ROOT):
+    """(the split's instances the server answers, a judge) where judge(inst) is the served default's
+    judges.evidence_flags: the blend with channel, pitch and length matching at the server's defaults."""
+    from sleuthd_bench.robustness.cli import length_matching, pitch_matching
+
+    _, insts = load(split, names, root)
+    fcal, ev = load_models()
+    pitch = pitch_matching(root, _cfg.pitch_match_octaves)
+    length = length_matching(root, _cfg.length_match_ratio)
+
+    def judge(inst, matching=True, rejudging=True):
+        """``matching`` False: as sent (channel matching off); ``rejudging`` False: pitch and length matching off."""
+        again = (pitch, length) if rejudging else (None, None)
+        return judges.evidence_flags(inst, ev, fcal, *(MATCH if matching else (0.0,) * 5), *again)
+
+    return [i for i in insts if not i.refused], judge

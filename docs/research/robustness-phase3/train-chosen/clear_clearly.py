@@ -12,29 +12,22 @@ import numpy as np
 
 sys.path.insert(0, "docs/research/robustness-phase3/expressive")
 import common
-from sleuthd.config import EngineConfig
 from sleuthd_bench import paired
 from sleuthd_bench.robustness import judges
 from sleuthd_bench.robustness.build import CONDITIONS
-from sleuthd_bench.robustness.cli import length_matching, pitch_matching
 
 split = sys.argv[1]
 lams = [float(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "0.1,0.15,0.2,0.25,0.3,0.35,0.4").split(",")]
 conds = [c.name for c in CONDITIONS if os.path.exists(f"data/robustness/{split}-{c.name}.jsonl")]
 os.makedirs("runs/train-chosen", exist_ok=True)
 cache = f"runs/train-chosen/clear_clearly_{split}.pkl"
-_, insts = common.load(split, conds)
-insts = [i for i in insts if not i.refused]
+insts, judge = common.load_served(split, conds)
 if os.path.exists(cache):
     judged = pickle.load(open(cache, "rb"))
 else:
-    fcal, ev = common.load_models()
-    cfg = EngineConfig()
-    pitch = pitch_matching(common.ROOT, cfg.pitch_match_octaves)
-    length = length_matching(common.ROOT, cfg.length_match_ratio)
     judged, unmatched = {}, set()
     for k, i in enumerate(insts):
-        served, _, p = judges.evidence_flags(i, ev, fcal, *common.MATCH, pitch, length)
+        served, _, p = judge(i)
         m = judges.channel_matched(i, *common.MATCH)
         if m is i:
             judged[(i.dialogue_id, i.scenario)] = (served, None, None)
@@ -43,9 +36,9 @@ else:
         # The matrix's caches hold moved and cut copies only for the instances the served default matches that way, so
         # where a copy is missing the as-sent verdict is taken without pitch and length matching (counted).
         try:
-            sent, _, _ = judges.evidence_flags(i, ev, fcal, 0.0, 0.0, 0.0, 0.0, 0.0, pitch, length)
+            sent = judge(i, matching=False)[0]
         except LookupError:
-            sent, _, _ = judges.evidence_flags(i, ev, fcal, 0.0, 0.0, 0.0, 0.0, 0.0, None, None)
+            sent = judge(i, matching=False, rejudging=False)[0]
             unmatched.add((i.dialogue_id, i.scenario))
         index = judges.evidence_inputs(m)[3]
         judged[(i.dialogue_id, i.scenario)] = (served, sent, dict(zip((int(t) for t in index), p.tolist())))

@@ -3,31 +3,26 @@ the largest GE2E leave-one-out cosine distance d (to the mean of the other turns
 d > r x the next largest. Prints the mean and worst change of Bal over the train conditions at each (a, r).
 
 PYTHONPATH=service:tools:. python docs/research/robustness-phase3/train-chosen/ge2e_flag.py train"""
-import sys, pickle, os
+import os
+import pickle
+import sys
+
 import numpy as np
+
 sys.path.insert(0, "docs/research/robustness-phase3/expressive")
 import common
-from sleuthd.config import EngineConfig
 from sleuthd_bench.robustness import judges
-from sleuthd_bench.robustness.cli import length_matching, pitch_matching
-split = sys.argv[1]
 from sleuthd_bench.robustness.build import CONDITIONS
+
+split = sys.argv[1]
 conds = [c.name for c in CONDITIONS if os.path.exists(f"data/robustness/{split}-{c.name}.jsonl")]
 os.makedirs("runs/train-chosen", exist_ok=True)
 cache = f"runs/train-chosen/served_{split}.pkl"  # the served verdicts, judged once (runs/ is git-ignored)
-_, insts = common.load(split, conds)
-insts = [i for i in insts if not i.refused]
+insts, judge = common.load_served(split, conds)
 if os.path.exists(cache):
     served = pickle.load(open(cache, "rb"))
 else:
-    fcal, ev = common.load_models()
-    cfg = EngineConfig()
-    pitch = pitch_matching(common.ROOT, cfg.pitch_match_octaves)
-    length = length_matching(common.ROOT, cfg.length_match_ratio)
-    served = {}
-    for k, i in enumerate(insts):
-        served[(i.dialogue_id, i.scenario)] = judges.evidence_flags(i, ev, fcal, *common.MATCH, pitch, length)[0]
-        if k % 500 == 0: print(k, len(insts), file=sys.stderr)
+    served = {(i.dialogue_id, i.scenario): judge(i)[0] for i in insts}
     pickle.dump(served, open(cache, "wb"))
 
 def loo(v):

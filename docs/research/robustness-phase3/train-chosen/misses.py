@@ -3,22 +3,19 @@
 PYTHONPATH=service:tools:. python docs/research/robustness-phase3/train-chosen/misses.py train ctrl-espeak,d-mp3 v \
     [DIALOGUE_IDS: both encoders' centroid and pairwise scores of these dialogues]"""
 import sys
+
 import numpy as np
+
 sys.path.insert(0, "docs/research/robustness-phase3/expressive")
 import common
-from sleuthd.config import EngineConfig
 from sleuthd_bench.robustness import judges, report
-from sleuthd_bench.robustness.cli import length_matching, pitch_matching
-split = sys.argv[1]; conds = sys.argv[2].split(",")
-_, insts = common.load(split, conds)
-insts = [i for i in insts if not i.refused]
-fcal, ev = common.load_models()
-cfg = EngineConfig()
-pitch = pitch_matching(common.ROOT, cfg.pitch_match_octaves)
-length = length_matching(common.ROOT, cfg.length_match_ratio)
+
+split = sys.argv[1]
+conds = sys.argv[2].split(",")
+insts, judge = common.load_served(split, conds)
 for c in conds:
     mine = [i for i in insts if i.condition == c]
-    out = [judges.evidence_flags(i, ev, fcal, *common.MATCH, pitch, length) for i in mine]
+    out = [judge(i) for i in mine]
     recs = [judges.record(i, o[0]) for i, o in zip(mine, out)]
     m = judges.metrics(recs)
     rule = report.best_rule(mine)
