@@ -3,7 +3,10 @@ bandwidth, clipped plateau fraction or SNR away from the median of the speaker's
 triggers); a flagged turn whose channel is like the rest keeps its flag. Reads the as-sent and served verdicts that
 clear_clearly.py cached (run it first on the same split).
 
-PYTHONPATH=service:tools:. python docs/research/robustness-phase3/train-chosen/odd_channel.py SPLIT"""
+PYTHONPATH=service:tools:. python docs/research/robustness-phase3/train-chosen/odd_channel.py SPLIT [--rest]
+
+--rest (the second try): a turn is odd unless its channel is like that of all but at most one of the speaker's other
+usable pieces (turns and reference) on every measure, within the same triggers."""
 import os
 import pickle
 import sys
@@ -17,6 +20,7 @@ from sleuthd_bench.robustness import embed, judges
 from sleuthd_bench.robustness.build import CONDITIONS
 
 split = sys.argv[1]
+rest = "--rest" in sys.argv[2:]
 conds = [c.name for c in CONDITIONS if os.path.exists(f"data/robustness/{split}-{c.name}.jsonl")]
 judged = pickle.load(open(f"runs/train-chosen/clear_clearly_{split}.pkl", "rb"))
 insts, _ = common.load_served(split, conds)
@@ -29,11 +33,21 @@ def odd_turns(inst):
     index = inst.views["fused"].index
     pieces = [inst.paths[k] for k in index] + [inst.reference_path]
     odd = set()
-    for values, far in (
+    measures = (
         ({p: np.log2(hz[p]) if hz.get(p, 0) > 0 else np.nan for p in pieces}, band),
         ({p: plateaus.get(p, np.nan) for p in pieces}, spread),
         ({p: snrs.get(p, np.nan) for p in pieces}, noise_db),
-    ):
+    )
+    if rest:
+        for at, k in enumerate(index):
+            for values, far in measures:
+                v = values[pieces[at]]
+                others = [values[q] for j, q in enumerate(pieces) if j != at]
+                unlike = sum(not (np.isfinite(v) and np.isfinite(o) and abs(v - o) < far) for o in others)
+                if unlike > 1:
+                    odd.add(int(k))
+        return odd
+    for values, far in measures:
         finite = [v for v in values.values() if np.isfinite(v)]
         median = float(np.median(finite)) if finite else np.nan
         for k in index:
