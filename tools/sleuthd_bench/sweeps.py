@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from sleuthd_bench.metrics import FlagRule, Scenario, best_threshold, threshold_sweep
 
 
@@ -98,3 +100,71 @@ def best_table(sweeps: Mapping[str, Mapping[str, Any]], marks: Mapping[str, Mapp
         cells += [f"{marks[label][method]:g}" if method in marks[label] else "–" for label in labels]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+def held_out(
+    method: str, instances: Sequence[SweepInstance], speakers: Mapping[str, str], splits: int = 20, seed: int = 0
+) -> dict[str, Any] | None:
+    """How the best threshold by balanced accuracy carries to speakers it was not chosen on.
+
+    ``speakers`` maps an instance key to its target speaker. Over ``splits`` seeded random halvings of the speakers,
+    the threshold is chosen on one half (as :func:`sweep_method` chooses it) and balanced accuracy is measured at it
+    on the other half, beside that half's own best. The sweep over all instances is a maximum in hindsight; the gap
+    between the two is how much of it a threshold tuned on other speakers keeps. None with fewer than 4 speakers.
+
+    Returns ``{"speakers", "splits", "threshold": {"low", "high"}, "bal": {"mean", "low", "high"}, "own_best_bal"}``:
+    the chosen thresholds' range, the held-out balanced accuracy's mean and 2.5-97.5 percentiles over the halvings,
+    and the mean of the held-out halves' own best balanced accuracy (percent, full precision). A halving whose half
+    lacks a scenario is skipped.
+    """
+    names = sorted(set(speakers[i.key] for i in instances))
+    if len(names) < 4:
+        return None
+    rng = np.random.default_rng(seed)
+    taus, held, own = [], [], []
+    for _ in range(splits):
+        order = rng.permutation(len(names))
+        chosen_on = {names[k] for k in order[: len(names) // 2]}
+        a = [i for i in instances if speakers[i.key] in chosen_on]
+        b = [i for i in instances if speakers[i.key] not in chosen_on]
+        try:
+            tau = sweep_method(method, a)["best_by_bal"]["threshold"]
+            other = sweep_method(method, b)
+        except ValueError:
+            continue
+        taus.append(tau)
+        held.append(next(e["bal"] for e in other["curve"] if e["threshold"] == tau))
+        own.append(other["best_by_bal"]["bal"])
+    if not held:
+        return None
+    return {
+        "speakers": len(names),
+        "splits": len(held),
+        "threshold": {"low": min(taus), "high": max(taus)},
+        "bal": {
+            "mean": float(np.mean(held)),
+            "low": float(np.percentile(held, 2.5)),
+            "high": float(np.percentile(held, 97.5)),
+        },
+        "own_best_bal": float(np.mean(own)),
+    }
+
+
+def held_out_table(sweeps: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown table of each method's :func:`held_out` entry (``sweeps[method]["held_out"]``), or "" when none."""
+    rows = [
+        "| Method | τ chosen on half the speakers | Bal acc on the other half (%): mean [2.5-97.5 %] "
+        "| that half's own best Bal acc (%) | speakers, halvings |",
+        "| :--- | :--- | :--- | ---: | :--- |",
+    ]
+    for method, sweep in sweeps.items():
+        h = sweep.get("held_out")
+        if not h:
+            continue
+        tau = h["threshold"]
+        span = f"{tau['low']:g}" if tau["low"] == tau["high"] else f"{tau['low']:g}-{tau['high']:g}"
+        rows.append(
+            f"| {method} | {span} | {h['bal']['mean']:.1f} [{h['bal']['low']:.1f}, {h['bal']['high']:.1f}] "
+            f"| {h['own_best_bal']:.1f} | {h['speakers']}, {h['splits']} |"
+        )
+    return "\n".join(rows) + "\n" if len(rows) > 2 else ""
