@@ -3,7 +3,6 @@ speakers, measured on the other half."""
 
 from __future__ import annotations
 
-import pytest
 from sleuthd_bench.sweeps import SweepInstance, held_out, held_out_table, sweep_method
 
 

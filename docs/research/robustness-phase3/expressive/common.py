@@ -175,3 +175,17 @@ def load_served(split, names, root=ROOT):
         return judges.evidence_flags(inst, ev, fcal, *(MATCH if matching else (0.0,) * 5), *again)
 
     return [i for i in insts if not i.refused], judge
+
+
+def kept_records(insts, judged, cond, kept=None):
+    """The condition's records from cached verdicts (``judged``: (dialogue, scenario) -> (served flags, as-sent flags or
+    None where not channel matched, copies' probability by position)); ``kept(inst, sent, p)``: the as-sent flags a
+    rule keeps beside the served ones (None: the served verdicts alone)."""
+    out = []
+    for i in insts:
+        if i.condition != cond:
+            continue
+        served, sent, p = judged[(i.dialogue_id, i.scenario)]
+        flags = served if kept is None or sent is None else served | frozenset(kept(i, sent, p))
+        out.append(judges.record(i, flags))
+    return out

@@ -50,16 +50,8 @@ else:
 
 
 def records(cond, lam):
-    out = []
-    for i in insts:
-        if i.condition != cond:
-            continue
-        served, sent, pm = judged[(i.dialogue_id, i.scenario)]
-        flags = served
-        if lam is not None and sent is not None:
-            flags = served | frozenset(t for t in sent if pm.get(t, 0.0) >= lam)
-        out.append(judges.record(i, flags))
-    return out
+    keep = None if lam is None else (lambda i, sent, p: {t for t in sent if p.get(t, 0.0) >= lam})
+    return common.kept_records(insts, judged, cond, keep)
 
 
 voices = {i.dialogue_id: i.target.partition("@")[0] for i in insts}

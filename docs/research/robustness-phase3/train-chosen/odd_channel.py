@@ -58,16 +58,7 @@ def odd_turns(inst):
 
 
 def records(cond, rule):
-    out = []
-    for i in insts:
-        if i.condition != cond:
-            continue
-        served, sent, _ = judged[(i.dialogue_id, i.scenario)]
-        flags = served
-        if rule and sent is not None:
-            flags = served | (frozenset(sent) - odd_turns(i))
-        out.append(judges.record(i, flags))
-    return out
+    return common.kept_records(insts, judged, cond, (lambda i, sent, p: set(sent) - odd_turns(i)) if rule else None)
 
 
 voices = {i.dialogue_id: i.target.partition("@")[0] for i in insts}
