@@ -31,11 +31,10 @@ def oracles(instances: Sequence[Instance]) -> dict[str, Oracle]:
     return found
 
 
-def best_rule(instances: Sequence[Instance]) -> Oracle | None:
-    """The single rule (encoder, paper method, threshold) with the highest Bal on these instances in hindsight;
+def best_rule(found: Mapping[str, Oracle]) -> Oracle | None:
+    """The single rule (encoder, paper method, threshold) with the highest Bal among :func:`oracles`' ``found``;
     ties go to the first in ORACLE_ENCODERS x PAPER order."""
-    found = list(oracles(instances).values())
-    return max(found, key=lambda o: o.bal) if found else None
+    return max(found.values(), key=lambda o: o.bal) if found else None
 
 
 def train_chosen(
@@ -47,7 +46,7 @@ def train_chosen(
     records: list[DetectionRecord] = []
     choices: dict[str, dict[str, Any]] = {}
     for cond in conditions:
-        rule = best_rule([i for i in train if i.condition == cond])
+        rule = best_rule(oracles([i for i in train if i.condition == cond]))
         if rule is None:
             continue
         choices[cond] = {
@@ -102,7 +101,7 @@ def condition_report(
             "S3": round(o.S3, 2),
             "bal": round(o.bal, 2),
         }
-    best = best_rule(mine)
+    best = best_rule(found)
     if best is not None:
         out["oracle_best"] = {"run": f"{best.encoder}:{best.method}", "bal": round(best.bal, 2)}
         # The S2 bar applies where the Bal-optimal hindsight threshold of some encoder x paper method finds
@@ -175,9 +174,10 @@ def markdown(report: Mapping[str, Any], focus: str | None, runs_shown: Sequence[
                 f"{f.get('uncertain', 0):.1f} ({f.get('uncertain_S1', 0):.1f}) | {'yes' if meets else 'no'} | {s2} |"
             )
             if chosen:
-                row += " - |" if not tc else (" yes |" if f["bal"] >= tc["bal"] - 1e-9 else " no |")
-                met["chosen_applies"] += bool(tc)
-                met["chosen"] += bool(tc) and f["bal"] >= tc["bal"] - 1e-9
+                at_least = tc is not None and f["bal"] >= tc["bal"] - 1e-9
+                row += " - |" if tc is None else (" yes |" if at_least else " no |")
+                met["chosen_applies"] += tc is not None
+                met["chosen"] += at_least
         lines.append(row)
     if focus:
         lines += [

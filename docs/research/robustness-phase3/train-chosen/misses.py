@@ -18,7 +18,7 @@ for c in conds:
     out = [judge(i) for i in mine]
     recs = [judges.record(i, o[0]) for i, o in zip(mine, out)]
     m = judges.metrics(recs)
-    rule = report.best_rule(mine)
+    rule = report.best_rule(report.oracles(mine))
     print(f"{c} {split}: served {m['bal']:.1f} ({m['S1']:.1f}/{m['S2']:.1f}/{m['S3']:.1f}); best rule {rule.encoder}:{rule.method}@{rule.threshold:.3f} {rule.bal:.1f} ({rule.S1:.1f}/{rule.S2:.1f}/{rule.S3:.1f})")
     if len(sys.argv) > 3:
         for i, o in zip(mine, out):
