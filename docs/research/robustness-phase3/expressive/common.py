@@ -25,6 +25,7 @@ MATCH = (
     _cfg.noise_compose_db,
     _cfg.telephone_band_db,
 )
+AS_SENT = (0.0,) * len(MATCH)  # channel matching off
 
 
 def load_models():
@@ -169,10 +170,11 @@ def load_served(split, names, root=ROOT):
     pitch = pitch_matching(root, _cfg.pitch_match_octaves)
     length = length_matching(root, _cfg.length_match_ratio)
 
-    def judge(inst, matching=True, rejudging=True):
-        """``matching`` False: as sent (channel matching off); ``rejudging`` False: pitch and length matching off."""
+    def judge(inst, match=MATCH, rejudging=True):
+        """``match``: the channel-matching options in MATCH's order (AS_SENT: all off); ``rejudging`` False: pitch and
+        length matching off."""
         again = (pitch, length) if rejudging else (None, None)
-        return judges.evidence_flags(inst, ev, fcal, *(MATCH if matching else (0.0,) * 5), *again)
+        return judges.evidence_flags(inst, ev, fcal, *match, *again)
 
     return [i for i in insts if not i.refused], judge
 

@@ -36,9 +36,9 @@ else:
         # The matrix's caches hold moved and cut copies only for the instances the served default matches that way, so
         # where a copy is missing the as-sent verdict is taken without pitch and length matching (counted).
         try:
-            sent = judge(i, matching=False)[0]
+            sent = judge(i, common.AS_SENT)[0]
         except LookupError:
-            sent = judge(i, matching=False, rejudging=False)[0]
+            sent = judge(i, common.AS_SENT, rejudging=False)[0]
             unmatched.add((i.dialogue_id, i.scenario))
         index = judges.evidence_inputs(m)[3]
         judged[(i.dialogue_id, i.scenario)] = (served, sent, dict(zip((int(t) for t in index), p.tolist())))

@@ -4,19 +4,12 @@ import numpy as np
 sys.path.insert(0, "docs/research/robustness-phase3/expressive")
 import common
 import sleuthd.judgment.calibration as C
-from sleuthd.config import EngineConfig
 from sleuthd_bench import paired
 from sleuthd_bench.robustness import judges
-from sleuthd_bench.robustness.cli import length_matching, pitch_matching
 split = sys.argv[1]; conds = sys.argv[2].split(","); cap = float(sys.argv[3])
-_, insts = common.load(split, conds)
-insts = [i for i in insts if not i.refused]
-fcal, ev = common.load_models()
-cfg = EngineConfig()
-pitch = pitch_matching(common.ROOT, cfg.pitch_match_octaves)
-length = length_matching(common.ROOT, cfg.length_match_ratio)
+insts, judge = common.load_served(split, conds)
 def run():
-    return {c: [judges.record(i, judges.evidence_flags(i, ev, fcal, *common.MATCH, pitch, length)[0]) for i in insts if i.condition == c] for c in conds}
+    return {c: [judges.record(i, judge(i)[0]) for i in insts if i.condition == c] for c in conds}
 base = run()
 orig = C.own_evidence
 def clamped(*a, **k):
