@@ -4,14 +4,9 @@ import sys
 import numpy as np
 sys.path.insert(0, "docs/research/robustness-phase3/expressive")
 sys.path.insert(0, "docs/research/robustness-phase3/size")
-import common
-from groups import group_logits
+from groups import K, R, group_logits, load_long_eval
 from sleuthd_bench.robustness import judges
-conds = ["c-long-short", "c-long-allshort"]
-_, insts = common.load("eval", conds)
-metas = common.metas("eval", conds)
-fcal, ev = common.load_models()
-K, R = 5, 2
+insts, metas, fcal, ev = load_long_eval()
 def groups_flags(i):
     return frozenset(i.views["fused"].index[group_logits(i, ev, fcal, K, R) > 0].tolist())
 rows = {}

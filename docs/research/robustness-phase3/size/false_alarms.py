@@ -3,14 +3,9 @@ import sys
 import numpy as np
 sys.path.insert(0, "docs/research/robustness-phase3/expressive")
 sys.path.insert(0, "docs/research/robustness-phase3/size")
-import common
-from groups import group_logits
+from groups import K, R, group_logits, load_long_eval
 from sleuthd_bench.robustness import judges
-conds = ["c-long-short", "c-long-allshort"]
-_, insts = common.load("eval", conds)
-metas = common.metas("eval", conds)
-fcal, ev = common.load_models()
-K, R = 5, 2
+insts, metas, fcal, ev = load_long_eval()
 for i in insts:
     if i.scenario != "S1" or i.refused: continue
     idx = i.views["fused"].index; n = len(idx); sec = i.views["fused"].seconds

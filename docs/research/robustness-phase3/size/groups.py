@@ -7,6 +7,18 @@ import numpy as np
 from sleuthd_bench.robustness import judges
 from sleuthd_bench.robustness.instances import Turns
 
+LONG = ["c-long-short", "c-long-allshort"]
+K, R = 5, 2  # the screen's groups: 5 turns, 2 permutations
+
+
+def load_long_eval():
+    """(instances, manifest lines by dialogue id, today's fused calibration, the evidence calibration) of eval's long
+    conditions, what cluster.py and false_alarms.py read (common.py must be importable)."""
+    import common
+
+    _, insts = common.load("eval", LONG)
+    return insts, common.metas("eval", LONG), *common.load_models()
+
 
 def only(inst, positions):
     """The instance with only the usable turns at these dialogue positions (the reference kept)."""
